@@ -1,0 +1,52 @@
+"""The ``embedserve`` command: one entry point, one subcommand per tier.
+
+Each tier registers its own subcommands through a ``register(subparsers)``
+function in ``embedserve.<tier>.cli``, so tiers stay independent and this
+file only dispatches. Settings are built from the parsed flags here, at the
+entry point, and passed down; library code never reads argv or the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute subcommands, in the order they appear in --help.
+_COMMAND_MODULES = (
+    "embedserve.tokenizer.cli",
+    "embedserve.engine.cli",
+    "embedserve.scheduler.cli",
+    "embedserve.gateway.cli",
+    "embedserve.cluster",
+    "bench.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedserve", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # A tier that is not built yet (or the bench package outside a
+            # source checkout) simply contributes no subcommand.
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The closed set of errors embedserve raises across tiers.
+
+    EmbedServeError
+     ├── InvalidInput        bad request content (empty, wrong ids, bad option)
+     │    └── InputTooLong   a sequence exceeds the model's or request's limit
+     ├── Overloaded          queue or in-flight budget full; retry later
+     ├── Unavailable         draining, not ready, or no replica can serve
+     ├── DeadlineExceeded    the caller's deadline passed before an answer
+     ├── Cancelled           the caller went away
+     └── ModelLoadError      a model directory or tokenizer file is unusable
+
+Each transport maps these exactly once (HTTP status in the gateway, gRPC
+status code in the scheduler); a test checks every class is mapped. Foreign
+exceptions are translated into these only at the boundary that sees them.
+"""
+
+from __future__ import annotations
+
+
+class EmbedServeError(Exception):
+    """Base class; ``message`` is safe to show to a client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(EmbedServeError):
+    """The request is malformed or asks for something unsupported."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InputTooLong(InvalidInput):
+    """An input is longer than allowed and truncation is off."""
+
+    def __init__(self, message: str, index: int | None = None, length: int | None = None,
+                 limit: int | None = None, field: str | None = None) -> None:
+        super().__init__(message, field)
+        self.index = index
+        self.length = length
+        self.limit = limit
+
+
+class Overloaded(EmbedServeError):
+    """Too much work is queued; the client should back off and retry."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(EmbedServeError):
+    """The service cannot take work now (draining, warming up, no replica)."""
+
+
+class DeadlineExceeded(EmbedServeError):
+    """The caller's deadline passed before the work finished."""
+
+
+class Cancelled(EmbedServeError):
+    """The caller cancelled; nobody is waiting for the answer."""
+
+
+class ModelLoadError(EmbedServeError):
+    """A model or tokenizer file is missing, malformed or unsupported."""
+
+
+ALL_ERRORS: tuple[type[EmbedServeError], ...] = (
+    EmbedServeError,
+    InvalidInput,
+    InputTooLong,
+    Overloaded,
+    Unavailable,
+    DeadlineExceeded,
+    Cancelled,
+    ModelLoadError,
+)
