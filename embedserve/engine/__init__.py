@@ -1,0 +1,13 @@
+"""The model tier: packed, padding-free encoders returning LazyTensors.
+
+Public surface: ``Engine`` (load a Hugging Face model directory, ``step`` a
+packed ``Batch``), ``LazyTensor`` (the result handle), ``ModelInfo``, and the
+per-request post-processing in ``embedserve.engine.pooling``.
+"""
+
+from embedserve.engine.batch import Batch
+from embedserve.engine.config import ModelInfo
+from embedserve.engine.engine import Engine
+from embedserve.engine.lazy import LazyTensor
+
+__all__ = ["Batch", "Engine", "LazyTensor", "ModelInfo"]

@@ -1,0 +1,1 @@
+"""Benchmarks; each is ``python -m bench.<name>`` or ``embedserve bench <name>``."""

@@ -1,0 +1,164 @@
+"""Tokenizer latency and throughput: ours against sentencepiece and tokenizers, same process.
+
+Single-thread p50/p99 of one ``encode`` call (Python call overhead included: it is what
+the gateway sees) for real text of 130, 514, 1026, 4098 and 16386 tokens (specials
+included; cut from botchan.txt and wagahaiwa_nekodearu.txt on sentencepiece's token
+boundaries), in both exactness modes:
+
+- compat="sentencepiece" against ``sentencepiece`` on XLM-R's .model;
+- compat="hf" against ``tokenizers`` on XLM-R's tokenizer.json (RAYON_NUM_THREADS=1).
+
+Then batch throughput (tokens/s) of ``encode_batch`` on all cores against
+sentencepiece's batch encode with the same thread count.
+
+    python -m bench.tokenizer_bench [--data ../shared/data] [--plot bench/tokenizer_p50.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+LENGTHS = (130, 514, 1026, 4098, 16386)
+TEXTS_PER_LENGTH = 8
+BUDGET_S = 0.4  # per (implementation, length)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed(calls: dict, texts: list[str]) -> dict[str, tuple[float, float]]:
+    """p50 and p99 in microseconds of each call(text), for ~BUDGET_S each.
+
+    The calls run interleaved (each repetition times every implementation on the same
+    text, one after the other), so load from other processes hits them alike and the
+    ratios stay meaningful on a busy machine.
+    """
+    for call in calls.values():
+        for text in texts:
+            call(text)
+    start = time.perf_counter()
+    for call in calls.values():
+        call(texts[0])
+    estimate = max(time.perf_counter() - start, 1e-6) / len(calls)
+    reps = int(min(3000, max(40, BUDGET_S / estimate)))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(reps):
+        text = texts[i % len(texts)]
+        for name, call in calls.items():
+            t0 = time.perf_counter_ns()
+            call(text)
+            samples[name].append((time.perf_counter_ns() - t0) / 1000)
+    return {name: (percentile(v, 0.5), percentile(v, 0.99)) for name, v in samples.items()}
+
+
+def windows(sp, data: Path, length: int) -> list[str]:
+    """Texts of ``length`` tokens (with <s> </s>) from both novels, by sentencepiece."""
+    texts = []
+    for name in ("botchan.txt", "wagahaiwa_nekodearu.txt"):
+        ids = sp.encode((data / "text" / name).read_text(encoding="utf-8"))
+        step = max(length, (len(ids) - length) // (TEXTS_PER_LENGTH // 2))
+        for start in range(0, len(ids) - length, step)[:TEXTS_PER_LENGTH // 2]:
+            texts.append(sp.decode(ids[start:start + length - 2]))
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG of p50 against length")
+    parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/embedserve/tokenizer").expanduser())
+    args = parser.parse_args(argv)
+    os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers starts its pool
+
+    import sentencepiece
+    import tokenizers
+
+    from embedserve.tokenizer import Tokenizer
+
+    sp_model, hf_json = args.data / "xlmr" / "sentencepiece.bpe.model", args.data / "xlmr" / "tokenizer.json"
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(sp_model))
+    hf = tokenizers.Tokenizer.from_file(str(hf_json))
+    ours_sp = Tokenizer.from_file(sp_model, compat="sentencepiece", cache_dir=args.cache_dir)
+    ours_hf = Tokenizer.from_file(hf_json, compat="hf", cache_dir=args.cache_dir)
+
+    rows = []
+    for length in LENGTHS:
+        texts = windows(sp, args.data, length)
+        row: dict = {"length": length}
+        row.update(timed({"ours_sp": ours_sp.encode,
+                          "sentencepiece": lambda t: sp.encode(t, add_bos=True, add_eos=True)}, texts))
+        row.update(timed({"ours_hf": ours_hf.encode, "tokenizers": hf.encode}, texts))
+        rows.append(row)
+        print(f"# {length}: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items() if k != "length"),
+              file=sys.stderr)
+
+    threads = os.cpu_count() or 1
+    batch = windows(sp, args.data, 514) * 64
+    tokens = sum(len(x) for x in sp.encode(batch)) + 2 * len(batch)
+    calls = {"ours_sp": lambda: ours_sp.encode_batch(batch), "ours_hf": lambda: ours_hf.encode_batch(batch),
+             "sentencepiece": lambda: sp.encode(batch, num_threads=threads)}
+    for call in calls.values():
+        call()
+    runs: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(5):  # interleaved, as above
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            runs[name].append(time.perf_counter() - t0)
+    throughput = {name: tokens / statistics.median(r) for name, r in runs.items()}
+
+    print(render(rows, throughput, threads, len(batch)))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def render(rows: list[dict], throughput: dict[str, float], threads: int, batch_size: int) -> str:
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores ({platform.processor() or 'cpu'}); "
+             "single-thread latency of one encode() call, Python overhead included, microseconds.",
+             "",
+             "| tokens | ours sp-mode p50 / p99 | sentencepiece p50 / p99 | ours/sp p50 | "
+             "ours hf-mode p50 / p99 | tokenizers p50 / p99 | ours/tokenizers p50 |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['length']} | {r['ours_sp'][0]:.1f} / {r['ours_sp'][1]:.1f} | "
+            f"{r['sentencepiece'][0]:.1f} / {r['sentencepiece'][1]:.1f} | "
+            f"{r['ours_sp'][0] / r['sentencepiece'][0]:.2f} | "
+            f"{r['ours_hf'][0]:.1f} / {r['ours_hf'][1]:.1f} | "
+            f"{r['tokenizers'][0]:.1f} / {r['tokenizers'][1]:.1f} | "
+            f"{r['ours_hf'][0] / r['tokenizers'][0]:.2f} |")
+    lines += ["", f"Batch of {batch_size} texts of 514 tokens on {threads} threads, tokens/s: "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in throughput.items())]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=80)
+    lengths = [r["length"] for r in rows]
+    for key, label in (("ours_sp", "ours (sentencepiece mode)"), ("sentencepiece", "sentencepiece 0.2.3"),
+                       ("ours_hf", "ours (hf mode)"), ("tokenizers", "tokenizers 0.23.3")):
+        ax.plot(lengths, [r[key][0] for r in rows], marker="o", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="input tokens", ylabel="p50 latency (us), one thread",
+           title="Tokenizer p50 latency per encode() call")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Engine: load a model directory, run packed batches, hand back LazyTensors.
+
+Owns the model's lifetime and the non-blocking ``step`` contract. On CPU a
+single worker thread runs steps in submission order (several may be queued);
+on CUDA the CudaRunner enqueues work on a stream and replays CUDA graphs.
+Errors inside a step (bad ids, a failing kernel) resolve that step's
+LazyTensor with the exception; the engine keeps serving later steps.
+
+    eng = Engine.load(model_dir, device="cpu")
+    out = eng.step(Batch.from_sequences([[0, 35378, 2]])).wait()   # float32 [1, dim]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedserve.engine.attention import ATTENTION_IMPLS
+from embedserve.engine.batch import Batch
+from embedserve.engine.config import (EncoderConfig, ModelInfo, load_encoder_config,
+                                      load_sentence_transformer_meta)
+from embedserve.engine.encoder import EncoderModel
+from embedserve.engine.forward import pooled_forward
+from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
+from embedserve.engine.packing import build_layout
+from embedserve.engine.weights import load_weights, read_checkpoint
+from embedserve.errors import InvalidInput, ModelLoadError, Unavailable
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Chosen by measurement on CPU (BENCHMARKS.md, engine section).
+DEFAULT_CPU_ATTENTION = "per_sequence"
+
+
+def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> EncoderModel:
+    """Config + weights -> an EncoderModel in eval mode on the CPU."""
+    config = load_encoder_config(model_dir)
+    tensors = read_checkpoint(model_dir)
+    with torch.device("meta"):
+        model = EncoderModel(config)
+    model = model.to_empty(device="cpu")
+    load_weights(model, tensors)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def resolve_dtype(dtype: str | None, device: str) -> str:
+    if dtype is None:
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return dtype
+
+
+class Engine:
+    """A loaded model and the machinery that runs its steps."""
+
+    def __init__(self, model: EncoderModel, info: ModelInfo, runner: Any) -> None:
+        self.model = model
+        self.info = info
+        self._runner = runner
+        self._closed = False
+
+    @classmethod
+    def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
+             attention: str | None = None, model_id: str | None = None,
+             max_graphs: int = 64, cuda_graphs: bool = True) -> "Engine":
+        """Load a Hugging Face model directory.
+
+        dtype: "float32" | "bfloat16" | "float16" | None (float32 on CPU, bfloat16
+        on CUDA). attention (CPU only): "per_sequence" | "padded" |
+        "block_diagonal". max_graphs / cuda_graphs: the CUDA graph cache bound
+        and switch (ignored on CPU).
+        """
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ModelLoadError(f"model directory not found: {model_dir}")
+        dtype_name = resolve_dtype(dtype, device)
+        model = build_model(model_dir, DTYPES[dtype_name])
+        config = model.config
+        meta = load_sentence_transformer_meta(model_dir, config)
+        info = ModelInfo(
+            model_id=model_id or model_dir.name, architecture=config.architecture,
+            task=config.task, dimension=config.hidden_size if config.task == "embed" else 0,
+            max_positions=config.max_positions, vocab_size=config.vocab_size,
+            pooling=meta.pooling, normalize=meta.normalize, prompts=meta.prompts,
+            default_prompt_name=meta.default_prompt_name, device=device, dtype=dtype_name,
+            type_vocab_size=config.type_vocab_size)
+        if device.startswith("cuda"):
+            from embedserve.engine.cuda_runner import CudaRunner
+            runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
+                                     use_graphs=cuda_graphs)
+        elif device == "cpu":
+            runner = CpuRunner(model, info, attention or DEFAULT_CPU_ATTENTION)
+        else:
+            raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
+        return cls(model, info, runner)
+
+    @property
+    def config(self) -> EncoderConfig:
+        return self.model.config
+
+    def step(self, batch: Batch) -> LazyTensor:
+        """Start one forward pass; returns at once.
+
+        The result is float32 [B, dim] raw pooled vectors (un-normalized) for
+        ``task="embed"`` and float32 [B] raw logits for ``task="score"``.
+        Invalid batches fail through the returned LazyTensor like any other
+        step error; only a closed engine raises here (Unavailable).
+        """
+        if self._closed:
+            raise Unavailable("the engine is closed")
+        return self._runner.submit(batch)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics: steps, failed_steps, tokens, eager_runs, captures,
+        replays, evictions, capture_failures, capture_time_s, graphs, padding_waste
+        (the graph counters stay 0 on CPU)."""
+        return self._runner.stats()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._runner.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_batch(batch: Batch, info: ModelInfo) -> None:
+    """Raise InvalidInput unless the model can run ``batch``."""
+    if batch.task != info.task:
+        raise InvalidInput(f"model {info.model_id} does task {info.task!r}, not {batch.task!r}")
+    batch.validate(info.vocab_size, info.max_positions)
+    types = batch.token_type_ids
+    if types is not None and types.size and not (
+            0 <= int(types.min()) and int(types.max()) < info.type_vocab_size):
+        raise InvalidInput(f"token type ids must lie in [0, {info.type_vocab_size})")
+
+
+class CpuRunner:
+    """Runs steps on one dedicated worker thread, in submission order."""
+
+    def __init__(self, model: EncoderModel, info: ModelInfo, attention: str) -> None:
+        if attention not in ATTENTION_IMPLS:
+            raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
+        self._model = model
+        self._info = info
+        self._attention = ATTENTION_IMPLS[attention]
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
+        self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
+
+    def submit(self, batch: Batch) -> LazyTensor:
+        return FutureLazyTensor(self._executor.submit(self._run, batch))
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        self._counts["steps"] += 1
+        try:
+            check_batch(batch, self._info)
+            with torch.inference_mode():
+                out = self._forward(batch)
+        except BaseException:
+            self._counts["failed_steps"] += 1
+            raise
+        self._counts["tokens"] += batch.num_tokens
+        self._counts["eager_runs"] += 1
+        return out
+
+    def _forward(self, batch: Batch) -> np.ndarray:
+        layout = build_layout(batch.cu_seqlens)
+        token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
+        positions = torch.from_numpy(layout.offsets + self._model.config.position_offset)
+        types = (torch.zeros_like(token_ids) if batch.token_type_ids is None
+                 else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
+        starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
+        out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
+                             layout.lengths_tensor, starts, self._attention(layout), self._info.pooling)
+        return out.numpy()
+
+    def stats(self) -> dict[str, float]:
+        # The same keys as the CUDA runner's, so metrics code needs no device check.
+        return {**self._counts, "captures": 0, "replays": 0, "evictions": 0, "capture_failures": 0,
+                "capture_time_s": 0.0, "graphs": 0, "padding_waste": 0.0}
+
+    def close(self) -> None:
+        # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
+        self._executor.shutdown(wait=True, cancel_futures=True)

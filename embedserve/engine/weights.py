@@ -1,0 +1,126 @@
+"""Reading checkpoint files and mapping Hugging Face weight names onto ours.
+
+Owns: finding the weights in a model directory (``model.safetensors``, a
+sharded safetensors index, or ``pytorch_model.bin`` through
+``torch.load(weights_only=True)`` only), translating HF names
+(``bert.encoder.layer.3.attention.self.query.weight``) into encoder.py's
+(``encoder.layers.3.qkv.weight``, Q/K/V fused), and checking every shape
+against the config. Every failure is a ModelLoadError naming the file or key.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from embedserve.engine.encoder import EncoderModel
+from embedserve.errors import ModelLoadError
+
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
+# HF layer-relative name -> ours (Q/K/V are fused separately)
+_LAYER_NAMES = {
+    "attention.output.dense": "attn_out",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "ffn_in",
+    "output.dense": "ffn_out",
+    "output.LayerNorm": "ffn_norm",
+}
+_EMBEDDING_NAMES = {
+    "embeddings.word_embeddings": "encoder.embeddings.word",
+    "embeddings.position_embeddings": "encoder.embeddings.position",
+    "embeddings.token_type_embeddings": "encoder.embeddings.token_type",
+    "embeddings.LayerNorm": "encoder.embeddings.norm",
+}
+_HEAD_NAMES = {
+    "bert": {"pooler.dense": "head.dense", "classifier": "head.out_proj"},
+    "xlm-roberta": {"classifier.dense": "head.dense", "classifier.out_proj": "head.out_proj"},
+}
+
+
+def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a model directory, by their file names."""
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    legacy = model_dir / "pytorch_model.bin"
+    try:
+        if single.exists():
+            return load_file(str(single))
+        if index.exists():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            tensors: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                tensors.update(load_file(str(model_dir / shard)))
+            return tensors
+        if legacy.exists():
+            # weights_only refuses pickled code: a checkpoint cannot run anything on load.
+            return torch.load(str(legacy), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).splitlines()[-1].strip() if str(exc) else "unpickling failed"
+        raise ModelLoadError(f"cannot read weights in {model_dir}: pytorch_model.bin holds more "
+                             f"than tensors ({reason})") from None
+    except (OSError, ValueError, KeyError, SafetensorError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot read weights in {model_dir}: {exc}") from None
+    raise ModelLoadError(f"no weights in {model_dir}: expected model.safetensors, "
+                         "model.safetensors.index.json or pytorch_model.bin")
+
+
+def _strip_prefix(name: str) -> str:
+    for prefix in ("bert.", "roberta.", "model."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _rename_param(name: str) -> str:
+    # Old TF-converted checkpoints call LayerNorm parameters gamma / beta.
+    return name.replace(".gamma", ".weight").replace(".beta", ".bias")
+
+
+def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
+    """HF checkpoint names -> EncoderModel state-dict names (unknown keys dropped)."""
+    mapped: dict[str, torch.Tensor] = {}
+    qkv_parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    head_names = _HEAD_NAMES[family]
+    for raw_name, tensor in tensors.items():
+        name = _rename_param(_strip_prefix(raw_name))
+        stem, _, param = name.rpartition(".")
+        layer = _LAYER.match(stem)
+        if layer:
+            index, rest = int(layer.group(1)), layer.group(2)
+            if rest.startswith("attention.self."):
+                qkv_parts.setdefault((index, param), {})[rest.rsplit(".", 1)[1]] = tensor
+            elif rest in _LAYER_NAMES:
+                mapped[f"encoder.layers.{index}.{_LAYER_NAMES[rest]}.{param}"] = tensor
+        elif stem in _EMBEDDING_NAMES:
+            mapped[f"{_EMBEDDING_NAMES[stem]}.{param}"] = tensor
+        elif stem in head_names:
+            mapped[f"{head_names[stem]}.{param}"] = tensor
+    for (index, param), parts in qkv_parts.items():
+        missing = {"query", "key", "value"} - parts.keys()
+        if missing:
+            raise ModelLoadError(f"layer {index} lacks attention {param} for {sorted(missing)}")
+        mapped[f"encoder.layers.{index}.qkv.{param}"] = torch.cat(
+            [parts["query"], parts["key"], parts["value"]], dim=0)
+    return mapped
+
+
+def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy mapped tensors into ``model``; every parameter must be present and fit."""
+    mapped = map_hf_names(tensors, model.config.family)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(mapped))
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ModelLoadError(f"checkpoint lacks {len(missing)} weights: {shown}")
+    for name, target in expected.items():
+        source = mapped[name]
+        if tuple(source.shape) != tuple(target.shape):
+            raise ModelLoadError(f"weight {name} has shape {tuple(source.shape)}, "
+                                 f"the config implies {tuple(target.shape)}")
+    model.load_state_dict({name: mapped[name].to(torch.float32) for name in expected})

@@ -1,0 +1,68 @@
+"""The gateway app factory: ``create_app(settings) -> FastAPI``.
+
+Wires the pieces built elsewhere: reads the model directory (tokenizer,
+prompts), starts the replica pool and its health watches in the app's
+lifespan, installs the middleware and the error handlers once, and mounts
+the routers. Nothing here handles a request itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI
+
+from embedserve import __version__
+from embedserve.gateway import routes_embed, routes_ops, routes_rerank, routes_tokenize
+from embedserve.gateway.http_errors import install_error_handlers
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.middleware import GatewayMiddleware
+from embedserve.gateway.model_meta import load_model_meta
+from embedserve.gateway.preprocess import Preprocessor
+from embedserve.gateway.discovery import source_for
+from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
+from embedserve.gateway.service import Gateway
+from embedserve.gateway.settings import GatewaySettings
+from embedserve.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -> FastAPI:
+    """An app serving ``settings.model_dir`` over the replicas of ``source``.
+
+    ``source`` defaults to what ``settings.upstreams`` names: fixed
+    ``host:port`` entries, or ``dns:NAME:PORT`` (``discovery.py``). The
+    tokenizer loads here, so a bad model directory fails at start-up
+    (``ModelLoadError``), not on a request.
+    """
+    meta = load_model_meta(settings.model_dir)
+    tokenizer = Tokenizer.from_model_dir(settings.model_dir)
+    executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+    preprocessor = Preprocessor(tokenizer, meta, executor)
+    metrics = GatewayMetrics()
+    replica_source = source or source_for(settings.upstreams)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
+                           settings.health_backoff_min_s, settings.health_backoff_max_s)
+        app.state.gateway = Gateway(settings, meta, preprocessor, pool, metrics)
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="embedserve gateway", version=__version__, lifespan=lifespan,
+                  description="OpenAI- and TEI-compatible embedding and reranking API.")
+    app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
+                       api_key=settings.api_key)
+    install_error_handlers(app)
+    for module in (routes_embed, routes_rerank, routes_tokenize, routes_ops):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,211 @@
+"""``embedserve gateway`` and ``embedserve serve``: the HTTP entry points.
+
+``gateway`` runs the HTTP gateway alone in front of ``--upstream`` replicas.
+``serve`` runs the whole stack in one command: N local scheduler+engine
+processes (``--replicas``) and the gateway in front of them, building the
+default model on first use. Both print ``embedserve gateway listening on
+http://HOST:PORT`` once they accept requests, and stop cleanly on Ctrl-C or
+SIGTERM (replicas drain first). Flags and environment are read here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from embedserve.gateway.settings import GatewaySettings
+
+log = logging.getLogger("embedserve.gateway")
+_DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    gateway = subparsers.add_parser("gateway", help="run the HTTP gateway in front of replicas",
+                                    description=__doc__.splitlines()[0])
+    gateway.add_argument("--upstream", required=True,
+                         help="scheduler replicas: host:port[,host:port...], or dns:NAME:PORT "
+                              "(every address NAME resolves to, re-resolved as it changes)")
+    _common_flags(gateway)
+    gateway.set_defaults(func=run_gateway)
+
+    serve = subparsers.add_parser("serve", help="run replicas and the gateway in one command",
+                                  description="Start N scheduler+engine processes and the gateway.")
+    serve.add_argument("--replicas", type=int, default=1,
+                       help="scheduler+engine processes to start (default: %(default)s); on CPU "
+                            "they share the cores, so more replicas add fault tolerance, not speed")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    _common_flags(serve)
+    serve.set_defaults(func=run_serve)
+
+
+def _common_flags(parser: argparse.ArgumentParser) -> None:
+    d = _DEFAULTS
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model directory (tokenizer and prompts are read from it; default: "
+                             "multilingual-e5-small, built on first use into --cache-dir)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="where the default model is built (default: $EMBEDSERVE_CACHE_DIR or "
+                             "~/.cache/embedserve/models)")
+    parser.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one "
+                        "(default: %(default)s)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on API routes (also "
+                             "$EMBEDSERVE_API_KEY); probes, /metrics and docs stay open")
+    parser.add_argument("--max-inputs", type=int, default=d.max_inputs,
+                        help="inputs per request; more gets 413 (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                        help="larger request bodies get 413 before parsing (default: %(default)s)")
+    parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
+                        help="tokens admitted at once across requests; beyond it requests get "
+                             "429 + Retry-After. Bounds memory and queueing (default: %(default)s)")
+    parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                        help="seconds before a request is answered 504 (default: %(default)s)")
+    parser.add_argument("--chunk-sequences", type=int, default=d.chunk_max_sequences,
+                        help="most sequences per chunk sent to one replica; smaller chunks spread "
+                             "a large request over more replicas (default: %(default)s)")
+    parser.add_argument("--chunk-tokens", type=int, default=d.chunk_max_tokens,
+                        help="most tokens per chunk (default: %(default)s)")
+    parser.add_argument("--log-level", default="info", help="default: %(default)s")
+
+
+def _settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...]) -> GatewaySettings:
+    return GatewaySettings(
+        model_dir=model_dir, upstreams=upstreams, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
+        max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
+        max_inflight_tokens=args.max_inflight_tokens,
+        request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
+        chunk_max_tokens=args.chunk_tokens)
+
+
+def _model_dir(args: argparse.Namespace) -> Path:
+    if args.model is not None:
+        return args.model
+    from embedserve.engine.cli import default_cache_dir
+    from embedserve.engine.default_model import ensure_default_model
+
+    print("embedserve: preparing the default model (built once on first use) ...", flush=True)
+    return ensure_default_model(args.cache_dir or default_cache_dir())
+
+
+def _logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    _logging(args)
+    upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
+    if not upstreams:
+        raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
+    settings = _settings(args, _model_dir(args), upstreams)
+    return asyncio.run(serve_http(settings))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    _logging(args)
+    if args.replicas < 1:
+        raise SystemExit("--replicas must be at least 1")
+    model_dir = _model_dir(args)
+    return asyncio.run(_serve_stack(args, model_dir))
+
+
+async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
+    from embedserve.gateway.supervisor import ReplicaSupervisor
+
+    env = dict(os.environ)
+    if args.replicas > 1 and args.device == "cpu":
+        # Replicas share the cores; without this each would start one thread per core.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.replicas)))
+    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env)
+    stop = asyncio.Event()
+    with _stop_on_signals(stop.set):
+        starting = asyncio.create_task(supervisor.start())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await starting
+            return 0
+        stopped.cancel()
+        try:
+            addresses = starting.result()
+            settings = _settings(args, model_dir, addresses)
+            return await serve_http(settings, stop)
+        finally:
+            await supervisor.stop()
+            log.info("stopped")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(callback: Callable[[], None]):
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, callback)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
+    """Serve the gateway until ``stop`` is set (or SIGINT/SIGTERM when None)."""
+    from embedserve.gateway.app import create_app
+
+    app = create_app(settings)
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    host, port = sock.getsockname()[:2]
+    banner = (f"embedserve gateway listening on http://{host}:{port} "
+              f"(replicas: {', '.join(settings.upstreams)})")
+    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                    timeout_graceful_shutdown=10), banner)
+    own_stop = stop is None
+    stop = stop or asyncio.Event()
+
+    async def stop_when_told() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    with _stop_on_signals(stop.set) if own_stop else contextlib.nullcontext():
+        watcher = asyncio.create_task(stop_when_told())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watcher.cancel()
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that leaves signals to the entry point and prints a banner.
+
+    uvicorn re-raises a captured SIGTERM after shutting down, which would end
+    the process before ``serve`` stops its replicas; the entry point's own
+    handlers set ``should_exit`` instead.
+    """
+
+    def __init__(self, config: uvicorn.Config, banner: str) -> None:
+        super().__init__(config)
+        self._banner = banner
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            print(self._banner, flush=True)

@@ -1,0 +1,138 @@
+"""Send a tokenized request to replicas as chunks and put the answers back.
+
+Owns the fan-out: split into chunks (``chunking``), send them concurrently
+through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
+whose replica failed on another replica, and reassemble the rows in input
+order. Knows the gRPC messages but not HTTP. gRPC errors become embedserve
+errors here (``grpc_errors``). Cancelling the awaiting task cancels every
+outstanding call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from embedserve import wire
+from embedserve.errors import DeadlineExceeded, EmbedServeError
+from embedserve.gateway.chunking import plan_chunks
+from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
+from embedserve.gateway.replicas import Replica, ReplicaPool
+from embedserve.protos import inference_pb2
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A tokenized request: packed ids and where each sequence starts."""
+
+    ids: np.ndarray                       # int32 [T]
+    cu_seqlens: np.ndarray                # int32 [B+1]
+    token_type_ids: np.ndarray | None = None  # int32 [T]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens).astype(np.int32)
+
+    def slice(self, start: int, stop: int) -> "Packed":
+        lo, hi = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
+        return Packed(self.ids[lo:hi], self.cu_seqlens[start:stop + 1] - lo,
+                      None if self.token_type_ids is None else self.token_type_ids[lo:hi])
+
+
+@dataclass
+class DispatchTimings:
+    """Critical-path timings across chunks, in seconds."""
+
+    queue_s: float = 0.0       # longest wait for a replica plus its queue time
+    inference_s: float = 0.0   # longest engine compute of a chunk
+    attempts: int = 0          # calls made, retries included
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkPolicy:
+    max_sequences: int
+    max_tokens: int
+    max_attempts: int
+
+
+# Builds the request message for one chunk; the call name picks the RPC.
+MakeRequest = Callable[[inference_pb2.PackedTokens], object]
+
+
+async def run_chunks(pool: ReplicaPool, packed: Packed, policy: ChunkPolicy, rpc: str,
+                     make_request: MakeRequest, deadline: float, request_id: str,
+                     timings: DispatchTimings, on_retry: Callable[[], None] | None = None) -> np.ndarray:
+    """Send ``packed`` as chunks over ``rpc`` ("Embed" or "Score"); rows in input order.
+
+    ``deadline`` is a ``time.monotonic()`` value. The first chunk that fails
+    for good cancels the others and its error is raised.
+    """
+    max_tokens = policy.max_tokens
+    info = pool.info()
+    if info is not None and info.max_queue_tokens:
+        max_tokens = max(1, min(max_tokens, int(info.max_queue_tokens)))
+    ranges = plan_chunks(packed.lengths, policy.max_sequences, max_tokens)
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_run_chunk(pool, packed.slice(a, b), policy.max_attempts, rpc,
+                                                  make_request, deadline, request_id, timings, on_retry))
+                     for a, b in ranges]
+    except* Exception as group_error:
+        # Report the first failure as itself, not wrapped in a group.
+        raise group_error.exceptions[0] from None
+    return np.concatenate([t.result() for t in tasks], axis=0)
+
+
+async def _run_chunk(pool: ReplicaPool, chunk: Packed, max_attempts: int, rpc: str,
+                     make_request: MakeRequest, deadline: float, request_id: str,
+                     timings: DispatchTimings, on_retry: Callable[[], None] | None) -> np.ndarray:
+    tokens = int(chunk.ids.shape[0])
+    message = make_request(wire.pack_tokens(chunk.ids, chunk.lengths, chunk.token_type_ids))
+    tried: set[Replica] = set()
+    last_error: EmbedServeError | None = None
+    for attempt in range(max_attempts):
+        waited_from = time.monotonic()
+        replica = await pool.acquire(tokens, frozenset(tried), deadline)
+        gateway_wait = time.monotonic() - waited_from
+        timings.attempts += 1
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded("the request timed out waiting for a replica")
+            reply = await getattr(replica.stub, rpc)(message, timeout=remaining,
+                                                     metadata=(("x-request-id", request_id),))
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            last_error = from_rpc_error(code, exc.details())
+            if code in REPLICA_DOWN_CODES:
+                await pool.mark_down(replica)
+            if not is_retryable(code) or time.monotonic() >= deadline:
+                raise last_error from None
+            tried.add(replica)
+            timings.retries += 1
+            if on_retry is not None:
+                on_retry()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # Give the replicas a moment to drain before asking again.
+                await asyncio.sleep(min(0.05 * (attempt + 1), max(0.0, deadline - time.monotonic())))
+            continue
+        finally:
+            await pool.release(replica, tokens)
+        queue_s = gateway_wait + reply.timings.queue_us / 1e6
+        timings.queue_s = max(timings.queue_s, queue_s)
+        timings.inference_s = max(timings.inference_s, reply.timings.compute_us / 1e6)
+        tensor = reply.embeddings if rpc == "Embed" else reply.scores
+        rows = wire.tensor_to_array(tensor, field=f"{rpc}.result").astype(np.float32, copy=False)
+        if rows.shape[0] != chunk.cu_seqlens.shape[0] - 1:
+            # Never let a wrong row count shift answers onto other inputs.
+            raise EmbedServeError(f"replica {replica.address} answered {rows.shape[0]} rows "
+                                  f"for {chunk.cu_seqlens.shape[0] - 1} inputs")
+        return rows
+    assert last_error is not None
+    raise last_error

@@ -1,0 +1,35 @@
+"""Prometheus metrics of one gateway app, in a registry of its own.
+
+Owns the metric objects; a per-app ``CollectorRegistry`` (not the global
+one) so several apps in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("embedserve_gateway_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("embedserve_gateway_request_seconds", "HTTP request latency",
+                                 ["route"], registry=r,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                          1, 2.5, 5, 10, 30, 60))
+        self.inputs = Counter("embedserve_gateway_inputs", "Inputs (texts or pairs) served", ["route"],
+                              registry=r)
+        self.tokens = Counter("embedserve_gateway_tokens", "Tokens sent to replicas", ["route"],
+                              registry=r)
+        self.inflight_tokens = Gauge("embedserve_gateway_inflight_tokens",
+                                     "Tokens admitted and not yet answered", registry=r)
+        self.chunk_retries = Counter("embedserve_gateway_chunk_retries",
+                                     "Chunks resent to another replica after a failure", registry=r)
+        self.replicas_healthy = Gauge("embedserve_gateway_replicas_healthy",
+                                      "Replicas whose health watch says SERVING", registry=r)
+        self.replicas_known = Gauge("embedserve_gateway_replicas", "Replicas configured", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,167 @@
+"""ASGI middleware: request ids, Server-Timing, body size limit, API key.
+
+Owns what every response carries (``x-request-id``, ``Server-Timing``) and
+the checks that run before a route sees the request (body size, bearer
+key). Pure ASGI rather than ``BaseHTTPMiddleware`` so the route still sees
+the client's disconnect and no extra task sits on each request.
+
+Routes record phase durations in ``scope["embedserve.timing"]`` (a dict of
+name -> seconds); ``total`` is added here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from embedserve.gateway.http_errors import error_body
+from embedserve.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+TIMING_KEY = "embedserve.timing"
+REQUEST_ID_KEY = "embedserve.request_id"
+# Probes and docs stay open when an API key is set.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
+                        "/docs/oauth2-redirect"})
+
+
+class GatewayMiddleware:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, max_body_bytes: int,
+                 api_key: str | None) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = dict(scope.get("headers") or [])
+        request_id = _clean_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
+        scope[REQUEST_ID_KEY] = request_id
+        timing: dict[str, float] = {}
+        scope[TIMING_KEY] = timing
+        status_seen = [500]
+        started_response = [False]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                started_response[0] = True
+                status_seen[0] = message["status"]
+                timing["total"] = time.perf_counter() - started
+                extra = [(b"x-request-id", request_id.encode()),
+                         (b"server-timing", server_timing(timing).encode())]
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        try:
+            refusal = self._refuse(scope, headers)
+            if refusal is not None:
+                await _send_error(send_with_headers, *refusal)
+                return
+            declared = headers.get(b"content-length")
+            if declared is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                # A chunked body: read it here, within the limit, then replay it.
+                body, too_big = await _read_limited(receive, self.max_body_bytes)
+                if too_big:
+                    await _send_error(send_with_headers, *self._too_large())
+                    return
+                receive = _replay(body, receive)
+            await self.app(scope, receive, send_with_headers)
+        except Exception:
+            # The one place an unexpected error ends: logged with its traceback,
+            # answered with a clean 500 that carries none.
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not started_response[0]:
+                await _send_error(send_with_headers, 500, "internal server error", "server_error",
+                                  "internal_error")
+        finally:
+            route = _route_label(scope)
+            self.metrics.requests.labels(route, str(status_seen[0])).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+    def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str, str | None] | None:
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                    self.api_key.encode()):
+                return (401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                        "authentication_error", "invalid_api_key")
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.max_body_bytes
+            except ValueError:
+                return 400, "malformed Content-Length", "invalid_request_error", None
+            if too_big:
+                return self._too_large()
+        return None
+
+    def _too_large(self) -> tuple[int, str, str, str]:
+        return (413, f"request body larger than {self.max_body_bytes} bytes",
+                "invalid_request_error", "body_too_large")
+
+
+def server_timing(timing: dict[str, float]) -> str:
+    """``{"tokenize": 0.0012, ...}`` -> ``tokenize;dur=1.200, ...`` (milliseconds)."""
+    return ", ".join(f"{name};dur={seconds * 1e3:.3f}" for name, seconds in timing.items())
+
+
+def _clean_request_id(raw: bytes | None) -> str | None:
+    # Echo a client's id only when it is short and printable (it goes into logs).
+    if raw and len(raw) <= 128 and all(33 <= b < 127 for b in raw):
+        return raw.decode("ascii")
+    return None
+
+
+def _route_label(scope: Scope) -> str:
+    # The matched route's template keeps label cardinality bounded.
+    route = scope.get("route")
+    return getattr(route, "path", "unmatched")
+
+
+async def _send_error(send: Send, status: int, message: str, type_: str, code: str | None) -> None:
+    body = json.dumps(error_body(message, type_, None, code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_limited(receive: Receive, limit: int) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"", True
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return b"", True
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

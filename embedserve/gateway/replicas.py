@@ -1,0 +1,212 @@
+"""The replica pool: which schedulers exist, which are healthy, which to use.
+
+Owns one gRPC channel per replica, a health watch per replica
+(grpc.health.v1 ``Watch``; a broken stream or a non-SERVING status takes the
+replica out, SERVING puts it back), each replica's ``Info``, and the choice
+of replica for a chunk: least outstanding tokens first, among healthy
+replicas with room. Where replicas come from is a ``ReplicaSource``: a fixed
+list here (``--upstream``); DNS discovery can plug in another source that
+yields new address lists as they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from embedserve.errors import DeadlineExceeded, Unavailable
+from embedserve.protos import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Reconnect quickly: a restarted replica should rejoin within about a second,
+# not after gRPC's default backoff of up to two minutes.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+)
+
+
+class ReplicaSource(Protocol):
+    """Where replica addresses come from; yields the full list whenever it changes."""
+
+    def watch(self) -> AsyncIterator[tuple[str, ...]]: ...
+
+
+class StaticSource:
+    """A fixed list of ``host:port`` addresses (``--upstream``)."""
+
+    def __init__(self, addresses: Iterable[str]) -> None:
+        self.addresses = tuple(addresses)
+
+    async def watch(self) -> AsyncIterator[tuple[str, ...]]:
+        yield self.addresses
+
+
+@dataclass(eq=False)
+class Replica:
+    address: str
+    channel: grpc.aio.Channel
+    stub: inference_pb2_grpc.InferenceStub
+    healthy: bool = False
+    info: inference_pb2.InfoResponse | None = None
+    outstanding_tokens: int = 0
+    watch_task: asyncio.Task | None = field(default=None, repr=False)
+
+    def capacity(self, default: int) -> int:
+        if self.info is not None and self.info.max_queue_tokens:
+            return min(default, int(self.info.max_queue_tokens))
+        return default
+
+
+class ReplicaPool:
+    """Healthy replicas and their load. Lives on one event loop."""
+
+    def __init__(self, source: ReplicaSource, max_outstanding_tokens: int = 65536,
+                 backoff_min_s: float = 0.1, backoff_max_s: float = 2.0) -> None:
+        self._source = source
+        self._max_outstanding = max_outstanding_tokens
+        self._backoff = (backoff_min_s, backoff_max_s)
+        self._replicas: dict[str, Replica] = {}
+        self._changed = asyncio.Condition()
+        self._source_task: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        self._source_task = asyncio.create_task(self._follow_source())
+
+    async def close(self) -> None:
+        if self._source_task is not None:
+            self._source_task.cancel()
+        for replica in list(self._replicas.values()):
+            await self._remove(replica)
+
+    async def _follow_source(self) -> None:
+        async for addresses in self._source.watch():
+            for address in addresses:          # in the source's order
+                if address not in self._replicas:
+                    self._add(address)
+            for address in set(self._replicas) - set(addresses):
+                await self._remove(self._replicas[address])
+
+    def _add(self, address: str) -> None:
+        channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel))
+        replica.watch_task = asyncio.create_task(self._watch_health(replica))
+        self._replicas[address] = replica
+
+    async def _remove(self, replica: Replica) -> None:
+        self._replicas.pop(replica.address, None)
+        if replica.watch_task is not None:
+            replica.watch_task.cancel()
+        await replica.channel.close()
+        await self._notify()
+
+    async def _watch_health(self, replica: Replica) -> None:
+        health = health_pb2_grpc.HealthStub(replica.channel)
+        delay = self._backoff[0]
+        while True:
+            try:
+                async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
+                    serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+                    if serving and replica.info is None:
+                        replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10)
+                    await self._set_health(replica, serving)
+                    delay = self._backoff[0]
+            except grpc.aio.AioRpcError as exc:
+                log.debug("health watch of %s ended: %s", replica.address, exc.code())
+            await self._set_health(replica, False)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    async def _set_health(self, replica: Replica, healthy: bool) -> None:
+        if replica.healthy != healthy:
+            log.info("replica %s is %s", replica.address, "up" if healthy else "down")
+            replica.healthy = healthy
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- queries -----------------------------------------------------------
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def healthy(self) -> list[Replica]:
+        return [r for r in self._replicas.values() if r.healthy]
+
+    def info(self) -> inference_pb2.InfoResponse | None:
+        """The Info of a healthy replica (all replicas serve the same model)."""
+        for replica in self.healthy():
+            if replica.info is not None:
+                return replica.info
+        return None
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait until some replica is healthy; for start-up and tests."""
+        async def ready() -> None:
+            async with self._changed:
+                await self._changed.wait_for(lambda: bool(self.healthy()))
+        try:
+            await asyncio.wait_for(ready(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    # -- load balancing ----------------------------------------------------
+
+    async def acquire(self, tokens: int, exclude: frozenset[Replica], deadline: float) -> Replica:
+        """Reserve ``tokens`` on the least loaded healthy replica with room.
+
+        Waits while every usable replica is full, until ``deadline`` (a
+        ``time.monotonic()`` value; then ``DeadlineExceeded``); raises
+        ``Unavailable`` at once when no replica is healthy. The caller must
+        ``release`` what it acquired.
+        """
+        async with self._changed:
+            while True:
+                usable = [r for r in self.healthy() if r not in exclude]
+                if not usable:
+                    # Every healthy replica failed this chunk already: try one
+                    # of them again rather than give up (it came back).
+                    usable = self.healthy()
+                if not usable:
+                    raise Unavailable("no replica is ready")
+                best = min(usable, key=lambda r: r.outstanding_tokens)
+                if best.outstanding_tokens == 0 or \
+                        best.outstanding_tokens + tokens <= best.capacity(self._max_outstanding):
+                    best.outstanding_tokens += tokens
+                    return best
+                remaining = deadline - time.monotonic()
+                try:
+                    if remaining <= 0:
+                        raise TimeoutError
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    raise DeadlineExceeded("the request timed out waiting for a replica") from None
+
+    async def release(self, replica: Replica, tokens: int) -> None:
+        replica.outstanding_tokens -= tokens
+        await self._notify()
+
+    async def mark_down(self, replica: Replica) -> None:
+        """Take a replica out after a failed call; its health watch brings it back."""
+        await self._set_health(replica, False)
+        # Restart the watch so a replica that is in fact fine comes back at once.
+        if replica.watch_task is not None and replica.address in self._replicas:
+            replica.watch_task.cancel()
+            replica.watch_task = asyncio.create_task(self._watch_health(replica))

@@ -1,0 +1,144 @@
+"""Request and response bodies of the public HTTP API (pydantic).
+
+Owns the shapes only: OpenAI's ``/v1/embeddings``, TEI's ``/embed``,
+``/rerank`` and ``/tokenize``, and the Cohere/Jina-style ``/v1/rerank``.
+Types are strict (a number is not a string) so that a wrong type is a 422
+naming the field rather than a silent coercion. Limits that depend on the
+model or the settings (counts, lengths, dimensions) are checked by the
+routes, which know them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+TokenIds = list[StrictInt]
+EmbeddingInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+
+
+class _Request(BaseModel):
+    # Unknown fields are ignored, as OpenAI and TEI clients send extras.
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- OpenAI ------------------------------------------------------------------
+
+class EmbeddingsRequest(_Request):
+    input: EmbeddingInput = Field(description="A string, a list of strings, a list of token "
+                                  "ids, or a list of lists of token ids (without special tokens).")
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+    user: StrictStr | None = None
+    input_type: Literal["query", "passage"] | None = Field(
+        None, description="embedserve extension: apply the model's prompt of this name.")
+    truncate: StrictBool = Field(
+        False, description="embedserve extension: cut inputs longer than the model's limit "
+                           "(from the right) instead of refusing them with 413.")
+
+
+class EmbeddingObject(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingObject]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "embedserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+# -- TEI ---------------------------------------------------------------------
+
+Direction = Literal["left", "right", "Left", "Right"]
+
+
+class EmbedRequest(_Request):
+    inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    normalize: StrictBool = True
+    truncate: StrictBool = False
+    truncation_direction: Direction = "right"
+    prompt_name: StrictStr | None = None
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+class RerankRequest(_Request):
+    query: StrictStr
+    texts: list[StrictStr]
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+    truncate: StrictBool = False
+    truncation_direction: Direction = "right"
+
+
+class RankedText(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TokenizeRequest(_Request):
+    inputs: Union[StrictStr, list[StrictStr]]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class TokenInfo(BaseModel):
+    id: int
+    text: str = Field(description="the input characters this token covers (its piece for specials)")
+    piece: str
+    special: bool
+    start: int | None = Field(None, description="character offset into the (prompted) input")
+    stop: int | None = None
+
+
+# -- Cohere / Jina -----------------------------------------------------------
+
+class DocumentText(_Request):
+    text: StrictStr
+
+
+class CohereRerankRequest(_Request):
+    query: StrictStr
+    documents: list[Union[StrictStr, DocumentText]]
+    model: StrictStr | None = None
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    return_documents: StrictBool = False
+    truncate: StrictBool = True
+
+
+class CohereRerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: DocumentText | None = None
+
+
+class CohereRerankUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereRerankResponse(BaseModel):
+    model: str
+    results: list[CohereRerankResult]
+    usage: CohereRerankUsage

@@ -1,0 +1,53 @@
+"""Gateway settings: one frozen value built at the entry point and passed down.
+
+Owns the knobs and their defaults, nothing else. Library code never reads the
+environment or argv; ``embedserve gateway`` / ``embedserve serve`` build this
+from flags (see ``cli.py``) and tests build it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    # Model directory read for the tokenizer and the sentence-transformers
+    # metadata (prompts, normalization); the weights stay with the replicas.
+    model_dir: Path
+    # host:port of each scheduler replica.
+    upstreams: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Bearer key required on the API routes; None turns authentication off.
+    api_key: str | None = None
+    # Inputs per request. OpenAI allows 2,048; thousands are served here, and
+    # beyond this the request is refused with 413 rather than queued for minutes.
+    max_inputs: int = 8192
+    # Request bodies above this get 413 before they are parsed. Large enough
+    # for a 10 MB string sent with truncate=true.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Tokens admitted into dispatch at once across all requests; a request that
+    # does not fit gets 429 + Retry-After instead of waiting in memory.
+    max_inflight_tokens: int = 4 * 1024 * 1024
+    # Seconds to wait after a 429 before retrying (the Retry-After header).
+    retry_after_s: int = 1
+    # A request's deadline for queueing and inference (from the end of tokenization).
+    request_timeout_s: float = 60.0
+    # Chunk bounds: small enough that several replicas share one large request,
+    # large enough that the per-call overhead stays small.
+    chunk_max_sequences: int = 64
+    chunk_max_tokens: int = 8192
+    # Tokens outstanding per replica before further chunks wait in the gateway
+    # (capped by the replica's own max_queue_tokens when it reports one).
+    replica_max_outstanding_tokens: int = 65536
+    # Attempts per chunk across replicas when a replica fails mid-call.
+    max_attempts_per_chunk: int = 4
+    # Threads for tokenization. One by default: the Numba encoder already
+    # parallelises over texts inside a call, and its default threading layer
+    # must not be entered from two threads at once.
+    tokenizer_threads: int = 1
+    # Health-watch reconnect backoff bounds, in seconds.
+    health_backoff_min_s: float = 0.1
+    health_backoff_max_s: float = 2.0

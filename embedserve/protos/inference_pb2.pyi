@@ -1,0 +1,117 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+DTYPE_FLOAT32: DType
+DTYPE_FLOAT16: DType
+
+class PackedTokens(_message.Message):
+    __slots__ = ("token_ids", "lengths", "token_type_ids")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: bytes
+    lengths: bytes
+    token_type_ids: bytes
+    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("data", "dtype", "shape")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, data: _Optional[bytes] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("queue_us", "compute_us", "total_us")
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    queue_us: int
+    compute_us: int
+    total_us: int
+    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    tokens: PackedTokens
+    normalize: bool
+    dimensions: int
+    dtype: DType
+    request_id: str
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "timings", "request_id")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    embeddings: Tensor
+    timings: Timings
+    request_id: str
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("pairs", "sigmoid", "request_id")
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    SIGMOID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    pairs: PackedTokens
+    sigmoid: bool
+    request_id: str
+    def __init__(self, pairs: _Optional[_Union[PackedTokens, _Mapping]] = ..., sigmoid: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("scores", "timings", "request_id")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    scores: Tensor
+    timings: Timings
+    request_id: str
+    def __init__(self, scores: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    dimension: int
+    max_positions: int
+    max_batch_tokens: int
+    max_batch_sequences: int
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    version: str
+    device: str
+    dtype: str
+    max_queue_tokens: int
+    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,192 @@
+"""The batching loop: takes batches out of the pool, steps the engine, routes rows back.
+
+Owns the overlap of CPU and engine work and nothing about gRPC. Up to
+``in_flight_depth`` steps are in the engine at once: while one runs, the next
+batch is already formed and submitted, so the engine never waits for Python.
+Each step's LazyTensor is awaited by its own task (on CPU that is
+``asyncio.wrap_future``, i.e. ``call_soon_threadsafe`` from the engine
+thread; nothing polls). When it resolves, consecutive rows of one call are
+copied back in one slice; when it fails, every call in the batch fails with
+the error and the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from embedserve.engine.batch import Batch, Task
+from embedserve.engine.lazy import LazyTensor
+from embedserve.scheduler.metrics import SchedulerMetrics
+from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
+
+log = logging.getLogger(__name__)
+
+
+class StepEngine(Protocol):
+    """What the scheduler needs of an engine (``embedserve.engine.Engine`` has it)."""
+
+    info: Any  # embedserve.engine.ModelInfo
+
+    def step(self, batch: Batch) -> LazyTensor: ...
+
+    def stats(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive sequences of one call inside a batch: rows [row, row+count)."""
+
+    call: Call
+    first_index: int  # the call's sequence index of the first row
+    row: int
+    count: int
+
+
+def group_runs(entries: list[SequenceEntry]) -> list[Run]:
+    """Merge consecutive entries of the same call (they are adjacent in FCFS order)."""
+    runs: list[Run] = []
+    row = 0
+    for entry in entries:
+        last = runs[-1] if runs else None
+        if last is not None and last.call is entry.call and \
+                last.first_index + last.count == entry.index:
+            runs[-1] = Run(last.call, last.first_index, last.row, last.count + 1)
+        else:
+            runs.append(Run(entry.call, entry.index, row, 1))
+        row += 1
+    return runs
+
+
+def assemble_batch(runs: list[Run], task: Task) -> Batch:
+    """One packed Batch from the runs' token slices, in batch order."""
+    id_parts, type_parts, length_parts = [], [], []
+    any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
+    for run in runs:
+        tokens, offsets = run.call.tokens, run.call.offsets
+        start, stop = offsets[run.first_index], offsets[run.first_index + run.count]
+        id_parts.append(tokens.token_ids[start:stop])
+        length_parts.append(tokens.lengths[run.first_index:run.first_index + run.count])
+        if any_types:
+            types = tokens.token_type_ids
+            type_parts.append(types[start:stop] if types is not None
+                              else np.zeros(stop - start, dtype=np.int32))
+    return Batch.from_lengths(np.concatenate(id_parts), np.concatenate(length_parts), task,
+                              np.concatenate(type_parts) if any_types else None)
+
+
+class Batcher:
+    """Forms, submits and finishes engine steps between ``start()`` and ``stop()``."""
+
+    def __init__(self, engine: StepEngine, pool: RequestPool, task: Task, token_budget: int,
+                 max_sequences: int, in_flight_depth: int, metrics: SchedulerMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._engine = engine
+        self._pool = pool
+        self._task = task
+        self._token_budget = token_budget
+        self._max_sequences = max_sequences
+        self._slots = asyncio.Semaphore(in_flight_depth)
+        self._metrics = metrics
+        self._clock = clock
+        self._in_flight: set[asyncio.Task] = set()
+        self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
+        self._run_task: asyncio.Task | None = None
+
+    async def stop(self) -> None:
+        """Cancel the loop and any step still awaited (after a drain there are none)."""
+        tasks = [*self._in_flight, *([self._run_task] if self._run_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def start(self) -> None:
+        self._run_task = asyncio.create_task(self._run(), name="embedserve-batcher")
+        self._run_task.add_done_callback(_report_crash)
+
+    async def _run(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                runs = await self._next_runs()
+            except BaseException:
+                self._slots.release()
+                raise
+            self._submit(runs)
+
+    async def _next_runs(self) -> list[Run]:
+        while True:
+            await self._pool.wait_for_work()
+            plan = self._pool.take(self._token_budget, self._max_sequences)
+            for entry, reason in plan.dropped:
+                self._metrics.sequences_dropped.labels(reason).inc()
+            self._metrics.queue_sequences.set(self._pool.queued_sequences)
+            self._metrics.queue_tokens.set(self._pool.queued_tokens)
+            if plan.taken:
+                self._metrics.batch_sequences.observe(len(plan.taken))
+                self._metrics.batch_tokens.observe(plan.tokens)
+                return group_runs(plan.taken)
+
+    def _submit(self, runs: list[Run]) -> None:
+        now = self._clock()
+        for run in runs:
+            if run.call.first_batched_at is None:
+                run.call.first_batched_at = now
+                self._metrics.queue_seconds.observe(now - run.call.arrival)
+        try:
+            lazy = self._engine.step(assemble_batch(runs, self._task))
+        except Exception as error:  # a step that cannot even start fails like one that ran
+            self._fail(runs, error)
+            self._slots.release()
+            return
+        task = asyncio.create_task(self._finish(lazy, runs, submitted_at=now))
+        self._in_flight.add(task)
+        self._metrics.in_flight_batches.set(len(self._in_flight))
+        task.add_done_callback(self._step_done)
+
+    async def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+        try:
+            rows = await lazy
+        except Exception as error:
+            self._fail(runs, error)
+            return
+        expected = runs[-1].row + runs[-1].count
+        if rows.shape[0] != expected:  # never route a wrong-sized result to anyone
+            self._fail(runs, RuntimeError(f"the engine returned {rows.shape[0]} rows "
+                                          f"for {expected} sequences"))
+            return
+        finished_at = self._clock()
+        # Steps run one after another in the engine: this one's own compute
+        # began when it was submitted or when the previous one finished.
+        compute_s = finished_at - max(submitted_at, self._engine_free_at)
+        self._engine_free_at = finished_at
+        self._metrics.step_seconds.observe(compute_s)
+        for run in runs:
+            run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s)
+
+    def _fail(self, runs: list[Run], error: Exception) -> None:
+        log.error("engine step of %d calls failed", len(runs), exc_info=error)
+        self._metrics.steps_failed.inc()
+        for run in runs:
+            run.call.fail(error)
+
+    def _step_done(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        self._metrics.in_flight_batches.set(len(self._in_flight))
+        self._slots.release()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+
+def _report_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the batching loop stopped; queued calls will not be served",
+                     exc_info=task.exception())

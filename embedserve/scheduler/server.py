@@ -1,0 +1,155 @@
+"""One scheduler replica: the grpc.aio server, its health, reflection, metrics and life cycle.
+
+Owns start-up (bind, warm the engine, then report SERVING), draining and
+shutdown. It wires together the pieces that do the work: ``service.py``
+(the handlers), ``pool.py`` (the queue), ``batcher.py`` (the engine loop),
+``metrics.py``. Signals are the entry point's business (``cli.py``); this
+module exposes ``drain()`` / ``stop()`` for it and for tests.
+
+    server, port = await create_server(settings, engine)
+    ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from embedserve.engine.batch import Batch
+from embedserve.errors import ModelLoadError
+from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.scheduler.batcher import Batcher, StepEngine
+from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
+from embedserve.scheduler.pool import RequestPool
+from embedserve.scheduler.service import InferenceService
+from embedserve.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_MESSAGE_SLACK = 64 * 1024  # protobuf framing, request ids
+
+
+class SchedulerServer:
+    """A started replica. ``port`` / ``metrics_port`` are the bound ports."""
+
+    def __init__(self, settings: SchedulerSettings, engine: StepEngine) -> None:
+        info = engine.info
+        if settings.max_queue_tokens < info.max_positions:
+            # Every valid sequence must fit an empty queue, or it could never run.
+            raise ValueError(f"max_queue_tokens ({settings.max_queue_tokens}) is below the "
+                             f"model's max_positions ({info.max_positions})")
+        self.settings = settings
+        self.engine = engine
+        self.metrics = SchedulerMetrics(engine.stats)
+        self.pool = RequestPool(settings.max_queue_tokens)
+        self.service = InferenceService(engine, self.pool, settings, self.metrics)
+        self.batcher = Batcher(engine, self.pool, info.task, settings.max_batch_tokens,
+                               settings.max_batch_sequences, settings.in_flight_depth,
+                               self.metrics)
+        self.health = health.aio.HealthServicer()
+        # A call can carry at most max_queue_tokens tokens (ids + segment ids
+        # + lengths, 4 bytes each) and get back as many rows of float32.
+        tokens = settings.max_queue_tokens
+        options = [("grpc.max_receive_message_length", 12 * tokens + _MESSAGE_SLACK),
+                   ("grpc.max_send_message_length",
+                    4 * tokens * max(1, info.dimension) + _MESSAGE_SLACK),
+                   ("grpc.so_reuseport", 0)]
+        self.grpc_server = grpc.aio.server(options=options,
+                                           maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
+        inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server)
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._stopped = False
+
+    async def start(self) -> int:
+        """Bind, warm the engine, start batching, then report SERVING. Returns the port."""
+        await self._set_health(_NOT_SERVING)
+        address = f"{self.settings.host}:{self.settings.port}"
+        try:
+            self.port = self.grpc_server.add_insecure_port(address)
+        except RuntimeError as error:
+            raise OSError(f"cannot bind the scheduler to {address}: {error}") from error
+        if self.port == 0:
+            raise OSError(f"cannot bind the scheduler to {address}")
+        await self.grpc_server.start()
+        if self.settings.metrics_port is not None:
+            self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host,
+                                                     self.settings.metrics_port)
+            self.metrics_port = self._metrics_endpoint.port
+        await self._warm_up()
+        self.batcher.start()
+        self.service.accepting = True
+        await self._set_health(_SERVING)
+        return self.port
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """NOT_SERVING, refuse new calls (UNAVAILABLE), wait for calls in flight.
+
+        Returns False if calls were still running when ``timeout_s`` ran out.
+        """
+        self.service.accepting = False
+        await self._set_health(_NOT_SERVING)
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(self.service.wait_idle(), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("drain: %d calls still running after %.1f s",
+                        self.service.active_calls, timeout_s)
+            return False
+        return True
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Drain, then stop the server, the batching loop and the metrics endpoint."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.drain(drain_timeout_s)
+        await self.grpc_server.stop(grace=1.0)
+        await self.batcher.stop()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
+
+    async def wait_for_termination(self) -> None:
+        await self.grpc_server.wait_for_termination()
+
+    async def _warm_up(self) -> None:
+        """One real step before SERVING: first-call costs (allocations, kernels) happen here."""
+        info = self.engine.info
+        length = min(8, info.max_positions)
+        ids = (np.arange(2 * length) % info.vocab_size).astype(np.int32)
+        batch = Batch.from_lengths(ids, np.array([length, length], dtype=np.int32), info.task)
+        try:
+            await self.engine.step(batch)
+        except Exception as error:
+            raise ModelLoadError(f"the engine failed its warm-up step: {error}") from error
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+
+async def create_server(settings: SchedulerSettings,
+                        engine: StepEngine) -> tuple[SchedulerServer, int]:
+    """Build and start a replica around a loaded engine; returns it and its port."""
+    server = SchedulerServer(settings, engine)
+    try:
+        port = await server.start()
+    except BaseException:
+        await server.grpc_server.stop(grace=None)
+        if server._metrics_endpoint is not None:
+            server._metrics_endpoint.close()
+        raise
+    return server, port

@@ -1,0 +1,48 @@
+"""The scheduler's settings: one frozen dataclass, built at the entry point.
+
+``embedserve scheduler`` (``cli.py``) builds it from flags; tests build it
+directly. Nothing here reads argv or the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Token budget per step when the flag is not given. On a GPU, 512 keeps a
+# CUDA-graph bucket busy without long waits. On CPU the budget was chosen by
+# measurement (bench/scheduler_bench.py part (d), BENCHMARKS.md): on the
+# default model, Engine.step's tokens/s rises up to ~512 tokens and does not
+# rise beyond (it fell at 1024 and 2048), while a bigger step makes a query
+# arriving behind it wait longer. So 512 on CPU too, for its own reason.
+GPU_MAX_BATCH_TOKENS = 512
+CPU_MAX_BATCH_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    model_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0                        # 0: pick a free port (tests)
+    metrics_port: int | None = None      # None: no metrics endpoint; 0: pick a free port
+    device: str = "cpu"
+    dtype: str | None = None             # None: the engine's default for the device
+    max_batch_tokens: int = CPU_MAX_BATCH_TOKENS
+    max_batch_sequences: int = 256
+    max_queue_tokens: int = 65536        # backpressure bound (tokens waiting for a batch)
+    in_flight_depth: int = 2             # engine steps submitted and not finished
+    drain_timeout_s: float = 25.0        # SIGTERM: longest wait (under the usual 30 s kill grace)
+    # RPCs handled at once (gRPC answers RESOURCE_EXHAUSTED beyond it). With
+    # the message size derived from max_queue_tokens, this bounds the memory
+    # held by requests that have arrived but not yet been admitted.
+    max_concurrent_rpcs: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
+                     "in_flight_depth", "max_concurrent_rpcs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def default_max_batch_tokens(device: str) -> int:
+    return GPU_MAX_BATCH_TOKENS if device.startswith("cuda") else CPU_MAX_BATCH_TOKENS

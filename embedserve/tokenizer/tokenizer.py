@@ -1,0 +1,295 @@
+"""The Tokenizer: load a vocabulary, encode texts and pairs into packed int32 ids.
+
+Loads a SentencePiece ``.model`` (``model_proto``) or a Hugging Face
+``tokenizer.json`` (``hf_json``) into a TokenizerSpec, builds (or loads from the
+cache) the trie, and runs the Numba kernels of ``encoder.py``/``packing.py``.
+Two exactness modes, chosen by ``compat``: ``"hf"`` equals ``tokenizers`` loading the
+same tokenizer.json, ``"sentencepiece"`` equals ``sentencepiece`` loading the .model.
+
+Text that looks like a special token (``<s>``) is ordinary text: specials only come
+from the template. Lone surrogates are replaced by U+FFFD before encoding.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from embedserve.errors import InvalidInput, ModelLoadError
+from embedserve.tokenizer.charsmap import parse_charsmap
+from embedserve.tokenizer.encoded import EncodedBatch
+from embedserve.tokenizer.encoder import Model, encode_run, encode_with_template, new_scratch
+from embedserve.tokenizer.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.normalize_sp import sp_params
+from embedserve.tokenizer.packing import NO_LIMIT, pack_pairs, pack_single
+from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
+from embedserve.tokenizer.trie import load_or_build_trie, node_views
+
+DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
+Truncation = Literal["right", "left"] | None
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_EMPTY = np.zeros(0, np.int32)
+# Below this many input bytes per thread a batch is encoded on the calling thread:
+# handing work to other threads costs more than it saves.
+PARALLEL_MIN_BYTES = 1 << 15
+KEEP_SCRATCH_BYTES = 1 << 16
+
+
+def to_utf8(text: str) -> bytes:
+    """UTF-8 bytes of ``text``, lone surrogates (as JSON can deliver) replaced by U+FFFD."""
+    if not isinstance(text, str):
+        raise InvalidInput(f"expected a string, got {type(text).__name__}")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+class Tokenizer:
+    """An exact Unigram encoder over a loaded TokenizerSpec."""
+
+    def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
+                 threads: int | None = None) -> None:
+        """``threads``: how many threads encode_batch uses (default: all cores)."""
+        self.spec = spec
+        units, strings = parse_charsmap(spec.precompiled_charsmap, spec.source)
+        if spec.compat == "sentencepiece":
+            params, self._hf = sp_params(spec, units), None
+        else:
+            from embedserve.tokenizer.normalize_hf import hf_params
+            params = self._hf = hf_params(spec, units)
+        trie = load_or_build_trie(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
+        self._model = Model(units, strings, params, *node_views(trie), spec.compat == "hf",
+                            int(spec.unk_id), _unk_score(spec))
+        self._threads = max(1, threads or os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._single = _split_template(spec.single_template, ("A",), spec.source)
+        self._pair = _split_template(spec.pair_template, ("A", "B"), spec.source)
+        self._local = threading.local()
+
+    # ---- loading -------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, compat: Compat | None = None,
+                  cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
+                  fairseq_ids: bool = False) -> Tokenizer:
+        """A ``.model`` (default compat "sentencepiece") or ``tokenizer.json`` (default "hf").
+
+        ``fairseq_ids`` (``.model`` only): XLM-R id order instead of SentencePiece's.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ModelLoadError(f"{path}: no such tokenizer file")
+        if path.suffix == ".json":
+            from embedserve.tokenizer.hf_json import load_tokenizer_json
+            spec = load_tokenizer_json(path)
+            if compat == "sentencepiece":
+                raise ModelLoadError(f"{path}: compat='sentencepiece' needs a SentencePiece .model "
+                                     "file; a tokenizer.json supports compat='hf'")
+        else:
+            spec = load_sentencepiece_model(path, fairseq_ids=fairseq_ids)
+            if compat == "hf":
+                from embedserve.tokenizer.hf_json import spec_for_hf_compat
+                spec = spec_for_hf_compat(spec)
+        return cls(spec, Path(cache_dir) if cache_dir is not None else None)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, compat: Compat = "hf",
+                       cache_dir: str | Path | None = DEFAULT_CACHE_DIR) -> Tokenizer:
+        """A model directory: tokenizer.json when present (and compat is "hf"), else
+        sentencepiece.bpe.model in XLM-R id order."""
+        model_dir = Path(model_dir)
+        json_path = model_dir / "tokenizer.json"
+        sp_path = model_dir / "sentencepiece.bpe.model"
+        if compat == "hf" and json_path.is_file():
+            return cls.from_file(json_path, "hf", cache_dir)
+        if sp_path.is_file():
+            return cls.from_file(sp_path, compat, cache_dir, fairseq_ids=True)
+        raise ModelLoadError(f"{model_dir}: no tokenizer.json or sentencepiece.bpe.model")
+
+    # ---- vocabulary ----------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def compat(self) -> Compat:
+        return self.spec.compat
+
+    bos_id = property(lambda self: self.spec.bos_id)
+    eos_id = property(lambda self: self.spec.eos_id)
+    pad_id = property(lambda self: self.spec.pad_id)
+    unk_id = property(lambda self: self.spec.unk_id)
+    mask_id = property(lambda self: self.spec.mask_id)
+
+    def id_to_piece(self, token_id: int) -> str:
+        if not 0 <= token_id < self.vocab_size:
+            raise InvalidInput(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self.spec.pieces[token_id]
+
+    # ---- encoding ------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> np.ndarray:
+        """Ids of one text (int32), with the single template's specials unless disabled."""
+        src = np.frombuffer(to_utf8(text), np.uint8)
+        prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
+        scratch = self._scratch(len(src))
+        ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
+        factor = 4
+        while not ok:  # rare: normalization expanded the text more than 2x
+            scratch = self._local.scratch = new_scratch(len(src), factor)
+            ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
+            factor *= 2
+        return ids
+
+    def encode_batch(self, texts: Sequence[str], max_length: int | None = None,
+                     truncation: Truncation = None, add_special_tokens: bool = True,
+                     return_offsets: bool = False) -> EncodedBatch:
+        """Encode many texts in parallel (all cores, GIL released) into one packed batch."""
+        limit, from_left = _truncation(max_length, truncation)
+        prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
+        if limit != NO_LIMIT and limit < len(prefix) + len(suffix):
+            raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
+        ids, spans, start, count = self._encode_raw(texts, return_offsets)
+        out = pack_single(ids, spans, start, count, prefix, suffix, limit, from_left, return_offsets)
+        return _batch(out, return_offsets)
+
+    def encode_pair(self, a: str, b: str, max_length: int | None = None,
+                    truncation: Truncation = None, add_special_tokens: bool = True) -> np.ndarray:
+        """Ids of one pair, ``<s> A </s></s> B </s>`` for XLM-R, cut longest-first."""
+        return self.encode_pairs(a, [b], max_length, truncation, add_special_tokens).sequence(0).copy()
+
+    def encode_pairs(self, query: str, docs: Sequence[str], max_length: int | None = None,
+                     truncation: Truncation = None, add_special_tokens: bool = True,
+                     return_offsets: bool = False) -> EncodedBatch:
+        """One query against many docs (rerank): pair i is (query, docs[i])."""
+        limit, from_left = _truncation(max_length, truncation)
+        prefix, middle, suffix = self._pair if add_special_tokens else (_EMPTY, _EMPTY, _EMPTY)
+        if limit != NO_LIMIT and limit < len(prefix) + len(middle) + len(suffix):
+            raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
+        ids, spans, start, count = self._encode_raw([query, *docs], return_offsets)
+        n = len(docs)
+        out = pack_pairs(ids, spans, np.full(n, start[0]), np.full(n, count[0]), start[1:], count[1:],
+                         prefix, middle, suffix, limit, from_left, return_offsets)
+        return _batch(out, return_offsets)
+
+    def tokenize(self, text: str) -> list[str]:
+        """The pieces of ``text`` (no specials), for display."""
+        return [self.spec.pieces[i] for i in self.encode(text, add_special_tokens=False)]
+
+    # ---- internals -----------------------------------------------------------------
+    def _scratch(self, src_len: int):
+        """This thread's reusable scratch; inputs over KEEP_SCRATCH_BYTES get a temporary one
+        (scratch is ~75 bytes per input byte: a 10 MB text must not pin 750 MB)."""
+        if src_len > KEEP_SCRATCH_BYTES:
+            return new_scratch(src_len, 2)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.char_index.shape[0] < src_len + 1 or \
+                scratch.norm_bytes.shape[0] < 2 * src_len + 16:
+            scratch = self._local.scratch = new_scratch(max(src_len, 256), 2)
+        return scratch
+
+    def _encode_raw(self, texts: Sequence[str], want_offsets: bool):
+        if isinstance(texts, str):
+            raise InvalidInput("expected a list of strings, got one string")
+        encoded = [to_utf8(t) for t in texts]
+        lengths = np.fromiter((len(e) for e in encoded), np.int64, len(encoded))
+        text_starts = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(lengths, out=text_starts[1:])
+        data = np.frombuffer(b"".join(encoded), np.uint8) if encoded else np.zeros(0, np.uint8)
+        n_runs = min(self._threads, len(encoded), 1 + len(data) // PARALLEL_MIN_BYTES)
+        if n_runs <= 1:
+            return self._encode_range(data, text_starts, 0, len(encoded), want_offsets)
+        bounds = _chunk_bounds(text_starts, n_runs)
+        jobs = [self._executor().submit(self._encode_range, data, text_starts, lo, hi, want_offsets)
+                for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return _concat([job.result() for job in jobs])
+
+    def _encode_range(self, data, text_starts, lo: int, hi: int, want_offsets: bool):
+        """Texts lo..hi-1 as one (ids, spans, tok_start, tok_count); retries overflow."""
+        parts = []
+        factor = 1
+        while True:
+            ids, spans, start, count, first_left = encode_run(self._model, data, text_starts, lo, hi,
+                                                              factor, want_offsets, self._hf)
+            done = first_left - lo
+            parts.append((ids, spans, start[:done], count[:done]))
+            if first_left == hi:
+                return _concat(parts) if len(parts) > 1 else parts[0]
+            lo, factor = first_left, factor * 4
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tokenizer")
+            return self._pool
+
+
+def _concat(parts):
+    """Join runs of (ids, spans, tok_start, tok_count), shifting starts into the joined ids."""
+    if len(parts) == 1:
+        return parts[0]
+    shift = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
+    ids = np.concatenate([p[0] for p in parts])
+    spans = np.concatenate([p[1] for p in parts])
+    start = np.concatenate([p[2] + k for p, k in zip(parts, shift)])
+    count = np.concatenate([p[3] for p in parts])
+    return ids, spans, start, count
+
+
+def _unk_score(spec: TokenizerSpec) -> float:
+    explicit = getattr(spec, "unk_score", None)
+    if explicit is not None:
+        return float(explicit)
+    normal = spec.kinds == PieceKind.NORMAL
+    if spec.compat == "sentencepiece":
+        # sentencepiece: min over NORMAL pieces, in float32, minus kUnkPenalty (10).
+        low = np.float32(spec.scores[normal].min()) if normal.any() else np.float32(0)
+        return float(low - np.float32(10.0))
+    return float(np.min(spec.scores) - 10.0)
+
+
+def _split_template(template: tuple[TemplateItem, ...], slots: tuple[str, ...], source: str):
+    """Split a template at its sequence slots into int32 arrays of special ids."""
+    parts: list[list[int]] = [[]]
+    seen: list[str] = []
+    for item in template:
+        if isinstance(item, str):
+            seen.append(item)
+            parts.append([])
+        else:
+            parts[-1].append(int(item))
+    if tuple(seen) != slots:
+        raise ModelLoadError(f"{source}: template {template!r}: expected sequence slots {slots}")
+    return tuple(np.asarray(p, np.int32) for p in parts)
+
+
+def _truncation(max_length: int | None, truncation: Truncation) -> tuple[int, bool]:
+    if truncation is None:
+        return NO_LIMIT, False
+    if truncation not in ("right", "left"):
+        raise InvalidInput(f"truncation must be 'right', 'left' or None, got {truncation!r}", "truncation")
+    if max_length is None or max_length < 0:
+        raise InvalidInput("truncation needs a max_length >= 0", "max_length")
+    return int(max_length), truncation == "left"
+
+
+def _chunk_bounds(text_starts: np.ndarray, n_chunks: int) -> np.ndarray:
+    """Split texts into up to n_chunks contiguous runs of about equal bytes."""
+    n = text_starts.shape[0] - 1
+    n_chunks = max(1, min(n, n_chunks))
+    targets = np.linspace(0, text_starts[-1], n_chunks + 1)[1:-1]
+    inner = np.searchsorted(text_starts[1:-1], targets) + 1 if n > 1 else np.zeros(0, np.int64)
+    bounds = np.unique(np.concatenate(([0], inner, [n]))).astype(np.int64)
+    return bounds if n > 0 else np.zeros(1, np.int64)
+
+
+def _batch(out, return_offsets: bool) -> EncodedBatch:
+    ids, cu, truncated, original, offsets = out
+    return EncodedBatch(ids, cu, truncated, original, offsets if return_offsets else None)

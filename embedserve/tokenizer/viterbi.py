@@ -1,0 +1,119 @@
+"""Unigram Viterbi over one range of normalized bytes, on the 64-byte-node trie.
+
+The algorithm is the "optimized" encoder both references use (sentencepiece's
+``Model::EncodeOptimized``, tokenizers' ``Unigram::encode_optimized``): walk the
+string one UTF-8 character at a time; from each start position follow the trie byte
+by byte, and for every piece ending at ``end`` keep the best path ending there,
+replacing it only on a strictly greater score (so on ties the earlier start, i.e.
+the longer piece, wins). A start position with no one-character piece gets an
+unknown node of score ``unk_score`` (min normal score - 10). Consecutive unknowns in
+the result are fused into one unknown token, as both references do.
+
+Scores are float64 in hf mode. In sentencepiece mode path scores are float32 (kept
+exactly in the float64 scratch) and every addition is a float32 addition. Known
+limit: on inputs of ~16k tokens and more, where path scores pass ~1e5 and float32
+steps are ~0.01, sentencepiece 0.2.3 breaks a few exact float32 ties differently
+(1 of the 753 novel chunks in the parity suite); its source adds in double for
+pieces, but that model reproduces it worse (3 of 753).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from embedserve.tokenizer.normalize_sp import utf8_len
+
+
+# Views of the NODE_DTYPE array (see trie.node_views): word/int/float slots of a node.
+_BASE, _TOKEN = 8, 10  # int32 slots
+_SCORE32 = 11  # float32 slot
+_SCORE64 = 6  # float64 slot
+
+
+@nb.njit(nogil=True, cache=True)
+def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, start, end, use_f64, unk_id, unk_score,
+                 best_score, best_start, best_id, out_ids, out_spans, n_out):
+    """Append the best segmentation of text[start:end] to out_ids/out_spans from n_out.
+
+    ``best_*`` scratch needs ``end + 1`` entries; ``out_spans[k]`` gets the token's
+    [start, end) in ``text``. Returns the new n_out, or -1 if ``out_ids`` is too small.
+    """
+    if start >= end:
+        return n_out
+    unk32 = np.float32(unk_score)
+    # Unsigned indices: Numba then skips the negative-index wraparound on every access
+    # (about a third of the time of this loop).
+    one = np.uint64(1)
+    u_end = np.uint64(end)
+    best_start[start] = start
+    best_score[start] = 0.0
+    for i in range(np.uint64(start) + one, u_end + one):
+        best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
+    pos = np.uint64(start)
+    while pos < u_end:
+        here = best_score[pos]
+        here32 = np.float32(here)
+        mblen = np.uint64(min(utf8_len(text[pos]), end - np.int64(pos)))
+        has_single = False
+        node = np.uint64(0)
+        k = pos
+        while k < u_end:
+            c = np.uint64(text[k])
+            if (nodes_u64[node, c >> np.uint64(6)] >> (c & np.uint64(63))) & one == 0:
+                break
+            node = np.uint64(nodes_i32[node, _BASE]) + c
+            k += one
+            tid = nodes_i32[node, _TOKEN]
+            if tid >= 0:
+                if use_f64:
+                    cand = here + nodes_f64[node, _SCORE64]
+                else:
+                    cand = np.float64(here32 + nodes_f32[node, _SCORE32])  # a float32 add
+                if cand > best_score[k]:
+                    best_score[k] = cand
+                    best_start[k] = np.int32(pos)
+                    best_id[k] = tid
+                if k - pos == mblen:
+                    has_single = True
+        if not has_single:
+            k = pos + mblen
+            if use_f64:
+                cand = here + unk_score
+            else:
+                cand = np.float64(here32 + unk32)
+            if cand > best_score[k]:
+                best_score[k] = cand
+                best_start[k] = np.int32(pos)
+                best_id[k] = unk_id
+        pos += mblen
+    # Count tokens (fusing unknown runs), then fill right to left.
+    count = 0
+    j = end
+    prev_unk = False
+    while j > start:
+        tid = best_id[j]
+        is_unk = tid == unk_id
+        if not (is_unk and prev_unk):
+            count += 1
+        prev_unk = is_unk
+        j = best_start[j]
+    if n_out + count > out_ids.shape[0]:
+        return -1
+    w = n_out + count
+    j = end
+    prev_unk = False
+    while j > start:
+        tid = best_id[j]
+        s = best_start[j]
+        is_unk = tid == unk_id
+        if is_unk and prev_unk:
+            out_spans[w, 0] = s  # extend the fused unknown to the left
+        else:
+            w -= 1
+            out_ids[w] = tid
+            out_spans[w, 0] = s
+            out_spans[w, 1] = j
+        prev_unk = is_unk
+        j = s
+    return n_out + count

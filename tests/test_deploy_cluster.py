@@ -1,0 +1,153 @@
+"""``embedserve cluster`` runs the compose topology for real, as local processes.
+
+One run of the real command (2 replicas + a gateway process, default model):
+answers match sentence-transformers and both replicas serve; the container
+healthcheck probe (``python -m embedserve.healthprobe``) reports the live
+gateway and replica healthy and closed ports unhealthy; a replica
+killed with SIGKILL is restarted on its port and serves again; SIGTERM stops
+the whole tree with status 0 and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.fault_load import LoadGenerator
+from embedserve.cluster import free_port
+
+_REPLICA = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+:\d+)")
+_READY = "embedserve cluster: gateway "
+
+
+class ClusterProcess:
+    """The ``embedserve cluster`` process and the lines it printed (read by a thread)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, predicate, timeout_s: float) -> list[str]:  # noqa: ANN001
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.lines) if predicate(line)]
+            if found:
+                return found
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.1)
+        pytest.fail("embedserve cluster did not print the expected line; output:\n"
+                    + "".join(self.lines[-60:]))
+
+    def replica_lines(self) -> list[tuple[str, str]]:
+        return [m.groups() for line in list(self.lines) if (m := _REPLICA.search(line))]
+
+
+def _calls_ok(metrics_address: str) -> float:
+    body = httpx.get(f"http://{metrics_address}/metrics", timeout=5, trust_env=False).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith("embedserve_scheduler_calls_total{")
+               and 'code="OK"' in line and 'method="Embed"' in line)
+
+
+def _healthprobe(target: str) -> int:
+    return subprocess.run([sys.executable, "-m", "embedserve.healthprobe", target, "--timeout", "5"],
+                          capture_output=True, timeout=30).returncode
+
+
+def _pids_of_children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes (its parent has not reaped it yet).
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"
+
+
+async def _send(url: str, expected, requests: int) -> dict[str, int]:  # noqa: ANN001
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+    load = LoadGenerator(url, model, expected, concurrency=0)
+    async with load:
+        # All at once, so that least-outstanding balancing has load to spread.
+        await asyncio.gather(*(load.send_one() for _ in range(requests)))
+    o = load.phase
+    return {"sent": o.sent, "correct": o.correct, "retryable": o.retryable, "wrong": o.wrong,
+            "lost": o.lost, "examples": len(o.wrong_examples)}
+
+
+def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_model_dir: Path,
+                                                                      probe_reference) -> None:
+    port = free_port()
+    cluster = ClusterProcess([sys.executable, "-m", "embedserve.cli", "cluster", "--replicas", "2",
+                              "--model", str(default_model_dir), "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        cluster.wait_for(lambda line: line.startswith(_READY), timeout_s=240)
+        replicas = cluster.replica_lines()
+        assert len(replicas) == 2 and replicas[0][0] != replicas[1][0]
+
+        counts = asyncio.run(_send(url, probe_reference, requests=40))
+        assert counts == {"sent": 40, "correct": 40, "retryable": 0, "wrong": 0, "lost": 0,
+                          "examples": 0}
+        # Least-outstanding balancing spread the calls over both replicas.
+        assert all(_calls_ok(metrics) > 0 for _, metrics in replicas)
+
+        # The container healthchecks' probe agrees with the live processes.
+        assert _healthprobe(f"{url}/ready") == 0
+        assert _healthprobe(f"grpc://{replicas[0][0]}") == 0
+        assert _healthprobe(f"grpc://127.0.0.1:{free_port()}") == 1
+        assert _healthprobe(f"http://127.0.0.1:{free_port()}/ready") == 1
+        assert _healthprobe("ftp://example") == 2
+
+        # Kill one replica outright: the cluster restarts it on the same port.
+        children = _pids_of_children(cluster.popen.pid)
+        victim = next(pid for pid in children
+                      if "scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+        os.kill(victim, signal.SIGKILL)
+        cluster.wait_for(lambda line: len(cluster.replica_lines()) >= 3, timeout_s=120)
+        restarted_address, restarted_metrics = cluster.replica_lines()[-1]
+        assert restarted_address in {address for address, _ in replicas}
+        deadline = time.monotonic() + 60
+        while _calls_ok(restarted_metrics) == 0 and time.monotonic() < deadline:
+            counts = asyncio.run(_send(url, probe_reference, requests=10))
+            assert counts["wrong"] == 0 and counts["lost"] == 0, counts
+        assert _calls_ok(restarted_metrics) > 0, "the restarted replica never got a call"
+
+        # SIGTERM stops everything with status 0.
+        tree = [cluster.popen.pid, *_pids_of_children(cluster.popen.pid)]
+        cluster.popen.send_signal(signal.SIGTERM)
+        assert cluster.popen.wait(90) == 0, "".join(cluster.lines[-40:])
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in tree)
+    finally:
+        if cluster.popen.poll() is None:
+            os.killpg(cluster.popen.pid, signal.SIGKILL)
+            cluster.popen.wait(10)

@@ -1,0 +1,95 @@
+"""deploy/k8s/*.yaml: schema validation and the wiring between the manifests.
+
+Every document validates with ``kubernetes-validate --strict`` against the
+oldest supported and the newest Kubernetes API schemas, and a broken copy is
+rejected; then selectors, ports, probes and ConfigMap references are checked
+against each other.
+"""
+
+from __future__ import annotations
+
+from deploy_validators import flag, k8s_documents, k8s_errors
+
+
+def test_k8s_manifests_validate_against_the_api_schemas() -> None:
+    documents = k8s_documents()
+    kinds = sorted(doc["kind"] for _, doc in documents)
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "HorizontalPodAutoscaler",
+                     "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service"]
+    for name, document in documents:
+        assert k8s_errors(document) == [], name
+
+
+def test_k8s_validation_rejects_a_broken_manifest() -> None:
+    _, replica = _k8s("Deployment", "embedserve-replica")
+    probe = replica["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    probe["grpc"]["port"] = "grpc"  # gRPC probes take a number, not a port name
+    assert any("not of type 'integer'" in error for error in k8s_errors(replica))
+    _, hpa = _k8s("HorizontalPodAutoscaler", "embedserve-replica")
+    hpa["spec"]["maxReplica"] = hpa["spec"].pop("maxReplicas")
+    assert k8s_errors(hpa)
+
+
+def _k8s(kind: str, name: str) -> tuple[str, dict]:
+    matches = [(f, d) for f, d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, (kind, name)
+    return matches[0]
+
+
+def _container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_k8s_services_and_policies_select_the_right_pods() -> None:
+    for component in ("replica", "gateway"):
+        _, deployment = _k8s("Deployment", f"embedserve-{component}")
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        _, service = _k8s("Service", f"embedserve-{component}")
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        _, pdb = _k8s("PodDisruptionBudget", f"embedserve-{component}")
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in {p["name"] for p in _container(deployment)["ports"]}
+    _, hpa = _k8s("HorizontalPodAutoscaler", "embedserve-replica")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "embedserve-replica"}
+
+
+def test_k8s_gateway_discovers_replicas_through_the_headless_service() -> None:
+    _, config = _k8s("ConfigMap", "embedserve-config")
+    _, service = _k8s("Service", "embedserve-replica")
+    assert service["spec"]["clusterIP"] == "None"
+    assert not service["spec"].get("publishNotReadyAddresses", False)
+    grpc_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert config["data"]["UPSTREAM"] == f"dns:{service['metadata']['name']}:{grpc_port}"
+
+
+def test_k8s_probes_match_what_each_container_listens_on() -> None:
+    _, replica = _k8s("Deployment", "embedserve-replica")
+    container = _container(replica)
+    grpc_port = int(flag(container["args"], "port"))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == grpc_port, probe
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    _, gateway = _k8s("Deployment", "embedserve-gateway")
+    container = _container(gateway)
+    http = next(p for p in container["ports"] if p["name"] == "http")
+    assert http["containerPort"] == int(flag(container["args"], "port"))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+
+
+def test_k8s_args_only_reference_configmap_keys() -> None:
+    _, config = _k8s("ConfigMap", "embedserve-config")
+    for component in ("replica", "gateway"):
+        _, deployment = _k8s("Deployment", f"embedserve-{component}")
+        container = _container(deployment)
+        assert container["envFrom"] == [{"configMapRef": {"name": "embedserve-config"}}]
+        for arg in container["args"]:
+            if "$(" in arg:
+                name = arg.split("$(", 1)[1].split(")", 1)[0]
+                assert name in config["data"], (component, arg)

@@ -1,0 +1,103 @@
+"""Engine.step's contract: returns at once, LazyTensor waits or awaits, errors stay per step."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedserve.engine import Batch, Engine, LazyTensor
+from embedserve.errors import InvalidInput, Unavailable
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_bert_dir: Path):
+    with Engine.load(tiny_bert_dir) as eng:
+        yield eng
+
+
+def batches(count: int, seed: int = 0) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    return [Batch.from_sequences([rng.integers(4, 250002, size=n).astype(np.int32)
+                                  for n in rng.integers(1, 200, size=rng.integers(1, 6))])
+            for _ in range(count)]
+
+
+def test_several_steps_in_flight_resolve_in_order(engine: Engine) -> None:
+    work = batches(8)
+    one_by_one = [engine.step(b).wait() for b in work]
+    lazies = [engine.step(b) for b in work]               # all queued before any wait
+    assert all(isinstance(lazy, LazyTensor) for lazy in lazies)
+    for lazy, expected in zip(lazies, one_by_one):
+        result = lazy.wait(timeout=60)
+        assert lazy.ready()
+        assert result.shape == expected.shape and np.array_equal(result, expected)
+
+
+def test_await_does_not_block_the_event_loop(engine: Engine) -> None:
+    work = batches(4, seed=1)
+    expected = [engine.step(b).wait() for b in work]
+
+    async def main() -> tuple[list[np.ndarray], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        results = await asyncio.gather(*(engine.step(b) for b in work))
+        task.cancel()
+        return results, ticks
+
+    results, ticks = asyncio.run(main())
+    assert ticks > 0
+    for got, want in zip(results, expected):
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (Batch.from_sequences([[0, 250002, 2]]), "token ids must lie"),
+    (Batch.from_sequences([list(range(4, 4 + 513))]), "exceeds the model's 512 positions"),
+    (Batch.from_sequences([[0, 5, 2]], task="score"), "does task 'embed'"),
+    (Batch(np.array([0, 5, 2], np.int32), np.array([0, 2], np.int32)), "cu_seqlens must"),
+    (Batch.from_lengths(np.array([0, 5, 2], np.int32), np.array([3], np.int32),
+                        token_type_ids=np.array([0, 2, 0], np.int32)), "token type ids"),
+])
+def test_a_failed_step_raises_from_wait_and_await_and_the_engine_keeps_working(
+        engine: Engine, bad: Batch, message: str) -> None:
+    good = batches(1, seed=2)[0]
+    expected = engine.step(good).wait()
+    failing, after = engine.step(bad), engine.step(good)  # the good step queued behind the bad one
+    with pytest.raises(InvalidInput, match=message):
+        failing.wait()
+    with pytest.raises(InvalidInput, match=message):
+        asyncio.run(_await(failing))
+    assert np.array_equal(after.wait(), expected)
+
+
+async def _await(lazy: LazyTensor) -> np.ndarray:
+    return await lazy
+
+
+def test_closed_engine_refuses_steps(tiny_bert_dir: Path) -> None:
+    engine = Engine.load(tiny_bert_dir)
+    engine.close()
+    with pytest.raises(Unavailable):
+        engine.step(batches(1)[0])
+
+
+def test_stats_count_steps(tiny_bert_dir: Path) -> None:
+    with Engine.load(tiny_bert_dir) as engine:
+        work = batches(3, seed=3)
+        for b in work:
+            engine.step(b).wait()
+        with pytest.raises(InvalidInput):
+            engine.step(Batch.from_sequences([[0, 300000]])).wait()
+        stats = engine.stats()
+    assert stats["steps"] == 4 and stats["failed_steps"] == 1
+    assert stats["tokens"] == sum(b.num_tokens for b in work)

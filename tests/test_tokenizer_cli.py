@@ -1,0 +1,31 @@
+"""``embedserve tokenize`` prints the reference's ids and pieces; bad files exit non-zero."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import shared_file
+
+from embedserve.cli import main
+
+
+def test_tokenize_prints_ids_and_pieces(capsys, tokenizer_cache_dir, xlmr_sp_reference):
+    model = shared_file("xlmr/sentencepiece.bpe.model")
+    text = "Hello  wörld, ｶﾞ <s>"
+    assert main(["tokenize", "--model", str(model), "--cache-dir", str(tokenizer_cache_dir),
+                 "--json", "--no-special", text]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"] == xlmr_sp_reference.encode(text)
+    assert out["pieces"] == xlmr_sp_reference.encode(text, out_type=str)
+
+    assert main(["tokenize", "--model", str(model), "--cache-dir", str(tokenizer_cache_dir), text]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[1:] == [str(i) for i in [1] + xlmr_sp_reference.encode(text) + [2]]
+    assert lines[1].split()[1:] == ["<s>"] + xlmr_sp_reference.encode(text, out_type=str) + ["</s>"]
+
+
+def test_tokenize_unsupported_file_exits_2(capsys, tmp_path):
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"\xff" * 16)
+    assert main(["tokenize", "--model", str(bad), "--cache-dir", str(tmp_path), "x"]) == 2
+    assert str(bad) in capsys.readouterr().out

@@ -1,0 +1,154 @@
+"""Loading .model files: unsupported files fail clearly; the trie and its disk cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import shared_file
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+import embedserve.tokenizer.trie as trie_module
+from embedserve.errors import ModelLoadError
+from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.spec import PieceKind
+from embedserve.tokenizer.trie import NODE_DTYPE, build_trie, spec_hash
+
+
+def proto(name: str = "spm/test_model.model") -> model_pb2.ModelProto:
+    message = model_pb2.ModelProto()
+    message.ParseFromString(shared_file(name).read_bytes())
+    return message
+
+
+def write(tmp_path, message: model_pb2.ModelProto, name: str = "bad.model"):
+    path = tmp_path / name
+    path.write_bytes(message.SerializeToString())
+    return path
+
+
+def expect_error(path, *fragments: str) -> None:
+    with pytest.raises(ModelLoadError) as info:
+        Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None)
+    for fragment in (str(path),) + fragments:
+        assert fragment in info.value.message
+
+
+@pytest.mark.parametrize("model_type, name", [(2, "BPE"), (3, "WORD"), (4, "CHAR")])
+def test_non_unigram_models_are_rejected(tmp_path, model_type, name):
+    message = proto()
+    message.trainer_spec.model_type = model_type
+    expect_error(write(tmp_path, message), "trainer_spec.model_type", name, "only UNIGRAM")
+
+
+def test_byte_fallback_is_rejected(tmp_path):
+    message = proto()
+    message.trainer_spec.byte_fallback = True
+    expect_error(write(tmp_path, message), "trainer_spec.byte_fallback")
+
+
+@pytest.mark.parametrize("kind", [PieceKind.USER_DEFINED, PieceKind.BYTE])
+def test_unsupported_piece_types_are_rejected(tmp_path, kind):
+    message = proto()
+    message.pieces[10].type = int(kind)
+    expect_error(write(tmp_path, message), "pieces[10].type", kind.name, "supported: NORMAL")
+
+
+def test_named_normalizer_without_charsmap_is_rejected(tmp_path):
+    message = proto()
+    message.normalizer_spec.precompiled_charsmap = b""
+    expect_error(write(tmp_path, message), "normalizer_spec", "'nfkc'")
+
+
+def test_broken_charsmap_is_rejected(tmp_path):
+    message = proto()
+    message.normalizer_spec.precompiled_charsmap = b"\xff\xff\xff\x7f" + b"\0" * 8
+    expect_error(write(tmp_path, message), "precompiled_charsmap")
+
+
+def test_not_a_model_file(tmp_path):
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"\xff" * 64)
+    expect_error(garbage, "not a SentencePiece ModelProto")
+    empty = tmp_path / "empty.model"
+    empty.write_bytes(b"")
+    expect_error(empty, "pieces")
+    expect_error(tmp_path / "missing.model", "no such tokenizer file")
+
+
+def test_model_dir_without_tokenizer_files(tmp_path):
+    with pytest.raises(ModelLoadError, match="no tokenizer.json or sentencepiece.bpe.model"):
+        Tokenizer.from_model_dir(tmp_path, cache_dir=None)
+
+
+def test_identity_normalizer_loads_and_encodes_unnormalized(tmp_path):
+    import sentencepiece
+
+    message = proto()
+    message.normalizer_spec.name = "identity"
+    message.normalizer_spec.precompiled_charsmap = b""
+    path = write(tmp_path, message, "identity.model")
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    tokenizer = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None)
+    for text in ["ｶﾞｷﾞ  Ａｂｃ ﬁ", "Hello   world ", "①②"]:
+        assert tokenizer.encode(text, add_special_tokens=False).tolist() == reference.encode(text)
+
+
+def test_trie_holds_every_matchable_piece_and_no_control_piece():
+    spec = load_sentencepiece_model(shared_file("spm/test_ja_model.model"))
+    trie = build_trie(spec)
+    assert trie.dtype == NODE_DTYPE and NODE_DTYPE.itemsize == 64
+
+    def find(piece: str) -> int:
+        node = 0
+        for byte in piece.encode():
+            if not int(trie["children"][node][byte >> 6]) >> (byte & 63) & 1:
+                return -1
+            parent, node = node, int(trie["base"][node]) + byte
+            assert trie["check"][node] == parent  # no two nodes share a cell
+        return int(trie["token_id"][node])
+
+    for i, piece in enumerate(spec.pieces):
+        expected = i if spec.kinds[i] == PieceKind.NORMAL else -1
+        assert find(piece) == expected, piece
+    assert np.allclose(trie["score64"][trie["token_id"] >= 0],
+                       spec.scores[trie["token_id"][trie["token_id"] >= 0]])
+
+
+def test_trie_cache_written_then_used(tmp_path, monkeypatch):
+    path = shared_file("spm/test_model.model")
+    first = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
+    cached = list(tmp_path.glob("trie-*.npy"))
+    assert [p.name for p in cached] == [f"trie-{spec_hash(first.spec)}.npy"]
+
+    def no_build(spec):
+        raise AssertionError("the cached trie should have been used")
+
+    monkeypatch.setattr(trie_module, "build_trie", no_build)
+    second = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
+    text = "I saw a girl with a telescope."
+    assert second.encode(text).tolist() == first.encode(text).tolist()
+
+
+def test_trie_cache_keyed_by_content(tmp_path):
+    Tokenizer.from_file(shared_file("spm/test_model.model"), compat="sentencepiece", cache_dir=tmp_path)
+    Tokenizer.from_file(shared_file("spm/test_ja_model.model"), compat="sentencepiece", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("trie-*.npy"))) == 2
+
+
+def test_corrupt_cache_is_rebuilt(tmp_path):
+    path = shared_file("spm/test_model.model")
+    good = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("trie-*.npy")
+    cached.write_bytes(b"not a numpy file")
+    again = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
+    assert again.encode("hello world").tolist() == good.encode("hello world").tolist()
+    assert np.load(cached).dtype == NODE_DTYPE  # rewritten
+
+
+def test_unwritable_cache_dir_still_loads(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    tokenizer = Tokenizer.from_file(shared_file("spm/test_model.model"), compat="sentencepiece",
+                                    cache_dir=blocker / "sub")
+    assert len(tokenizer.encode("hello")) > 2

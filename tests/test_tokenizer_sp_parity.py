@@ -1,0 +1,91 @@
+"""compat="sentencepiece" is token-for-token equal to sentencepiece==0.2.3.
+
+On the issue's corpora (see tokenizer_corpus.py), for XLM-R's .model and both of
+SentencePiece's own test models, plus 10,000 seeded hypothesis strings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sentencepiece
+from conftest import shared_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizer_corpus import HYPOTHESIS_TEXT, emoji_lines, novel_chunks, udhr_lines, udhr_texts
+
+from embedserve.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def assert_same(tokenizer: Tokenizer, reference, texts: list[str], known_ties: int = 0) -> None:
+    """Zero mismatches, except up to ``known_ties`` exact float32 path-score ties (see below)."""
+    ours = tokenizer.encode_batch(texts, add_special_tokens=False)
+    expected = reference.encode(texts)
+    mismatches = [i for i, ids in enumerate(expected) if ours.sequence(i).tolist() != ids]
+    detail = [(texts[i][:80], ours.sequence(i)[:20].tolist(), expected[i][:20]) for i in mismatches[:3]]
+    assert len(mismatches) <= known_ties, f"{len(mismatches)} of {len(texts)} differ, e.g. {detail}"
+    for i in mismatches:
+        ours_score = float32_path_score(reference, ours.sequence(i).tolist())
+        assert ours_score == float32_path_score(reference, expected[i]), detail
+
+
+def float32_path_score(reference, ids: list[int]) -> np.float32:
+    """The path score as sentencepiece accumulates it: left to right, in float32."""
+    total = np.float32(0)
+    for token in ids:
+        total = np.float32(total + np.float32(reference.get_score(token)))
+    return total
+
+
+def test_udhr_lines_and_whole_texts(xlmr_sp_tokenizer, xlmr_sp_reference):
+    lines = udhr_lines()
+    assert len(lines) == 35870 and len(udhr_texts()) == 388
+    assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, lines + list(udhr_texts()))
+
+
+def test_emoji_lines(xlmr_sp_tokenizer, xlmr_sp_reference):
+    assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, emoji_lines())
+
+
+def test_novels_in_512_4k_16k_token_chunks(xlmr_sp_tokenizer, xlmr_sp_reference):
+    # KNOWN, NOT EXACT: one 16k-token chunk of wagahaiwa_nekodearu differs. There two
+    # segmentations have bit-identical float32 path scores (about -1.4e5, where a
+    # float32 step is 0.016) and sentencepiece 0.2.3 keeps the later-starting piece,
+    # while everywhere else (all other 752 chunks, every udhr2 text) it keeps the
+    # earlier one, as we do. Neither float32 nor double accumulation reproduces both;
+    # the test pins the count and checks that the difference is such a tie.
+    chunks = novel_chunks(xlmr_sp_reference.encode, xlmr_sp_reference.decode)
+    assert len(chunks) > 700
+    assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, chunks, known_ties=1)
+
+
+def test_single_encode_matches_batch_on_novel_chunks(xlmr_sp_tokenizer, xlmr_sp_reference):
+    # The single-text kernel (encode) and the batch kernel must agree exactly.
+    chunks = novel_chunks(xlmr_sp_reference.encode, xlmr_sp_reference.decode)[::7]
+    batch = xlmr_sp_tokenizer.encode_batch(chunks, add_special_tokens=False)
+    for i, chunk in enumerate(chunks):
+        assert xlmr_sp_tokenizer.encode(chunk, add_special_tokens=False).tolist() == batch.sequence(i).tolist()
+
+
+@pytest.mark.parametrize("name", ["spm/test_model.model", "spm/test_ja_model.model"])
+def test_sentencepiece_test_models(name, tokenizer_cache_dir):
+    path = shared_file(name)
+    tokenizer = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tokenizer_cache_dir)
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    texts = udhr_lines()[::3] + emoji_lines()[::3] + novel_chunks(reference.encode, reference.decode)[::4]
+    assert_same(tokenizer, reference, texts)
+
+
+HYPOTHESIS_EXAMPLES, STRINGS_PER_EXAMPLE = 500, 20  # 10,000 strings, compared in batches
+
+
+@settings(max_examples=HYPOTHESIS_EXAMPLES, derandomize=True, database=None, deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hypothesis_strings(data, xlmr_sp_tokenizer, xlmr_sp_reference):
+    texts = [data.draw(HYPOTHESIS_TEXT) for _ in range(STRINGS_PER_EXAMPLE)]
+    assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, texts)
+    for text in texts[:2]:  # and the single-text path
+        assert xlmr_sp_tokenizer.encode(text, add_special_tokens=False).tolist() == xlmr_sp_reference.encode(text)
