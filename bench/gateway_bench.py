@@ -18,6 +18,7 @@ Server-Timing medians (tokenize, queue, inference, total).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import subprocess
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = tokenizer.encode(text)
     assert len(ids) == 128
 
+    load_before = os.getloadavg()[0]
     python = [sys.executable, "-m", "embedserve.cli"]
     scheduler, replica = start([*python, "scheduler", "--model", str(model_dir), "--port", "0"],
                                r"listening on (\S+:\d+)")
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.load(model_dir, device="cpu")
     batch = Batch.from_sequences([ids])
     http_ms: list[float] = []
+    minus_compute_ms: list[float] = []
     health_ms: list[float] = []
     step_ms: list[float] = []
     phases: dict[str, list[float]] = {}
@@ -102,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
                     response = client.post("/v1/embeddings", json={"input": text})
                     http_ms.append((time.perf_counter() - started) * 1e3)
                     response.raise_for_status()
+                    timing = {}
                     for part in response.headers["server-timing"].split(","):
                         name, _, value = part.strip().partition(";dur=")
+                        timing[name] = float(value)
                         phases.setdefault(name, []).append(float(value))
+                    minus_compute_ms.append(http_ms[-1] - timing["inference"])
                 for _ in range(10):
                     started = time.perf_counter()
                     client.get("/health").raise_for_status()
@@ -118,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         for process in (gateway, scheduler):
             process.terminate()
             process.wait(30)
-    print(f"gateway overhead, batch 1 x 128 tokens, {len(http_ms)} requests, CPU, model {model_dir.name}")
+    print(f"gateway overhead, batch 1 x 128 tokens, {len(http_ms)} requests, CPU, model {model_dir.name}, "
+          f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print("| measurement | p50 ms |")
     print("|---|---|")
     print(f"| POST /v1/embeddings over HTTP (client-side) | {p50(http_ms):.2f} |")
     print(f"| Engine.step in-process, same 128 ids | {p50(step_ms):.2f} |")
     print(f"| GET /health over HTTP (client-side; HTTP alone) | {p50(health_ms):.2f} |")
     print(f"| **overhead** (HTTP p50 - engine p50) | **{p50(http_ms) - p50(step_ms):.2f}** |")
+    print(f"| per request: HTTP wall - the replica's compute for it | {p50(minus_compute_ms):.2f} |")
     for name in ("tokenize", "queue", "inference", "total"):
         if name in phases:
             print(f"| Server-Timing {name} (gateway-side) | {p50(phases[name]):.2f} |")

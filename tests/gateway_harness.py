@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedserve.gateway.app import create_app
+from embedserve.gateway.cli import listening_socket
 from embedserve.gateway.settings import GatewaySettings
 
 START_TIMEOUT_S = 240.0
@@ -92,8 +92,7 @@ class GatewayServer:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.app = create_app(settings)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from embedserve import __version__
 from embedserve.gateway import routes_embed, routes_ops, routes_rerank, routes_tokenize
-from embedserve.gateway.http_errors import install_error_handlers
+from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
 from embedserve.gateway.model_meta import load_model_meta
@@ -64,5 +64,5 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
                        api_key=settings.api_key)
     install_error_handlers(app)
     for module in (routes_embed, routes_rerank, routes_tokenize, routes_ops):
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from embedserve import errors
+from embedserve.gateway.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,23 @@ _TYPE_BY_STATUS = {
     405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
     422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
     503: "service_unavailable", 504: "timeout_error",
+}
+
+
+# Declared on every route so the OpenAPI document tells clients (and the schema
+# fuzzer) every status the gateway can answer with, all in OpenAI's error shape.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "Bad input (the field is named in error.param)"),
+        (401, "Missing or wrong API key"),
+        (413, "Body too large, too many inputs, or an input too long with truncation off"),
+        (422, "Wrong type or shape of a field"),
+        (429, "In-flight token budget full; retry after Retry-After seconds"),
+        (500, "Unexpected error (no traceback is returned)"),
+        (503, "No replica ready"),
+        (504, "Timed out"),
+    )
 }
 
 

@@ -68,7 +68,11 @@ class Preprocessor:
         parts: list[np.ndarray] = []
         lengths = np.empty(len(sequences), dtype=np.int32)
         for i, seq in enumerate(sequences):
-            ids = np.asarray(seq, dtype=np.int64)
+            try:
+                ids = np.asarray(seq, dtype=np.int64)
+            except OverflowError:  # an id beyond int64: out of the vocabulary, not a crash
+                raise InvalidInput(f"{field}[{i}] has a token id outside [0, {self.meta.vocab_size})",
+                                   field=f"{field}[{i}]") from None
             if ids.size == 0:
                 raise InvalidInput(f"{field}[{i}] is an empty list of token ids", field=f"{field}[{i}]")
             if int(ids.min()) < 0 or int(ids.max()) >= self.meta.vocab_size:

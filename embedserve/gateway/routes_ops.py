@@ -9,7 +9,7 @@ with what the replicas report.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from embedserve import __version__
@@ -64,7 +64,7 @@ async def list_models(request: Request) -> dict:
                                         "owned_by": "embedserve"}]}
 
 
-@router.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+@router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     gateway.metrics.replicas_healthy.set(len(gateway.pool.healthy()))

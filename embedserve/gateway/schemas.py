@@ -142,3 +142,16 @@ class CohereRerankResponse(BaseModel):
     model: str
     results: list[CohereRerankResult]
     usage: CohereRerankUsage
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, used by every non-2xx answer of the gateway."""
+
+    error: ErrorDetail
