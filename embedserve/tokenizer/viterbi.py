@@ -31,7 +31,9 @@ _SCORE32 = 11  # float32 slot
 _SCORE64 = 6  # float64 slot
 
 
-@nb.njit(nogil=True, cache=True)
+# Inlined at the IR level into its callers: hf mode calls it once per word, and a real
+# call costs a reference-count round trip on each of its eight array arguments.
+@nb.njit(nogil=True, cache=True, inline="always")
 def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, start, end, use_f64, unk_id, unk_score,
                  best_score, best_start, best_id, out_ids, out_spans, n_out):
     """Append the best segmentation of text[start:end] to out_ids/out_spans from n_out.
