@@ -18,6 +18,7 @@ import logging
 import re
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +28,22 @@ _LISTENING = re.compile(rb"listening on (\S+:\d+)")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A pre-exec hook that asks Linux to SIGTERM the child when this process dies.
+
+    prctl is looked up here, in the parent: loading a library between fork and exec
+    (``ctypes.CDLL`` in the child) can deadlock on a loader lock that another thread of
+    the parent held at fork time. The hook itself only calls the resolved function.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
 
 
 @dataclass
@@ -54,6 +67,7 @@ class ReplicaSupervisor:
         self._env = env
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        self._pre_exec = _die_with_parent_hook()
         self.replicas = [ReplicaProcess(i, self._base) for i in range(replicas)]
         self._stopping = False
         self._keeper: asyncio.Task | None = None
@@ -75,7 +89,7 @@ class ReplicaSupervisor:
     async def _spawn(self, replica: ReplicaProcess) -> None:
         command = [*replica.args, "--port", str(replica.port)]
         replica.process = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, env=self._env, preexec_fn=_die_with_parent)
+            *command, stdout=asyncio.subprocess.PIPE, env=self._env, preexec_fn=self._pre_exec)
         assert replica.process.stdout is not None
         try:
             address = await asyncio.wait_for(self._read_address(replica.process.stdout),
