@@ -6,8 +6,8 @@ TARGET is ``http://host:port/path`` (healthy: HTTP 200, as the gateway's
 engine is warm). Exit status 0 when healthy, 1 when not.
 
 Container healthchecks run this (the image has no curl and no
-grpc_health_probe binary), and ``embedserve cluster`` uses ``wait_healthy``
-to hold the gateway back until its replicas serve. It imports only the
+grpc_health_probe binary), and ``embedserve cluster`` uses ``probe`` to hold
+the gateway back until its replicas serve. It imports only the
 standard library and grpc, so a probe every few seconds stays cheap.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -53,17 +52,6 @@ def probe(target: str, timeout_s: float = 3.0) -> bool:
     if parsed.scheme == "grpc" and parsed.netloc:
         return probe_grpc(parsed.netloc, timeout_s, service=parsed.path.lstrip("/"))
     raise ValueError(f"probe target must be http://host:port/path or grpc://host:port, got {target!r}")
-
-
-def wait_healthy(target: str, timeout_s: float, interval_s: float = 0.2) -> bool:
-    """Probe until healthy or ``timeout_s`` passes; True when it became healthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if probe(target, timeout_s=min(3.0, max(0.1, deadline - time.monotonic()))):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,13 +18,6 @@ def shared_file(relative: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.exists():
-        pytest.skip(f"reference data not found: {SHARED_DATA}")
-    return SHARED_DATA
-
-
 # --- engine fixtures: tiny random models and the default model -------------
 #
 # Tiny models are random transformers configs saved with save_pretrained

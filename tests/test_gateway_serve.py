@@ -19,7 +19,6 @@ import time
 import httpx
 import numpy as np
 
-from conftest import ROOT
 
 BANNER = re.compile(r"embedserve gateway listening on (http://\S+)")
 

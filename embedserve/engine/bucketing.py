@@ -35,7 +35,7 @@ def input_size(key: BucketKey) -> int:
 
 def bucket_inputs(batch: Batch, key: BucketKey, position_offset: int) -> np.ndarray:
     """The padded int64 input array of ``batch`` for ``key``."""
-    tokens, rows = key.tokens, key.sequences + 1
+    tokens = key.tokens
     real_tokens, real_sequences = batch.num_tokens, batch.num_sequences
     assert real_tokens <= tokens and real_sequences <= key.sequences, "batch exceeds its bucket"
     flat = np.zeros(input_size(key), dtype=np.int64)

@@ -48,9 +48,6 @@ class FutureLazyTensor(LazyTensor):
     async def _await(self) -> np.ndarray:
         return await asyncio.wrap_future(self._future)
 
-    def add_done_callback(self, fn: Callable[["FutureLazyTensor"], None]) -> None:
-        self._future.add_done_callback(lambda _f: fn(self))
-
 
 class EventLazyTensor(LazyTensor):
     """A result landing in a pinned host buffer, complete when ``event`` fires.

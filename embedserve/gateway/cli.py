@@ -121,12 +121,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
+    from embedserve.cluster import replica_env
     from embedserve.gateway.supervisor import ReplicaSupervisor
 
-    env = dict(os.environ)
-    if args.replicas > 1 and args.device == "cpu":
-        # Replicas share the cores; without this each would start one thread per core.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.replicas)))
+    env = replica_env(args.replicas, args.device)
     supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env)
     stop = asyncio.Event()
     with _stop_on_signals(stop.set):

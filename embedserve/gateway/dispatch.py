@@ -36,7 +36,7 @@ class Packed:
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.diff(self.cu_seqlens).astype(np.int32)
+        return wire.lengths_from_cu_seqlens(self.cu_seqlens)
 
     def slice(self, start: int, stop: int) -> "Packed":
         lo, hi = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])

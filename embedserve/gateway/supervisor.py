@@ -63,7 +63,6 @@ class ReplicaSupervisor:
                  start_timeout_s: float = 300.0, stop_timeout_s: float = 30.0) -> None:
         self._base = [sys.executable, "-m", "embedserve.cli", "scheduler", "--model", str(model_dir),
                       "--device", device, "--host", host, *extra_args]
-        self._host = host
         self._env = env
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s

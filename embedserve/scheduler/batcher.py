@@ -181,10 +181,6 @@ class Batcher:
         self._metrics.in_flight_batches.set(len(self._in_flight))
         self._slots.release()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
 
 def _report_crash(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:

@@ -122,9 +122,6 @@ class SchedulerServer:
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
 
-    async def wait_for_termination(self) -> None:
-        await self.grpc_server.wait_for_termination()
-
     async def _warm_up(self) -> None:
         """One real step before SERVING: first-call costs (allocations, kernels) happen here."""
         info = self.engine.info

@@ -196,7 +196,4 @@ def _deadline_passed(context: Context) -> bool:
 
 def _type_vocab_size(engine: StepEngine) -> int:
     """Segment ids the model accepts (checked per call so one bad call cannot fail a batch)."""
-    size = getattr(engine.info, "type_vocab_size", None)
-    if size is None:
-        size = engine.config.type_vocab_size
-    return max(1, int(size))
+    return max(1, int(engine.info.type_vocab_size))

@@ -96,30 +96,6 @@ def shortest_match(units: np.ndarray, src: np.ndarray, start: int, end: int) -> 
     return _prefix_match(units, src, start, end, True)
 
 
-@nb.njit(nogil=True, cache=True)
-def replacement_length(strings: np.ndarray, value: int) -> int:
-    """Length of the NUL-terminated replacement string at ``value``."""
-    n = 0
-    while value + n < strings.shape[0] and strings[value + n] != 0:
-        n += 1
-    return n
-
-
-@nb.njit(nogil=True, cache=True)
-def is_key_prefix(units: np.ndarray, key: np.ndarray) -> bool:
-    """True when some charsmap key starts with ``key`` (a path exists in the trie)."""
-    if units.shape[0] == 0:
-        return False
-    node = _offset(units[0])
-    for i in range(key.shape[0]):
-        c = np.int64(key[i])
-        node ^= c
-        if node >= units.shape[0] or _label(units[node]) != c:
-            return False
-        node ^= _offset(units[node])
-    return True
-
-
 NO_RULE = -1
 NO_LONGER_KEY = 256  # first-byte bound when no longer key starts with the character
 

@@ -35,20 +35,6 @@ def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
     return params
 
 
-def ascii_passthrough(units: np.ndarray) -> np.ndarray:
-    """For each ASCII byte: 1 when no charsmap key is that byte alone or it + an ASCII byte.
-
-    (Used by normalize_hf; this module uses the fuller bmp_char_table.)
-    """
-    table = np.ones(128, np.int64)
-    entries = bmp_char_table(units)[:128]
-    for b in range(128):
-        rule = np.int32(np.uint32(entries[b] & 0xFFFFFFFF).astype(np.int32))
-        if rule != NO_RULE or (entries[b] >> 32) < 0x80:
-            table[b] = 0
-    return table
-
-
 @nb.njit(inline="always")
 def utf8_len(lead) -> int:
     """Bytes in the UTF-8 character that starts with ``lead`` (used by normalize_hf)."""

@@ -143,7 +143,9 @@ class Tokenizer:
         ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
         factor = 4
         while not ok:  # rare: normalization expanded the text more than 2x
-            scratch = self._local.scratch = new_scratch(len(src), factor)
+            scratch = new_scratch(len(src), factor)
+            if len(src) <= KEEP_SCRATCH_BYTES:  # keep it for next time, but never pin a huge one
+                self._local.scratch = scratch
             ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
             factor *= 2
         return ids
