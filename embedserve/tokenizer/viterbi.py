@@ -10,11 +10,12 @@ unknown node of score ``unk_score`` (min normal score - 10). Consecutive unknown
 the result are fused into one unknown token, as both references do.
 
 Scores are float64 in hf mode. In sentencepiece mode path scores are float32 (kept
-exactly in the float64 scratch) and every addition is a float32 addition. Known
-limit: on inputs of ~16k tokens and more, where path scores pass ~1e5 and float32
-steps are ~0.01, sentencepiece 0.2.3 breaks a few exact float32 ties differently
-(1 of the 753 novel chunks in the parity suite); its source adds in double for
-pieces, but that model reproduces it worse (3 of 753).
+exactly in the float64 scratch) and every addition is a float32 addition, as in the
+0.2.3 wheel's compiled EncodeOptimized (read from its machine code; older sources add
+pieces in double and do not rebase). It also rebases: when the score at
+the current start position leaves [-1e5, 1e5] it subtracts that score, in float32,
+from every entry set so far at or after it. Without the rebase, float32 rounding at
+~1e5 (steps of 0.016) flips near-ties on inputs of ~16k tokens and more.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from embedserve.tokenizer.normalize_sp import utf8_len
 _BASE, _TOKEN = 8, 10  # int32 slots
 _SCORE32 = 11  # float32 slot
 _SCORE64 = 6  # float64 slot
+_REBASE_BELOW = np.float32(-1e5)
+_REBASE_ABOVE = np.float32(1e5)
 
 
 # Inlined at the IR level into its callers: hf mode calls it once per word, and a real
@@ -53,9 +56,17 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, start, end, u
     for i in range(np.uint64(start) + one, u_end + one):
         best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
     pos = np.uint64(start)
+    reached = pos  # the furthest end any candidate has set so far
     while pos < u_end:
         here = best_score[pos]
         here32 = np.float32(here)
+        if not use_f64 and (here32 < _REBASE_BELOW or here32 > _REBASE_ABOVE):
+            # sentencepiece 0.2.3 keeps float32 path scores near zero: once the score
+            # at the current start leaves +-1e5 it subtracts it (in float32) from every
+            # set entry from here to the furthest one; the current entry becomes 0.
+            for i in range(pos, reached + one):
+                best_score[i] = np.float64(np.float32(best_score[i]) - here32)
+            here32 = np.float32(0.0)
         mblen = np.uint64(min(utf8_len(text[pos]), end - np.int64(pos)))
         has_single = False
         node = np.uint64(0)
@@ -68,6 +79,8 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, start, end, u
             k += one
             tid = nodes_i32[node, _TOKEN]
             if tid >= 0:
+                if k > reached:
+                    reached = k
                 if use_f64:
                     cand = here + nodes_f64[node, _SCORE64]
                 else:
@@ -80,6 +93,8 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, start, end, u
                     has_single = True
         if not has_single:
             k = pos + mblen
+            if k > reached:
+                reached = k
             if use_f64:
                 cand = here + unk_score
             else:
