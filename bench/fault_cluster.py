@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.netns import REPLICAS_NAME, StarNetwork
 from embedserve.cluster import free_port, gateway_command, replica_command
 
@@ -205,11 +207,9 @@ class FaultCluster:
         body = self.run_in(self.replica_procs[index].ns, "body", self.metrics_urls[index])
         if not isinstance(body, str):
             return 0.0
-        total = 0.0
-        for line in body.splitlines():
-            if line.startswith("embedserve_scheduler_calls_total{") and 'code="OK"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(sample.value for family in text_string_to_metric_families(body)
+                   for sample in family.samples
+                   if sample.name == "embedserve_scheduler_calls_total" and sample.labels.get("code") == "OK")
 
     def stop(self) -> None:
         if self.gateway is not None:

@@ -25,6 +25,7 @@ import pytest
 
 from bench.fault_load import LoadGenerator
 from embedserve.cluster import free_port
+from gateway_harness import metric_value
 
 _REPLICA = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+:\d+)")
 _READY = "embedserve cluster: gateway "
@@ -64,9 +65,7 @@ class ClusterProcess:
 
 def _calls_ok(metrics_address: str) -> float:
     body = httpx.get(f"http://{metrics_address}/metrics", timeout=5, trust_env=False).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("embedserve_scheduler_calls_total{")
-               and 'code="OK"' in line and 'method="Embed"' in line)
+    return metric_value(body, "embedserve_scheduler_calls_total", code="OK", method="Embed")
 
 
 def _healthprobe(target: str) -> int:

@@ -18,7 +18,7 @@ import tokenizers
 from conftest import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_corpus import HYPOTHESIS_TEXT, emoji_lines, novel_chunks, udhr_lines, udhr_texts
+from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
 from embedserve.tokenizer import Tokenizer
 
@@ -43,11 +43,7 @@ def pairs(tokenizer_cache_dir) -> dict[str, tuple[Tokenizer, tokenizers.Tokenize
 
 def assert_same(ours: Tokenizer, reference: tokenizers.Tokenizer, texts: list[str]) -> None:
     texts = [t for t in texts if plain(t)]
-    got = ours.encode_batch(texts)
-    expected = [e.ids for e in reference.encode_batch_fast(texts)]
-    mismatches = [i for i, ids in enumerate(expected) if got.sequence(i).tolist() != ids]
-    detail = [(texts[i][:80], got.sequence(i)[:20].tolist(), expected[i][:20]) for i in mismatches[:3]]
-    assert len(mismatches) == 0, f"{len(mismatches)} of {len(texts)} differ, e.g. {detail}"
+    assert_ids_equal(texts, ours.encode_batch(texts), [e.ids for e in reference.encode_batch_fast(texts)])
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -11,7 +11,7 @@ import sentencepiece
 from conftest import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_corpus import HYPOTHESIS_TEXT, emoji_lines, novel_chunks, udhr_lines, udhr_texts
+from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
 from embedserve.tokenizer import Tokenizer
 
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def assert_same(tokenizer: Tokenizer, reference, texts: list[str]) -> None:
-    ours = tokenizer.encode_batch(texts, add_special_tokens=False)
-    expected = reference.encode(texts)
-    mismatches = [i for i, ids in enumerate(expected) if ours.sequence(i).tolist() != ids]
-    detail = [(texts[i][:80], ours.sequence(i)[:20].tolist(), expected[i][:20]) for i in mismatches[:3]]
-    assert not mismatches, f"{len(mismatches)} of {len(texts)} differ, e.g. {detail}"
+    assert_ids_equal(texts, tokenizer.encode_batch(texts, add_special_tokens=False), reference.encode(texts))
 
 
 def test_udhr_lines_and_whole_texts(xlmr_sp_tokenizer, xlmr_sp_reference):

@@ -18,6 +18,13 @@ from conftest import shared_file
 CHUNK_TOKENS = (512, 4096, 16384)
 
 
+def assert_ids_equal(texts: Sequence[str], got, expected: Sequence[Sequence[int]]) -> None:
+    """``got`` (a packed batch) equals the reference's ids for every text; names a few that differ."""
+    mismatches = [i for i, ids in enumerate(expected) if got.sequence(i).tolist() != list(ids)]
+    detail = [(texts[i][:80], got.sequence(i)[:20].tolist(), list(expected[i][:20])) for i in mismatches[:3]]
+    assert not mismatches, f"{len(mismatches)} of {len(texts)} differ, e.g. {detail}"
+
+
 @lru_cache(maxsize=None)
 def udhr_texts() -> tuple[str, ...]:
     directory = shared_file("text/udhr2")
