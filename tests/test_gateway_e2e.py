@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -338,6 +341,36 @@ def test_ops_routes(gateway, default_model_dir):
     assert metric_value(metrics, "embedserve_gateway_requests_total", route="/v1/embeddings",
                         status="200") > 0
     assert metric_value(metrics, "embedserve_gateway_replicas_healthy") == 2
+
+
+def test_a_hung_replica_leaves_rotation_and_its_calls_are_retried(gateway, replicas, st_model):
+    # SIGSTOP keeps the replica's TCP connection open: only the gateway's HTTP/2
+    # keepalive pings can tell it is gone. Without them the calls sent to it wait for
+    # the 600 s request deadline and the 60 s client timeout below fails the test.
+    texts = [f"hung replica text {i}" for i in range(8)]
+    reference = st_model.encode(texts)
+    os.kill(replicas[1].process.pid, signal.SIGSTOP)
+    try:
+        def send(_: int) -> httpx.Response:
+            with gateway.client(timeout=60.0) as http:
+                return http.post("/v1/embeddings", json={"input": texts})
+
+        with ThreadPoolExecutor(4) as executor:   # concurrent, so both replicas get calls
+            responses = list(executor.map(send, range(4)))
+        with gateway.client() as http:
+            deadline = time.monotonic() + 30
+            while (healthy := [r["healthy"] for r in http.get("/info").json()["replicas"]]) != [True, False]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+    finally:
+        os.kill(replicas[1].process.pid, signal.SIGCONT)
+    for response in responses:
+        assert response.status_code == 200, response.text
+        vectors = np.array([d["embedding"] for d in response.json()["data"]])
+        assert cosines(vectors, reference).min() >= COSINE_MIN
+    assert healthy == [True, False]
+    gateway.wait_ready(healthy=2)   # back in rotation once it runs again
 
 
 def test_killing_a_replica_loses_no_request(gateway, replicas, st_model):

@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 # Reconnect quickly: a restarted replica should rejoin within about a second,
 # not after gRPC's default backoff of up to two minutes.
 _CHANNEL_OPTIONS = (
+    # HTTP/2 pings every 2 s, answered within 2 s or the connection is dropped: a
+    # replica that hangs (SIGSTOP, a cut link) keeps its TCP connection, and without
+    # pings its calls and its health watch would wait until the request deadline.
+    # Dropping the connection fails them as UNAVAILABLE, so they are retried elsewhere
+    # and the replica leaves rotation. The scheduler allows pings this frequent.
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.http2.ping_timeout_ms", 2000),   # what gRPC core >= 1.6x enforces for an unanswered ping
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),

@@ -62,7 +62,12 @@ class SchedulerServer:
         options = [("grpc.max_receive_message_length", 12 * tokens + _MESSAGE_SLACK),
                    ("grpc.max_send_message_length",
                     4 * tokens * max(1, info.dimension) + _MESSAGE_SLACK),
-                   ("grpc.so_reuseport", 0)]
+                   ("grpc.so_reuseport", 0),
+                   # The gateway pings every 2 s to notice a hung replica (see
+                   # gateway/replicas.py); the default policy would answer GOAWAY.
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+                   ("grpc.http2.max_ping_strikes", 0)]
         self.grpc_server = grpc.aio.server(options=options,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
         inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
