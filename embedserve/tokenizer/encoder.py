@@ -1,4 +1,4 @@
-"""The encode kernels: normalize -> Viterbi per word, for one text or a run of texts.
+"""The encode kernels: normalize -> Viterbi over the words, for one text or a run of texts.
 
 ``Model`` bundles what a kernel needs from a loaded tokenizer (charsmap tables,
 normalizer parameters, the trie, unknown-token handling) so it passes to Numba as one
@@ -16,7 +16,8 @@ caller's (threads: every kernel here releases the GIL).
 
 Development note: Numba's on-disk cache (``cache=True``) keys a kernel on its own
 source file only; a cached kernel here embeds the normalizers and Viterbi it calls.
-After editing normalize_*.py, charsmap.py or viterbi.py without touching this file,
+After editing any module they use (normalize_*.py, replace_hf.py, pretokenize_hf.py,
+graphemes.py, charsmap.py, viterbi.py) without touching this file,
 delete ``embedserve/tokenizer/__pycache__/*.nb*`` (a reinstall rewrites all files and
 so invalidates the cache by itself).
 """
@@ -82,14 +83,11 @@ def encode_raw(model, src, scratch, want_offsets, hf):
                                              scratch.norm_bytes, scratch.norm_origin, scratch.words)
     if n_bytes < 0:
         return SCRATCH_TOO_SMALL
-    n = 0
-    for w in range(n_words):
-        n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64,
-                         scratch.norm_bytes, scratch.words[w, 0], scratch.words[w, 1],
-                         model.use_f64, model.unk_id, model.unk_score, scratch.best_score,
-                         scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, n)
-        if n < 0:
-            return SCRATCH_TOO_SMALL
+    n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64, scratch.norm_bytes,
+                     scratch.words, n_words, model.use_f64, model.unk_id, model.unk_score, scratch.best_score,
+                     scratch.best_start, scratch.best_id, scratch.ids, scratch.spans)
+    if n < 0:
+        return SCRATCH_TOO_SMALL
     if want_offsets:
         _spans_to_chars(src, scratch, n)
     return n
@@ -166,3 +164,16 @@ def encode_with_template(model, src, scratch, prefix, suffix, hf):
     out[prefix.shape[0]:prefix.shape[0] + n] = scratch.ids[:n]
     out[prefix.shape[0] + n:] = suffix
     return out, True
+
+
+def compiled_for(kernel, *example_args):
+    """``kernel``'s compiled code for the types of ``example_args``, called directly.
+
+    Calling a Numba dispatcher types every argument and looks the signature up on each
+    call (~3 us here for the Model and Scratch tuples, more than a short encode's
+    work); the compiled entry point skips that. Only for calls whose arguments always
+    have exactly these types (the entry point does not check them).
+    """
+    kernel(*example_args)  # compile, or load from the on-disk cache
+    signature = tuple(kernel.typeof_pyval(a) for a in example_args)
+    return kernel.overloads[signature].entry_point

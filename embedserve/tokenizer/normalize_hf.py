@@ -9,14 +9,16 @@ tokenizer.json normalizer steps in order:
   replacement of the FIRST (shortest) such key, even when that key covers only part of
   the cluster (``ｶ`` + U+0301 -> ``カ``: the mark is dropped). Otherwise each character
   is looked up alone. The prefix search stops at a NUL byte, as spm_precompiled's does.
-- ``Replace``: a literal, or runs of one character (``" {2,}"``), leftmost first.
+- ``Replace`` (replace_hf.py): a literal, or runs of one character (``" {2,}"``),
+  leftmost first.
 - ``Strip``: Rust's ``char::is_whitespace`` at either end.
 
 then hands the text to pretokenize_hf.py (WhitespaceSplit, Metaspace), which writes
 the final bytes and the Viterbi word ranges.
 
 Work layout: ``out_bytes``/``out_origin`` are used as two halves; each normalizer step
-reads one half and writes the other, the pre-tokenizer writes the final result at 0.
+reads one half and writes the other (a first Precompiled step reads ``src`` itself),
+the pre-tokenizer writes the final result at 0.
 The caller grows the scratch when -1 comes back. Origins are [start, end) byte ranges
 of ``src``. This module does not run Viterbi.
 """
@@ -28,10 +30,11 @@ import numpy as np
 
 from embedserve.tokenizer.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
 from embedserve.tokenizer.graphemes import decode_utf8, next_boundary, pair_joins, property_of
-from embedserve.tokenizer.normalize_sp import utf8_len
 from embedserve.tokenizer.pretokenize_hf import (P_PREPEND, P_REP, P_REP_LEN, P_SPLIT, P_WS_SPLIT,
                                                  PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
-                                                 is_rust_whitespace, matches, pre_tokenize, put)
+                                                 is_rust_whitespace, pre_tokenize, put)
+from embedserve.tokenizer.replace_hf import (STEP_REPLACE_LITERAL, STEP_REPLACE_RUN, replace_applies,
+                                             replace_into, replace_step_size)
 from embedserve.tokenizer.spec import TokenizerSpec
 
 # params layout (int64): a fixed header, charsmap.bmp_char_table (65,536 entries: per
@@ -42,7 +45,7 @@ _P_N_STEPS = 8
 _P_TABLE = 16
 _P_STEPS = _P_TABLE + 0x10000
 _CR = 0x0D
-_STEP_PRECOMPILED, _STEP_STRIP, _STEP_REPLACE_LITERAL, _STEP_REPLACE_RUN = 1, 2, 3, 4
+_STEP_PRECOMPILED, _STEP_STRIP = 1, 2  # the Replace kinds: replace_hf.STEP_REPLACE_*
 _NUL = 0
 _WHOLE_CLUSTER_LIMIT = 6  # clusters shorter than this (in bytes) are looked up whole
 
@@ -77,10 +80,10 @@ def _encode_step(step: tuple) -> list[int]:
         return [_STEP_STRIP, int(step[1]), int(step[2])]
     if kind == "replace_literal":
         pattern, content = step[1].encode("utf-8"), step[2].encode("utf-8")
-        return [_STEP_REPLACE_LITERAL, len(pattern), len(content), *pattern, *content]
+        return [STEP_REPLACE_LITERAL, len(pattern), len(content), *pattern, *content]
     if kind == "replace_run":
         char, content = step[1].encode("utf-8"), step[3].encode("utf-8")
-        return [_STEP_REPLACE_RUN, len(char), int(step[2]), len(content), *char, *content]
+        return [STEP_REPLACE_RUN, len(char), int(step[2]), len(content), *char, *content]
     raise ValueError(f"unknown normalizer step {step!r}")
 
 
@@ -114,43 +117,73 @@ def _first_match(units, params, buf, start, end, cp, n):
     return shortest_match(units, buf, start, end)[1]
 
 
+@nb.njit(inline="always")
+def _origin_start(origin, i, raw):
+    """Where byte i of a step's input came from: itself when reading the raw source."""
+    return i if raw else origin[i, 0]
+
+
+@nb.njit(inline="always")
+def _origin_end(origin, i, raw):
+    return i + 1 if raw else origin[i, 1]
+
+
 @nb.njit(nogil=True, cache=True)
-def _precompiled(units, strings, params, buf, origin, s, e, w, limit):
-    """Precompiled over buf[s:e] into buf[w:limit]; returns the end of the output or -1."""
+def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin, w, limit):
+    """Precompiled over src[s:e] into buf[w:limit]; returns the end of the output or -1.
+
+    ``raw``: src is the input text itself (byte i came from byte i; ``src_origin`` is
+    not read), so the first step needs no copy of the input with origins beforehand.
+    """
     # The common case, a one-character BMP cluster, is written out here with no helper
     # taking arrays: in Numba each such call costs reference counting, per character.
     i = s
     while i < e:
-        b = buf[i]
+        # A run of ASCII characters that no rule starts with and that cannot join the
+        # next character in a cluster (most of Latin-script text) is copied as it is.
+        while i < e and w < limit:
+            b = src[i]
+            if b >= 0x80 or b == _CR or b == _NUL or (i + 1 < e and src[i + 1] >= 0x80):
+                break
+            if np.int32(params[_P_TABLE + b] & 0xFFFFFFFF) != NO_RULE:
+                break
+            put(buf, origin, w, b, _origin_start(src_origin, i, raw), _origin_end(src_origin, i, raw))
+            w += 1
+            i += 1
+        if i == e:
+            break
+        b = src[i]
         if b < 0x80:
             cp, n = np.int64(b), 1
         else:
-            cp, n = decode_utf8(buf, i)
+            cp, n = decode_utf8(src, i)
         j = i + n
-        if j < e and not (b < 0x80 and buf[j] < 0x80 and b != _CR):
-            cp2, n2 = decode_utf8(buf, j)
+        if j < e and not (b < 0x80 and src[j] < 0x80 and b != _CR):
+            cp2, n2 = decode_utf8(src, j)
             if pair_joins(property_of(cp), property_of(cp2)):
-                j = next_boundary(buf, i, e)
+                j = next_boundary(src, i, e)
         if j == i + n and cp < 0x10000:
             # The charsmap search stops at NUL (a Control: always a cluster of its own).
             rule = np.int64(np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF)) if cp != _NUL else NO_RULE
             if rule >= 0:
+                o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, j - 1, raw)
                 k = rule
                 while k < strings.shape[0] and strings[k] != _NUL:
                     if w >= limit:
                         return -1
-                    put(buf, origin, w, strings[k], origin[i, 0], origin[j - 1, 1])
+                    put(buf, origin, w, strings[k], o_start, o_end)
                     w += 1
                     k += 1
             else:
                 if w + n > limit:
                     return -1
                 for k in range(n):
-                    put(buf, origin, w + k, buf[i + k], origin[i + k, 0], origin[i + k, 1])
+                    put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw),
+                        _origin_end(src_origin, i + k, raw))
                 w += n
             i = j
             continue
-        w = _precompiled_cluster(units, strings, params, buf, origin, i, j, w, limit)
+        w = _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit)
         if w < 0:
             return -1
         i = j
@@ -158,17 +191,18 @@ def _precompiled(units, strings, params, buf, origin, s, e, w, limit):
 
 
 @nb.njit(nogil=True, cache=True)
-def _precompiled_cluster(units, strings, params, buf, origin, i, j, w, limit):
-    """A cluster of several characters, or one outside the BMP: buf[i:j] -> buf[w:]."""
-    cp, n = decode_utf8(buf, i)
+def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit):
+    """A cluster of several characters, or one outside the BMP: src[i:j] -> buf[w:]."""
+    cp, n = decode_utf8(src, i)
     if j - i < _WHOLE_CLUSTER_LIMIT:
-        rule = _first_match(units, params, buf, i, j, cp, n)
+        rule = _first_match(units, params, src, i, j, cp, n)
         if rule >= 0:
-            return _emit_replacement(strings, rule, buf, origin, w, limit, origin[i, 0], origin[j - 1, 1])
+            return _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
+                                     _origin_end(src_origin, j - 1, raw))
     while i < j:  # each character alone
-        cp, n = decode_utf8(buf, i)
-        rule = _first_match(units, params, buf, i, i + n, cp, n)
-        o_start, o_end = origin[i, 0], origin[i + n - 1, 1]
+        cp, n = decode_utf8(src, i)
+        rule = _first_match(units, params, src, i, i + n, cp, n)
+        o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, i + n - 1, raw)
         if rule >= 0:
             w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
             if w < 0:
@@ -177,85 +211,10 @@ def _precompiled_cluster(units, strings, params, buf, origin, i, j, w, limit):
             if w + n > limit:
                 return -1
             for k in range(n):
-                put(buf, origin, w + k, buf[i + k], o_start, o_end)
+                put(buf, origin, w + k, src[i + k], o_start, o_end)
             w += n
         i += n
     return w
-
-
-@nb.njit(nogil=True, cache=True)
-def _replace_applies(params, at, buf, s, e):
-    """Would the Replace step at params[at] change buf[s:e]? (A read-only scan.)"""
-    if params[at] == _STEP_REPLACE_LITERAL:
-        p_len, min_count, p_start = params[at + 1], 1, at + 3
-    else:
-        p_len, min_count, p_start = params[at + 1], params[at + 2], at + 4
-    first = params[p_start]
-    run = 0
-    i = s
-    while i < e:
-        if buf[i] == first and matches(buf, i, e, params, p_start, p_len):
-            run += 1
-            if run >= min_count:
-                return True
-            i += p_len
-        else:
-            run = 0
-            i += 1
-    return False
-
-
-@nb.njit(nogil=True, cache=True)
-def _replace(params, at, buf, origin, s, e, w, limit):
-    """A Replace step at params[at] over buf[s:e] into buf[w:limit]; end of output or -1."""
-    kind = params[at]
-    if kind == _STEP_REPLACE_LITERAL:
-        p_len, c_len, min_count = params[at + 1], params[at + 2], 1
-        p_start = at + 3
-    else:  # _STEP_REPLACE_RUN: runs of >= min_count copies of one character
-        p_len, min_count, c_len = params[at + 1], params[at + 2], params[at + 3]
-        p_start = at + 4
-    c_start = p_start + p_len
-    repeat = kind == _STEP_REPLACE_RUN
-    first = params[p_start]
-    i = s
-    while i < e:
-        if buf[i] != first:  # the common case, checked without a call taking arrays
-            n = utf8_len(buf[i])
-            if w + n > limit:
-                return -1
-            for m in range(n):
-                put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
-            w += n
-            i += n
-            continue
-        k, count = i, 0
-        while matches(buf, k, e, params, p_start, p_len) and (repeat or count == 0):
-            k += p_len
-            count += 1
-        if count >= min_count:
-            if w + c_len > limit:
-                return -1
-            for m in range(c_len):
-                put(buf, origin, w + m, params[c_start + m], origin[i, 0], origin[k - 1, 1])
-            w += c_len
-            i = k
-            continue
-        k = max(k, i + utf8_len(buf[i]))  # copy the unmatched run (or one character)
-        if w + (k - i) > limit:
-            return -1
-        for m in range(k - i):
-            put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
-        w += k - i
-        i = k
-    return w
-
-
-@nb.njit(inline="always")
-def _replace_step_size(params, at):
-    if params[at] == _STEP_REPLACE_LITERAL:
-        return 3 + params[at + 1] + params[at + 2]
-    return 4 + params[at + 1] + params[at + 3]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -284,13 +243,22 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
     n = src.shape[0]
     if n > half:
         return -1, 0
-    # Start in the upper half with byte-exact origins.
-    base = half
-    for i in range(n):
-        put(out_bytes, out_origin, base + i, src[i], i, i + 1)
-    s, e = base, base + n
     at = _P_STEPS
-    for _ in range(params[_P_N_STEPS]):
+    first = 0
+    if params[_P_N_STEPS] > 0 and params[at] == _STEP_PRECOMPILED:
+        # The usual first step reads the input directly into the upper half.
+        w = _precompiled(units, strings, params, src, out_origin, True, 0, n, out_bytes, out_origin, half, 2 * half)
+        if w < 0:
+            return -1, 0
+        base, s, e = half, half, w
+        at += 1
+        first = 1
+    else:  # start in the upper half with byte-exact origins
+        base = half
+        for i in range(n):
+            put(out_bytes, out_origin, base + i, src[i], i, i + 1)
+        s, e = base, base + n
+    for _ in range(first, params[_P_N_STEPS]):
         kind = params[at]
         target = 0 if base == half else half
         if kind == _STEP_STRIP:
@@ -298,14 +266,15 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
             at += 3
             continue
         if kind == _STEP_PRECOMPILED:
-            w = _precompiled(units, strings, params, out_bytes, out_origin, s, e, target, target + half)
+            w = _precompiled(units, strings, params, out_bytes, out_origin, False, s, e, out_bytes, out_origin,
+                             target, target + half)
             at += 1
         else:
-            if not _replace_applies(params, at, out_bytes, s, e):
-                at += _replace_step_size(params, at)
+            if not replace_applies(params, at, out_bytes, s, e):
+                at += replace_step_size(params, at)
                 continue  # nothing to replace (the usual case): no copy
-            w = _replace(params, at, out_bytes, out_origin, s, e, target, target + half)
-            at += _replace_step_size(params, at)
+            w = replace_into(params, at, out_bytes, out_origin, s, e, target, target + half)
+            at += replace_step_size(params, at)
         if w < 0:
             return -1, 0
         base, s, e = target, target, w

@@ -67,6 +67,17 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
     in_piece = False
     i = s
     while i <= e:
+        if in_piece:
+            # Inside a piece, a run of ASCII bytes that are neither whitespace nor a
+            # space nor the replacement's first byte (most of Latin-script text) is
+            # copied as it is.
+            while i < e and w < limit:
+                b = buf[i]
+                if b >= 0x80 or b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first:
+                    break
+                put(buf, origin, w, b, origin[i, 0], origin[i, 1])
+                w += 1
+                i += 1
         if i == e:
             cp, n, is_space = -1, 0, True  # the end closes the last piece
         else:

@@ -25,7 +25,7 @@ import numpy as np
 from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer.charsmap import parse_charsmap
 from embedserve.tokenizer.encoded import EncodedBatch
-from embedserve.tokenizer.encoder import Model, encode_run, encode_with_template, new_scratch
+from embedserve.tokenizer.encoder import Model, compiled_for, encode_run, encode_with_template, new_scratch
 from embedserve.tokenizer.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.normalize_sp import sp_params
 from embedserve.tokenizer.packing import NO_LIMIT, pack_pairs, pack_single
@@ -74,6 +74,9 @@ class Tokenizer:
         self._single = _split_template(spec.single_template, ("A",), spec.source)
         self._pair = _split_template(spec.pair_template, ("A", "B"), spec.source)
         self._local = threading.local()
+        # encode()'s kernel, bound once to the argument types every call passes.
+        self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
+                                        new_scratch(0, 2), _EMPTY, _EMPTY, self._hf)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
@@ -140,13 +143,13 @@ class Tokenizer:
         src = np.frombuffer(to_utf8(text), np.uint8)
         prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
         scratch = self._scratch(len(src))
-        ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
+        ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf)
         factor = 4
         while not ok:  # rare: normalization expanded the text more than 2x
             scratch = new_scratch(len(src), factor)
             if len(src) <= KEEP_SCRATCH_BYTES:  # keep it for next time, but never pin a huge one
                 self._local.scratch = scratch
-            ids, ok = encode_with_template(self._model, src, scratch, prefix, suffix, self._hf)
+            ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf)
             factor *= 2
         return ids
 
