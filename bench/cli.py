@@ -14,6 +14,8 @@ BENCHMARKS = {
     "engine": "bench.engine_bench",
     "gateway": "bench.gateway_bench",
     "faults": "bench.faults",
+    "serve": "bench.serve_bench",
+    "suite": "bench.suite.cli",
 }
 
 

@@ -16,6 +16,10 @@ tokenizes inside its call (measured separately: about 1% of its time).
 
     .venv/bin/python bench/engine_bench.py [--threads 2] [--repeats 2] [--attention] [--bf16]
 
+``--fused-ab`` only compares the oneDNN fused layers (engine/onednn.py) with
+the plain modules in single-thread CPU time (``time.thread_time``), which other
+processes' load barely moves, on random ids (1x128, 1x512, 4x512; fp32, bf16).
+
 ``--attention`` also times the other attention layouts (how the CPU default
 was chosen; block-diagonal only where a batch has at most 4,096 tokens, as
 its T x T scores need 12 GB at 16k tokens); ``--bf16`` adds a bfloat16 row;
@@ -104,15 +108,53 @@ def jagged_vs_loop(seed: int = 0, repeats: int = 3) -> None:
           f"jagged {times['jagged'] * 1e3:.0f} ms, max abs diff {diff:.1e}")
 
 
+def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
+    """Single-thread CPU time per step: FusedLayer vs plain Layer, same weights."""
+    import torch
+
+    from embedserve.engine import Batch, Engine
+    from embedserve.engine.default_model import ensure_default_model
+    from embedserve.engine.engine import CpuRunner
+
+    torch.set_num_threads(1)
+    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    rng = np.random.default_rng(seed)
+    print("| dtype | batch | plain ms | fused ms | fused / plain |")
+    print("|---|---|---|---|---|")
+    for dtype in ("float32", "bfloat16"):
+        fused = Engine.load(model_dir, dtype=dtype)
+        plain = Engine.load(model_dir, dtype=dtype, fused_layers=False)
+        runners = {name: CpuRunner(e.model, e.info, "per_sequence")
+                   for name, e in (("plain", plain), ("fused", fused))}
+        for count, length in ((1, 128), (1, 512), (4, 512)):
+            batch = Batch.from_sequences([rng.integers(5, 200_000, length).astype(np.int32)
+                                          for _ in range(count)])
+            best = {name: float("inf") for name in runners}
+            for _ in range(repeats + 1):            # alternate, so drifts hit both alike
+                for name, runner in runners.items():
+                    started = time.thread_time()
+                    runner._run(batch)
+                    best[name] = min(best[name], time.thread_time() - started)
+            print(f"| {dtype} | {count}x{length} | {best['plain'] * 1e3:.1f} | {best['fused'] * 1e3:.1f} "
+                  f"| {best['fused'] / best['plain']:.2f} |", flush=True)
+        fused.close()
+        plain.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="timed batches per scenario")
     parser.add_argument("--attention", action="store_true", help="also time every attention layout")
     parser.add_argument("--bf16", action="store_true", help="also time a bfloat16 engine")
+    parser.add_argument("--fused-ab", action="store_true",
+                        help="only compare fused and plain encoder layers in single-thread CPU time")
     parser.add_argument("--jagged", action="store_true",
                         help="only time attention: per-sequence loop vs nested (jagged) SDPA")
     args = parser.parse_args(argv)
+    if args.fused_ab:
+        fused_vs_plain(args.repeats + 3)
+        return 0
     if args.jagged:
         import torch
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedserve.healthprobe import probe
+from embedserve.scheduler.settings import REPLICA_DTYPES
 
 log = logging.getLogger("embedserve.cluster")
 
@@ -60,6 +61,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def replica_args(dtype: str | None, cuda_graphs: bool = True) -> tuple[str, ...]:
+    """Scheduler flags that ``serve`` and ``cluster`` pass through to every replica."""
+    return (*(("--dtype", dtype) if dtype is not None else ()),
+            *(() if cuda_graphs else ("--no-cuda-graphs",)))
+
+
 def replica_env(replicas: int, device: str) -> dict[str, str]:
     """The environment for replicas: on CPU they split the cores between them."""
     env = dict(os.environ)
@@ -74,6 +81,7 @@ class ClusterSettings:
     model_dir: Path
     replicas: int = 2
     device: str = "cpu"
+    dtype: str | None = None      # None: the engine's default for the device
     host: str = "127.0.0.1"
     port: int = 8000
     # Each replica's Prometheus port is chosen free at start and printed.
@@ -95,6 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="where the default model is built (default: $EMBEDSERVE_CACHE_DIR or "
                              "~/.cache/embedserve/models)")
     parser.add_argument("--device", default="cpu", help="replicas' device: cpu or cuda[:N]")
+    parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
+                        help="replicas' compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
     parser.add_argument("--api-key", default=None, help="Bearer key the gateway requires")
@@ -115,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     port = args.port or free_port(args.host)
     gateway_args = ("--api-key", args.api_key) if args.api_key else ()
     settings = ClusterSettings(model_dir=model_dir, replicas=args.replicas, device=args.device,
-                               host=args.host, port=port, gateway_args=gateway_args)
+                               dtype=args.dtype, host=args.host, port=port,
+                               gateway_args=gateway_args)
     return asyncio.run(run_cluster(settings))
 
 
@@ -128,7 +139,8 @@ async def run_cluster(settings: ClusterSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     env = replica_env(settings.replicas, settings.device)
-    extra = ("--metrics-port", "0") if settings.replica_metrics else ()
+    extra = (*replica_args(settings.dtype),
+             *(("--metrics-port", "0") if settings.replica_metrics else ()))
     supervisor = ReplicaSupervisor(settings.model_dir, settings.replicas, settings.device,
                                    extra_args=extra, env=env,
                                    start_timeout_s=settings.start_timeout_s,

@@ -26,6 +26,7 @@ from embedserve.engine.config import (EncoderConfig, ModelInfo, load_encoder_con
 from embedserve.engine.encoder import EncoderModel
 from embedserve.engine.forward import pooled_forward
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
+from embedserve.engine.onednn import fuse_layers
 from embedserve.engine.packing import build_layout
 from embedserve.engine.weights import load_weights, read_checkpoint
 from embedserve.errors import InvalidInput, ModelLoadError, Unavailable
@@ -66,13 +67,16 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
              attention: str | None = None, model_id: str | None = None,
-             max_graphs: int = 64, cuda_graphs: bool = True) -> "Engine":
+             max_graphs: int = 64, cuda_graphs: bool = True,
+             fused_layers: bool = True) -> "Engine":
         """Load a Hugging Face model directory.
 
         dtype: "float32" | "bfloat16" | "float16" | None (float32 on CPU, bfloat16
         on CUDA). attention (CPU only): "per_sequence" | "padded" |
         "block_diagonal". max_graphs / cuda_graphs: the CUDA graph cache bound
-        and switch (ignored on CPU).
+        and switch (ignored on CPU). fused_layers (CPU only): run the encoder
+        layers on oneDNN-packed weights with fused epilogues (onednn.py) where
+        the CPU and dtype allow; False keeps the plain modules (benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -93,6 +97,8 @@ class Engine:
             runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
                                      use_graphs=cuda_graphs)
         elif device == "cpu":
+            if fused_layers:
+                fuse_layers(model)
             runner = CpuRunner(model, info, attention or DEFAULT_CPU_ATTENTION)
         else:
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")

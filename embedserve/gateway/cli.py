@@ -23,6 +23,7 @@ from pathlib import Path
 import uvicorn
 
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.scheduler.settings import REPLICA_DTYPES
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -43,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="scheduler+engine processes to start (default: %(default)s); on CPU "
                             "they share the cores, so more replicas add fault tolerance, not speed")
     serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    serve.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
+                       help="replicas' compute dtype (default: float32 on CPU, bfloat16 on CUDA); "
+                            "bfloat16 on a CPU with AVX512-BF16/AMX is ~2x faster at cosine "
+                            ">= 0.999 vs float32")
+    serve.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="CUDA only: replicas replay captured graphs per batch bucket; "
+                            "--no-cuda-graphs runs them eagerly (default: on)")
     _common_flags(serve)
     serve.set_defaults(func=run_serve)
 
@@ -121,11 +129,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
-    from embedserve.cluster import replica_env
+    from embedserve.cluster import replica_args, replica_env
     from embedserve.gateway.supervisor import ReplicaSupervisor
 
     env = replica_env(args.replicas, args.device)
-    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env)
+    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env,
+                                   extra_args=replica_args(args.dtype, args.cuda_graphs))
     stop = asyncio.Event()
     with _stop_on_signals(stop.set):
         starting = asyncio.create_task(supervisor.start())

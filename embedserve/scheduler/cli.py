@@ -15,7 +15,8 @@ import logging
 import signal
 from pathlib import Path
 
-from embedserve.scheduler.settings import SchedulerSettings, default_max_batch_tokens
+from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
+                                           default_max_batch_tokens)
 
 log = logging.getLogger("embedserve.scheduler")
 
@@ -37,8 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+    parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
                         help="engine dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA only: capture a graph per (token, sequence) bucket and replay "
+                             "it, cutting per-step launch overhead at the cost of capture time "
+                             "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="token budget per engine step; larger batches amortize per-step "
                              "cost but make each step (and a short query behind it) slower "
@@ -60,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
         model_dir=model_dir, host=args.host, port=args.port, metrics_port=args.metrics_port,
-        device=args.device, dtype=args.dtype,
+        device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout)
@@ -85,7 +90,7 @@ async def serve(settings: SchedulerSettings) -> int:
     from embedserve.scheduler.server import create_server
 
     engine = await asyncio.to_thread(Engine.load, settings.model_dir, settings.device,
-                                     settings.dtype)
+                                     settings.dtype, cuda_graphs=settings.cuda_graphs)
     try:
         server, port = await create_server(settings, engine)
         stop = asyncio.Event()

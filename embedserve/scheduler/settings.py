@@ -17,6 +17,9 @@ from pathlib import Path
 # arriving behind it wait longer. So 512 on CPU too, for its own reason.
 GPU_MAX_BATCH_TOKENS = 512
 CPU_MAX_BATCH_TOKENS = 512
+# The engine dtypes a replica accepts (``--dtype``; embedserve.engine.engine.DTYPES),
+# spelled here so entry points can offer them without importing torch.
+REPLICA_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class SchedulerSettings:
     metrics_port: int | None = None      # None: no metrics endpoint; 0: pick a free port
     device: str = "cpu"
     dtype: str | None = None             # None: the engine's default for the device
+    cuda_graphs: bool = True             # CUDA only: replay captured graphs per bucket (off: eager)
     max_batch_tokens: int = CPU_MAX_BATCH_TOKENS
     max_batch_sequences: int = 256
     max_queue_tokens: int = 65536        # backpressure bound (tokens waiting for a batch)

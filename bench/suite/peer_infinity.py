@@ -1,0 +1,179 @@
+"""infinity-emb as a benchmark peer: its own virtual environment, then its server.
+
+Owns installing ``infinity-emb[server,torch]==0.0.78`` into a venv of its
+own (its pins clash with ours: numpy<2, sentence-transformers<4,
+transformers<5) with torch held at the CPU build 2.13.0 by a constraints
+file (an unpinned torch pulls a multi-GB CUDA build), and running
+``infinity_emb v2 --engine torch --device cpu`` on the embedding model and
+optionally a reranker, with telemetry off and the Hugging Face hub offline.
+
+What infinity does to inputs (read from its 0.0.78 source, checked by the
+suite's cosine probe): embeddings go through SentenceTransformer.tokenize
+with no prompt, so nothing like ``query: `` is added, and are always
+L2-normalized; rerank strips whitespace from query and documents, truncates
+the pair ``longest_first`` to the tokenizer's max length, and returns
+sigmoid(logit) sorted highest first (``raw_scores`` false by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from bench.suite.peer_process import HttpPeer, PeerUnavailable, free_port, log_tail, running_server
+
+INFINITY_VERSION = "0.0.78"
+INFINITY_REQUIREMENT = f"infinity-emb[server,torch]=={INFINITY_VERSION}"
+# The versions verified together here; torch is the one that must not float.
+CONSTRAINTS = ("torch==2.13.0", "sentence-transformers==3.4.1", "transformers==4.57.6", "numpy==1.26.4")
+INCOMPLETE_MARKER = ".embedserve-install-incomplete"
+INSTALL_TIMEOUT_S = 1800.0
+PROBE_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 600.0          # two models load (~30 s here on 2 busy cores)
+
+_PROBE = ("import json, importlib.metadata as m; import infinity_emb, torch, sentence_transformers; "
+          "print(json.dumps({p: m.version(p) for p in "
+          "('infinity-emb', 'torch', 'sentence-transformers', 'transformers')}))")
+
+
+def _venv_python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def probe_venv(venv_dir: Path) -> dict[str, str]:
+    """Versions installed in ``venv_dir``; raises PeerUnavailable if it cannot import infinity."""
+    python = _venv_python(venv_dir)
+    try:
+        done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PeerUnavailable(f"infinity venv {venv_dir} is not usable: {exc}") from None
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr).strip()[-2000:] or "(no output)"
+        raise PeerUnavailable(f"infinity venv {venv_dir} is not usable: {python} exited "
+                              f"with status {done.returncode}:\n{output}")
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise PeerUnavailable(f"infinity venv {venv_dir}: unexpected probe output {done.stdout!r}") from None
+
+
+def _install(venv_dir: Path, work_dir: Path, log: Callable[[str], None]) -> None:
+    constraints = work_dir / "infinity-constraints.txt"
+    constraints.write_text("\n".join(CONSTRAINTS) + "\n")
+    install_log = work_dir / "infinity-install.log"
+    steps = [[sys.executable, "-m", "venv", str(venv_dir)],
+             [str(_venv_python(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check",
+              "-c", str(constraints), INFINITY_REQUIREMENT]]
+    log(f"infinity: installing {INFINITY_REQUIREMENT} into {venv_dir} (log: {install_log}); "
+        "this takes minutes")
+    started = time.monotonic()
+    with open(install_log, "wb") as output:
+        for i, step in enumerate(steps):
+            try:
+                code = subprocess.run(step, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      timeout=INSTALL_TIMEOUT_S).returncode
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise PeerUnavailable(f"infinity install failed ({' '.join(step[:4])}): {exc}") from None
+            if code != 0:
+                raise PeerUnavailable(f"infinity install failed ({' '.join(step[:4])} exited {code}); "
+                                      f"log tail:\n{log_tail(install_log)}")
+            if i == 0:
+                # Marks a venv this code created, so a half-finished one may be replaced.
+                (venv_dir / INCOMPLETE_MARKER).touch()
+    log(f"infinity: installed in {time.monotonic() - started:.0f} s")
+
+
+def ensure_infinity_venv(venv_dir: Path, work_dir: Path, log: Callable[[str], None],
+                         install: bool = True) -> dict[str, str]:
+    """Reuse a working venv, else install one; returns the installed versions.
+
+    A venv that exists but cannot import infinity is left alone (it may be
+    someone's) and reported, unless this code's own unfinished install left it.
+    """
+    if _venv_python(venv_dir).exists() or _venv_python(venv_dir).is_symlink():
+        try:
+            versions = probe_venv(venv_dir)
+        except PeerUnavailable:
+            if not (venv_dir / INCOMPLETE_MARKER).exists():
+                raise
+            log(f"infinity: {venv_dir} is an unfinished install; replacing it")
+            shutil.rmtree(venv_dir)
+        else:
+            (venv_dir / INCOMPLETE_MARKER).unlink(missing_ok=True)
+            return versions
+    elif venv_dir.exists() and any(venv_dir.iterdir()):
+        raise PeerUnavailable(f"{venv_dir} exists but holds no virtual environment (no bin/python); "
+                              "remove it or pass another directory")
+    if not install:
+        raise PeerUnavailable(f"infinity-emb is not installed in {venv_dir} (installing was not allowed)")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    _install(venv_dir, work_dir, log)
+    versions = probe_venv(venv_dir)
+    (venv_dir / INCOMPLETE_MARKER).unlink(missing_ok=True)
+    return versions
+
+
+def _server_env(work_dir: Path, base_env: Mapping[str, str] | None) -> dict[str, str]:
+    # The child gets the caller's environment (this process's when None, as a
+    # child would inherit it) minus INFINITY_* settings, which would silently
+    # override the flags below (url prefix, batch size, ...).
+    source = os.environ if base_env is None else base_env
+    env = {k: v for k, v in source.items() if not k.startswith("INFINITY_")}
+    env.update(INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               INFINITY_HOME=str(work_dir / "infinity-home"))
+    return env
+
+
+def _check_model_dir(path: Path, what: str) -> None:
+    if not (path / "config.json").is_file():
+        raise PeerUnavailable(f"infinity: {what} {path} is not a model directory (no config.json)")
+
+
+@contextlib.contextmanager
+def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
+                  log: Callable[[str], None], *, venv_dir: Path | None = None,
+                  install: bool = True, env: Mapping[str, str] | None = None) -> Iterator[HttpPeer]:
+    """infinity-emb serving ``model_dir`` (and ``reranker_dir``) on 127.0.0.1 until the block exits.
+
+    ``venv_dir`` defaults to ``work_dir/infinity-venv``; ``install`` False
+    reports a missing install instead of installing; ``env`` is the server's
+    environment before the telemetry/offline settings (None: this process's).
+    """
+    model_dir, work_dir = Path(model_dir).resolve(), Path(work_dir).resolve()
+    _check_model_dir(model_dir, "model")
+    if reranker_dir is not None:
+        reranker_dir = Path(reranker_dir).resolve()
+        _check_model_dir(reranker_dir, "reranker")
+    venv_dir = Path(venv_dir).resolve() if venv_dir is not None else work_dir / "infinity-venv"
+    versions = ensure_infinity_venv(venv_dir, work_dir, log, install)
+
+    port = free_port()
+    # --no-model-warmup: infinity's start-up warm-up only logs its own timings
+    # (4 batches of 32 texts per model, ~45 s of 2-core CPU for two models);
+    # the suite warms every system with its own requests instead.
+    command = [str(venv_dir / "bin" / "infinity_emb"), "v2", "--host", "127.0.0.1", "--port", str(port),
+               "--engine", "torch", "--device", "cpu", "--no-model-warmup",
+               "--model-id", str(model_dir), "--served-model-name", "embed"]
+    if reranker_dir is not None:
+        command += ["--model-id", str(reranker_dir), "--served-model-name", "rerank"]
+    base_url = f"http://127.0.0.1:{port}"
+    name = f"infinity-emb {versions.get('infinity-emb', '?')} (torch, cpu)"
+    with running_server(command, name=name, health_url=f"{base_url}/health",
+                        log_path=work_dir / "infinity-server.log", env=_server_env(work_dir, env),
+                        ready_timeout_s=READY_TIMEOUT_S, log=log):
+        yield HttpPeer(
+            name=name, base_url=base_url, embeddings_path="/embeddings", model="embed",
+            rerank_path="/rerank" if reranker_dir is not None else None,
+            rerank_model="rerank" if reranker_dir is not None else None,
+            note=(f"fp32, torch {versions.get('torch', '?')}, sentence-transformers "
+                  f"{versions.get('sentence-transformers', '?')}, transformers {versions.get('transformers', '?')}; "
+                  "no prefix added, always L2-normalized"))

@@ -1,0 +1,97 @@
+"""A CPU speed-up applied after the model is built: oneDNN-packed, fused layers.
+
+Owns swapping each encoder ``Layer`` for a ``FusedLayer`` that computes the
+same function with oneDNN (the library behind ``torch.backends.mkldnn``):
+
+- every weight is reordered once, at load, into oneDNN's blocked layout
+  (``addmm`` re-reads the plain weight and first copies the bias into its
+  output on every call);
+- the feed-forward GELU runs in the first matmul's epilogue, and both
+  residual additions in their projections' epilogues, so those activations
+  are written once instead of three times;
+- in bfloat16 the matmuls run on AMX / AVX512-BF16 where the CPU has them.
+
+Measured on the project's 2-core CPU (BENCHMARKS.md, engine section). The
+math is unchanged up to float rounding (the parity tests run on this path).
+Knows nothing about batching or attention: the layer still calls the
+``Attend`` function it is given. CUDA models are never transformed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from embedserve.engine.encoder import Attend, EncoderModel, Layer
+
+_mkldnn = torch.ops.mkldnn
+# oneDNN epilogues for the activations the encoder family uses: (attr, algorithm).
+_FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                      "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+# Token count oneDNN tunes the packed layout for; any count runs correctly.
+_TOKEN_HINT = 512
+
+
+def supported(dtype: torch.dtype) -> bool:
+    """Whether this torch build and CPU can run the fused layers in ``dtype``."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(_mkldnn._is_mkldnn_bf16_supported())
+
+
+class PackedWeight(nn.Module):
+    """One linear layer's weight in oneDNN's layout, plus its bias."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.register_buffer("weight", _mkldnn._reorder_linear_weight(linear.weight.detach(), _TOKEN_HINT))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
+        # x: [T, in] contiguous -> [T, out]
+        return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
+
+    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        # x: [T, in], residual: [T, out] -> x @ W.T + b + residual
+        return self(x).add_(residual)
+
+
+class FusedLayer(nn.Module):
+    """encoder.Layer's math (post-norm) on packed weights with fused epilogues."""
+
+    def __init__(self, layer: Layer, hidden_act: str) -> None:
+        super().__init__()
+        self.num_heads = layer.num_heads
+        self.head_dim = layer.head_dim
+        self.qkv = PackedWeight(layer.qkv)
+        self.attn_out = PackedWeight(layer.attn_out)
+        self.attn_norm = layer.attn_norm
+        self.ffn_in = PackedWeight(layer.ffn_in)
+        self.ffn_out = PackedWeight(layer.ffn_out)
+        self.ffn_norm = layer.ffn_norm
+        self.activation = _FUSED_ACTIVATIONS[hidden_act]
+
+    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
+        # x: [T, hidden]
+        tokens = x.shape[0]
+        qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)   # [T, 3, heads, hd]
+        context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2])                  # [T, heads, hd]
+        x = self.attn_norm(self.attn_out.plus(context.reshape(tokens, -1).contiguous(), x))
+        return self.ffn_norm(self.ffn_out.plus(self.ffn_in(x, *self.activation), x))
+
+
+def fuse_layers(model: EncoderModel) -> bool:
+    """Swap the encoder's layers for FusedLayers in place; False (unchanged) if unsupported.
+
+    Call after the model has its final dtype and device (CPU).
+    """
+    config = model.config
+    dtype = next(model.parameters()).dtype
+    if config.hidden_act not in _FUSED_ACTIVATIONS or not supported(dtype):
+        return False
+    layers = model.encoder.layers
+    for i, layer in enumerate(layers):
+        layers[i] = FusedLayer(layer, config.hidden_act)
+    return True

