@@ -36,7 +36,10 @@ def gateway(tiny_bert_dir, tiny_replica):
     # One gateway with every limit small, so each error is cheap to provoke.
     server = GatewayServer(gateway_settings(tiny_bert_dir, [tiny_replica.address], api_key="sekret",
                                             max_body_bytes=4000, max_inflight_tokens=64,
-                                            request_timeout_s=3.0))
+                                            request_timeout_s=3.0,
+                                            # No pings: a paused replica must look stuck,
+                                            # not hung (hang detection: test_gateway_e2e).
+                                            replica_ping_s=0))
     server.wait_ready()
     yield server
     server.stop()

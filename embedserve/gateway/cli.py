@@ -83,6 +83,10 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
                              "a large request over more replicas (default: %(default)s)")
     parser.add_argument("--chunk-tokens", type=int, default=d.chunk_max_tokens,
                         help="most tokens per chunk (default: %(default)s)")
+    parser.add_argument("--replica-ping", type=float, default=d.replica_ping_s,
+                        help="seconds between pings to each replica and how long one may go "
+                             "unanswered before the replica counts as hung and its calls are "
+                             "retried elsewhere; 0 turns pings off (default: %(default)s)")
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
@@ -93,7 +97,7 @@ def _settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, .
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,
         request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
-        chunk_max_tokens=args.chunk_tokens)
+        chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping)
 
 
 def _model_dir(args: argparse.Namespace) -> Path:

@@ -26,25 +26,31 @@ from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# Reconnect quickly: a restarted replica should rejoin within about a second,
-# not after gRPC's default backoff of up to two minutes.
-_CHANNEL_OPTIONS = (
-    # HTTP/2 pings every 2 s, answered within 2 s or the connection is dropped: a
-    # replica that hangs (SIGSTOP, a cut link) keeps its TCP connection, and without
-    # pings its calls and its health watch would wait until the request deadline.
-    # Dropping the connection fails them as UNAVAILABLE, so they are retried elsewhere
-    # and the replica leaves rotation. The scheduler allows pings this frequent.
-    ("grpc.keepalive_time_ms", 2000),
-    ("grpc.keepalive_timeout_ms", 2000),
-    ("grpc.http2.ping_timeout_ms", 2000),   # what gRPC core >= 1.6x enforces for an unanswered ping
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-)
+def channel_options(ping_s: float) -> tuple[tuple[str, int], ...]:
+    """gRPC channel options for one replica.
+
+    ``ping_s``: an HTTP/2 ping every ``ping_s`` seconds, and the connection dropped
+    when one goes unanswered for ``ping_s`` (0 turns pings off). A replica that hangs
+    (SIGSTOP, a cut link) keeps its TCP connection; without pings its calls and its
+    health watch would wait for the request deadline. Dropping the connection fails
+    them as UNAVAILABLE, so they are retried elsewhere and the replica leaves rotation.
+    The scheduler accepts pings this frequent (scheduler/server.py).
+    """
+    ping_ms = int(ping_s * 1000)
+    pings = () if ping_ms <= 0 else (
+        ("grpc.keepalive_time_ms", ping_ms),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.http2.ping_timeout_ms", ping_ms),   # what gRPC core enforces for an unanswered ping
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0))
+    return (*pings,
+            # Reconnect quickly: a restarted replica should rejoin within about a
+            # second, not after gRPC's default backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+            ("grpc.max_send_message_length", 256 * 1024 * 1024))
 
 
 class ReplicaSource(Protocol):
@@ -83,8 +89,9 @@ class ReplicaPool:
     """Healthy replicas and their load. Lives on one event loop."""
 
     def __init__(self, source: ReplicaSource, max_outstanding_tokens: int = 65536,
-                 backoff_min_s: float = 0.1, backoff_max_s: float = 2.0) -> None:
+                 backoff_min_s: float = 0.1, backoff_max_s: float = 2.0, ping_s: float = 2.0) -> None:
         self._source = source
+        self._channel_options = channel_options(ping_s)
         self._max_outstanding = max_outstanding_tokens
         self._backoff = (backoff_min_s, backoff_max_s)
         self._replicas: dict[str, Replica] = {}
@@ -111,7 +118,7 @@ class ReplicaPool:
                 await self._remove(self._replicas[address])
 
     def _add(self, address: str) -> None:
-        channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        channel = grpc.aio.insecure_channel(address, options=self._channel_options)
         replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel))
         replica.watch_task = asyncio.create_task(self._watch_health(replica))
         self._replicas[address] = replica

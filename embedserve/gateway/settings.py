@@ -48,6 +48,10 @@ class GatewaySettings:
     # parallelises over texts inside a call, and its default threading layer
     # must not be entered from two threads at once.
     tokenizer_threads: int = 1
+    # Seconds between HTTP/2 pings to each replica, and how long one may go
+    # unanswered before the replica counts as hung and its calls are retried
+    # elsewhere (0: no pings; a hung replica then holds calls to the deadline).
+    replica_ping_s: float = 2.0
     # Health-watch reconnect backoff bounds, in seconds.
     health_backoff_min_s: float = 0.1
     health_backoff_max_s: float = 2.0
