@@ -100,6 +100,13 @@ def _observations(results: list[PhaseResult]) -> str:
                 "gateway's health watch does not notice it in time; only the request deadline bounds "
                 "the wait (no per-call timeout or hedged retry on the other replica). New calls avoid "
                 "the replica, whose outstanding tokens stay high (least-outstanding-tokens balancing).")
+        else:
+            lines.append(
+                f"- {name}: nothing is lost; the slowest request took {slowest:.0f} ms while the fault "
+                f"lasted {fault_ms:.0f} ms: the gateway's HTTP/2 pings to that replica went unanswered "
+                "for 2 s (`--replica-ping`), so it dropped the connection, its calls failed as "
+                "UNAVAILABLE and were retried on the other replica, and the replica left rotation "
+                "until it answered again.")
     restart = by_name.get("restart")
     if restart is not None and "rejoin_s" in restart.facts:
         facts = restart.facts
