@@ -167,13 +167,9 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
             rule = np.int64(np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF)) if cp != _NUL else NO_RULE
             if rule >= 0:
                 o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, j - 1, raw)
-                k = rule
-                while k < strings.shape[0] and strings[k] != _NUL:
-                    if w >= limit:
-                        return -1
-                    put(buf, origin, w, strings[k], o_start, o_end)
-                    w += 1
-                    k += 1
+                w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
+                if w < 0:
+                    return -1
             else:
                 if w + n > limit:
                     return -1
