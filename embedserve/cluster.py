@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedserve.model_args import add_model_arguments, model_dir_from_args
 from embedserve.healthprobe import probe
 from embedserve.scheduler.settings import REPLICA_DTYPES
 
@@ -97,11 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the docker-compose topology as local processes: N scheduler replicas "
                     "and one gateway process in front of them.")
     parser.add_argument("--replicas", type=int, default=2, help="scheduler replicas (default: %(default)s)")
-    parser.add_argument("--model", type=Path, default=None,
-                        help="model directory (default: multilingual-e5-small, built on first use)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="where the default model is built (default: $EMBEDSERVE_CACHE_DIR or "
-                             "~/.cache/embedserve/models)")
+    add_model_arguments(parser, "model directory (default: multilingual-e5-small, built on first use)")
     parser.add_argument("--device", default="cpu", help="replicas' device: cpu or cuda[:N]")
     parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
                         help="replicas' compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
@@ -116,12 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("embedserve cluster: --replicas must be at least 1", file=sys.stderr)
         return 2
-    model_dir = args.model
-    if model_dir is None:
-        from embedserve.engine.cli import default_cache_dir
-        from embedserve.engine.default_model import ensure_default_model
-
-        model_dir = ensure_default_model(args.cache_dir or default_cache_dir())
+    model_dir = model_dir_from_args(args)
     port = args.port or free_port(args.host)
     gateway_args = ("--api-key", args.api_key) if args.api_key else ()
     settings = ClusterSettings(model_dir=model_dir, replicas=args.replicas, device=args.device,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import uvicorn
 
+from embedserve.model_args import add_model_arguments, model_dir_from_args
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.scheduler.settings import REPLICA_DTYPES
 
@@ -57,12 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
-    parser.add_argument("--model", type=Path, default=None,
-                        help="model directory (tokenizer and prompts are read from it; default: "
-                             "multilingual-e5-small, built on first use into --cache-dir)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="where the default model is built (default: $EMBEDSERVE_CACHE_DIR or "
-                             "~/.cache/embedserve/models)")
+    add_model_arguments(parser, "model directory (tokenizer and prompts are read from it; default: "
+                                "multilingual-e5-small, built on first use into --cache-dir)")
     parser.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one "
                         "(default: %(default)s)")
@@ -100,16 +97,6 @@ def _settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, .
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping)
 
 
-def _model_dir(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        return args.model
-    from embedserve.engine.cli import default_cache_dir
-    from embedserve.engine.default_model import ensure_default_model
-
-    print("embedserve: preparing the default model (built once on first use) ...", flush=True)
-    return ensure_default_model(args.cache_dir or default_cache_dir())
-
-
 def _logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -120,7 +107,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
     if not upstreams:
         raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
-    settings = _settings(args, _model_dir(args), upstreams)
+    settings = _settings(args, model_dir_from_args(args), upstreams)
     return asyncio.run(serve_http(settings))
 
 
@@ -128,7 +115,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _logging(args)
     if args.replicas < 1:
         raise SystemExit("--replicas must be at least 1")
-    model_dir = _model_dir(args)
+    model_dir = model_dir_from_args(args)
     return asyncio.run(_serve_stack(args, model_dir))
 
 

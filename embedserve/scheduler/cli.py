@@ -15,6 +15,7 @@ import logging
 import signal
 from pathlib import Path
 
+from embedserve.model_args import add_model_arguments, model_dir_from_args
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 
@@ -25,12 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "scheduler", help="serve a model over gRPC with token-budget batching",
         description="Serve one model over gRPC with first-come-first-served token-budget "
                     "batching; SIGTERM drains.")
-    parser.add_argument("--model", type=Path, default=None,
-                        help="Hugging Face model directory (default: multilingual-e5-small, "
-                             "built on first use into --cache-dir)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="where the default model is built (default: $EMBEDSERVE_CACHE_DIR "
-                             "or ~/.cache/embedserve/models)")
+    add_model_arguments(parser, "Hugging Face model directory (default: multilingual-e5-small, "
+                                "built on first use into --cache-dir)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051,
@@ -74,13 +71,7 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model_dir = args.model
-    if model_dir is None:
-        from embedserve.engine.cli import default_cache_dir
-        from embedserve.engine.default_model import ensure_default_model
-
-        model_dir = ensure_default_model(args.cache_dir or default_cache_dir())
-    settings = settings_from_args(args, model_dir)
+    settings = settings_from_args(args, model_dir_from_args(args))
     return asyncio.run(serve(settings))
 
 
