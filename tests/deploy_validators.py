@@ -27,6 +27,8 @@ DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 COMPOSE_GPU = DEPLOY / "docker-compose.gpu.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
+PROMETHEUS_DOCKERFILE = DEPLOY / "prometheus.Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
 K8S = DEPLOY / "k8s"
 # Oldest Kubernetes the manifests claim to support, and the newest schemas shipped.
 K8S_VERSIONS = ("1.30.0", k8s_validate.latest_version())
@@ -44,13 +46,26 @@ def _tool(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def compose_config(*files: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def compose_config(*files: Path, cwd: Path, env: dict[str, str] | None = None,
+                   quiet: bool = True) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` on ``files``: ``--quiet``, or the resolved model as JSON.
+
+    The environment is clean (no COMPOSE_*, image or pip variables leak in
+    from the shell) plus ``env``.
+    """
     args = [str(_docker_compose_binary())]
     for file in files:
         args += ["-f", str(file)]
-    # A clean environment: no COMPOSE_* or image variables leak in from the shell.
-    return subprocess.run([*args, "config", "--quiet"], capture_output=True, text=True, cwd=cwd,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)}, timeout=60)
+    args += ["config", "--quiet"] if quiet else ["config", "--format", "json"]
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), **(env or {})}, timeout=60)
+
+
+def compose_resolved(*files: Path, cwd: Path, env: dict[str, str] | None = None) -> dict:
+    """The compose model after interpolation and merging, as Compose itself resolves it."""
+    result = compose_config(*files, cwd=cwd, env=env, quiet=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def compose_schema_errors(document: dict) -> list[str]:

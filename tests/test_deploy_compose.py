@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_validators import COMPOSE, COMPOSE_GPU, DEPLOY, ROOT, compose_config, compose_schema_errors, flag
+from deploy_validators import (COMPOSE, COMPOSE_GPU, DEPLOY, ROOT, compose_config, compose_resolved,
+                               compose_schema_errors, flag)
 from deploy_validators import deploy_copy  # noqa: F401 (a fixture)
 
 
@@ -104,3 +105,70 @@ def test_gpu_override_reserves_a_gpu_and_runs_on_cuda() -> None:
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
     assert flag(replica["command"], "device") == "cuda"
     assert replica["build"]["args"]["TORCH_VARIANT"].startswith("${TORCH_VARIANT:-cu")
+
+
+def test_images_and_package_sources_come_from_the_environment(tmp_path: Path) -> None:
+    # Without Docker Hub or the public internet every name of a registry or
+    # index must be replaceable; Compose itself resolves the file here.
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a real certificate\n")
+    env = {"PYTHON_IMAGE": "local/base:1", "PROMETHEUS_IMAGE": "local/prometheus:1",
+           "EMBEDSERVE_BUILD_NETWORK": "host", "TORCH_INDEX_URL": "http://127.0.0.1:9/torch/",
+           "PIP_INDEX_URL": "http://mirror.invalid/simple", "PIP_EXTRA_INDEX_URL": "http://127.0.0.1:9/extra/",
+           "PIP_TRUSTED_HOST": "mirror.invalid", "PIP_CERT": str(ca)}
+    resolved = compose_resolved(COMPOSE, cwd=ROOT, env=env)
+    services = resolved["services"]
+    assert services["prometheus"]["image"] == "local/prometheus:1"
+    for name in ("replica", "gateway"):
+        build = services[name]["build"]
+        assert build["network"] == "host"
+        assert build["args"] == {"PYTHON_IMAGE": "local/base:1", "TORCH_VARIANT": "cpu",
+                                 "TORCH_INDEX_URL": "http://127.0.0.1:9/torch/",
+                                 "PIP_INDEX_URL": "http://mirror.invalid/simple",
+                                 "PIP_EXTRA_INDEX_URL": "http://127.0.0.1:9/extra/",
+                                 "PIP_TRUSTED_HOST": "mirror.invalid"}
+        assert [secret["source"] for secret in build["secrets"]] == ["pip_ca"]
+    assert resolved["secrets"]["pip_ca"]["file"] == str(ca)
+
+
+def test_defaults_build_from_the_public_registries() -> None:
+    resolved = compose_resolved(COMPOSE, cwd=ROOT)
+    services = resolved["services"]
+    assert services["prometheus"]["image"].startswith("prom/prometheus:")
+    build = services["replica"]["build"]
+    assert build["network"] == "default"
+    assert build["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    # Empty: the Dockerfile picks PyTorch's index for TORCH_VARIANT.
+    assert build["args"]["TORCH_INDEX_URL"] == "" and build["args"]["PIP_EXTRA_INDEX_URL"] == ""
+    # No CA given: an empty secret, which the Dockerfile skips.
+    assert resolved["secrets"]["pip_ca"]["file"] == "/dev/null"
+
+
+def test_gpu_override_keeps_the_torch_index_following_the_variant() -> None:
+    replica = compose_resolved(COMPOSE, COMPOSE_GPU, cwd=ROOT)["services"]["replica"]
+    assert replica["build"]["args"]["TORCH_VARIANT"].startswith("cu")
+    # A fixed .../whl/cpu URL here would silently build a CPU torch into the CUDA image.
+    assert replica["build"]["args"]["TORCH_INDEX_URL"] == ""
+
+
+def test_only_the_gateway_and_prometheus_reach_the_replicas() -> None:
+    resolved = compose_resolved(COMPOSE, cwd=ROOT)
+    services, networks = resolved["services"], resolved["networks"]
+    replica_networks = set(services["replica"]["networks"])
+    assert replica_networks == {"replicas"} and networks["replicas"].get("internal") is True
+    assert "ports" not in services["replica"]
+    reaching = {name for name, service in services.items() if replica_networks & set(service["networks"])}
+    assert reaching == {"replica", "gateway", "prometheus"}
+    # Published ports need a non-internal network.
+    for name in ("gateway", "prometheus"):
+        assert services[name]["ports"] and "edge" in services[name]["networks"]
+        assert not networks["edge"].get("internal", False)
+
+
+def test_gateway_is_not_restarted_when_a_replica_restarts() -> None:
+    # depends_on `restart: true` would restart the gateway whenever Compose
+    # restarts a replica, dropping every in-flight request; replica loss is
+    # handled inside the gateway (health checks, retry on another replica).
+    gateway = compose_resolved(COMPOSE, cwd=ROOT)["services"]["gateway"]
+    dependency = gateway["depends_on"]["replica"]
+    assert dependency["condition"] == "service_healthy" and not dependency.get("restart", False)
