@@ -111,3 +111,22 @@ def test_private_ca_is_an_optional_build_secret() -> None:
     assert "build-system" in step
     source_install = next(rest for kind, rest in steps if kind == "RUN" and "pip install" in rest and "--no-index" in rest)
     assert "--no-build-isolation" in source_install
+
+
+def test_tokenizer_warm_up_compiles_the_installed_package() -> None:
+    # `python -c` imports from the working directory first; a warm-up run in
+    # the directory the source was copied to compiles and caches that copy
+    # (Numba keys its cache by source path), and every container then
+    # compiles the installed package again at start-up.
+    workdir, source_dir, warm_up_dir = "/", None, None
+    for kind, rest in instructions(DOCKERFILE.read_text()):
+        if kind == "FROM":
+            workdir = "/"
+        elif kind == "WORKDIR":
+            workdir = rest
+        elif kind == "COPY" and rest.split()[0] == "embedserve":
+            source_dir = workdir
+        elif kind == "RUN" and "Tokenizer.from_model_dir" in rest:
+            warm_up_dir = workdir
+    assert source_dir is not None and warm_up_dir is not None
+    assert warm_up_dir != source_dir
