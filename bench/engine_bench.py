@@ -113,8 +113,8 @@ def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
     import torch
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.engine.engine import CpuRunner
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(1)
     model_dir = ensure_default_model(ROOT / ".cache" / "models")
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizers import Tokenizer
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.engine.engine import CpuRunner
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(args.threads)
     log("building / loading the default model and the batches")

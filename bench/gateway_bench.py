@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.default_model import ensure_default_model
+from embedserve.defaults.build import ensure_default_model
 from embedserve.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

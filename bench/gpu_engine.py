@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
+    from embedserve.defaults.build import ensure_default_model
 
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)

@@ -39,7 +39,7 @@ import numpy as np
 
 from embedserve import wire
 from embedserve.engine import Batch, Engine
-from embedserve.engine.default_model import ensure_default_model
+from embedserve.defaults.build import ensure_default_model
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 

