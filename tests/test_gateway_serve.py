@@ -2,8 +2,10 @@
 
 Runs a tiny random BERT (``tiny_bert_dir``) so that three model loads stay
 cheap, with two replicas on port 0.
-Checks the banner, a request, that a killed replica is restarted and put
-back, and that SIGTERM stops the gateway and every replica with status 0.
+Checks the banner, a request, that the replicas refuse calls that do not
+come from this gateway (a fresh token per run, in a private 0600 file
+removed at exit), that a killed replica is restarted and put back, and that
+SIGTERM stops the gateway and every replica with status 0.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
+import pytest
+
+from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 
 BANNER = re.compile(r"embedserve gateway listening on (http://\S+)")
@@ -79,6 +87,16 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
 
         replicas = children(process.pid)
         assert len(replicas) == 2
+        # Only this gateway may call the replicas: a client without the run's token is refused.
+        argv = open(f"/proc/{replicas[0]}/cmdline").read().split("\0")
+        token_file = Path(argv[argv.index("--replica-token-file") + 1])
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        address = httpx.get(url + "/info", timeout=10).json()["replicas"][0]["address"]
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                inference_pb2_grpc.InferenceStub(channel).Info(inference_pb2.InfoRequest(), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         os.kill(replicas[0], signal.SIGKILL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (replicas[0] in children(process.pid)
@@ -91,6 +109,7 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
         assert not any(alive(pid) for pid in current)
+        assert not token_file.parent.exists()
     finally:
         if process.poll() is None:
             process.kill()

@@ -60,7 +60,9 @@ def test_every_grpc_code_becomes_an_embedserve_error():
                 grpc.StatusCode.RESOURCE_EXHAUSTED: errors.Overloaded,
                 grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
                 grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
-                grpc.StatusCode.CANCELLED: errors.Unavailable}
+                grpc.StatusCode.CANCELLED: errors.Unavailable,
+                # A replica refusing the gateway's token: 503 naming the setting, not a 500.
+                grpc.StatusCode.UNAUTHENTICATED: errors.Unavailable}
     for code in grpc.StatusCode:
         if code == grpc.StatusCode.OK:
             continue
@@ -71,6 +73,8 @@ def test_every_grpc_code_becomes_an_embedserve_error():
     assert is_retryable(grpc.StatusCode.UNAVAILABLE)
     assert not is_retryable(grpc.StatusCode.INVALID_ARGUMENT)
     assert not is_retryable(grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert not is_retryable(grpc.StatusCode.UNAUTHENTICATED)   # every replica would refuse it alike
+    assert "replica-token-file" in from_rpc_error(grpc.StatusCode.UNAUTHENTICATED, "refused").message
 
 
 def test_token_budget_admits_refuses_and_gives_back():

@@ -51,7 +51,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
                            settings.health_backoff_min_s, settings.health_backoff_max_s,
-                           settings.replica_ping_s)
+                           settings.replica_ping_s, replica_token=settings.replica_token)
         app.state.gateway = Gateway(settings, meta, preprocessor, pool, metrics)
         await pool.start()
         try:

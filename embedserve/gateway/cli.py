@@ -22,6 +22,7 @@ import uvicorn
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -33,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gateway.add_argument("--upstream", required=True,
                          help="scheduler replicas: host:port[,host:port...], or dns:NAME:PORT "
                               "(every address NAME resolves to, re-resolved as it changes)")
+    add_replica_token_argument(gateway, "send the token in this file to the replicas on every call "
+                                        "('authorization: Bearer TOKEN'), as replicas started with "
+                                        "the same file require")
     add_gateway_flags(gateway)
     gateway.set_defaults(func=run_gateway)
 
@@ -72,7 +76,8 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
-def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...]) -> GatewaySettings:
+def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...],
+                     replica_token: str | None = None) -> GatewaySettings:
     return GatewaySettings(
         model_dir=model_dir, upstreams=upstreams, host=args.host, port=args.port,
         served_model_names=tuple(args.served_model_name or ()),
@@ -80,7 +85,8 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,
         request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
-        chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping)
+        chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping,
+        replica_token=replica_token)
 
 
 def configure_logging(args: argparse.Namespace) -> None:
@@ -93,7 +99,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
     if not upstreams:
         raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
-    settings = gateway_settings(args, model_dir_from_args(args), upstreams)
+    settings = gateway_settings(args, model_dir_from_args(args), upstreams,
+                                replica_token_from_args(args, os.environ))
     return asyncio.run(serve_http(settings))
 
 

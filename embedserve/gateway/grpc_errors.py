@@ -40,6 +40,11 @@ def from_rpc_error(code: grpc.StatusCode, details: str | None) -> errors.EmbedSe
         return errors.Overloaded(f"replicas are overloaded: {message}")
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.Unavailable(f"no replica could serve the request: {message}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        # The gateway's replica token is missing or wrong: a deployment error,
+        # the same on every replica, so not retried; the client sees 503.
+        return errors.Unavailable("a replica refused the gateway's credentials "
+                                  "(the gateway's --replica-token-file must match the replicas')")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.DeadlineExceeded("the request timed out")
     if code == grpc.StatusCode.CANCELLED:

@@ -4,9 +4,10 @@ Owns one gRPC channel per replica, a health watch per replica
 (grpc.health.v1 ``Watch``; a broken stream or a non-SERVING status takes the
 replica out, SERVING puts it back), each replica's ``Info``, and the choice
 of replica for a chunk: least outstanding tokens first, among healthy
-replicas with room. Where replicas come from is a ``ReplicaSource``: a fixed
-list here (``--upstream``); DNS discovery can plug in another source that
-yields new address lists as they change.
+replicas with room, ties taken in turn (so requests sent one at a time
+still spread over idle replicas). Where replicas come from is a
+``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
+plug in another source that yields new address lists as they change.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedserve.errors import DeadlineExceeded, Unavailable
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.scheduler.auth import BearerTokenInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class Replica:
     healthy: bool = False
     info: inference_pb2.InfoResponse | None = None
     outstanding_tokens: int = 0
+    refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     watch_task: asyncio.Task | None = field(default=None, repr=False)
 
     def capacity(self, default: int) -> int:
@@ -89,14 +92,17 @@ class ReplicaPool:
     """Healthy replicas and their load. Lives on one event loop."""
 
     def __init__(self, source: ReplicaSource, max_outstanding_tokens: int = 65536,
-                 backoff_min_s: float = 0.1, backoff_max_s: float = 2.0, ping_s: float = 2.0) -> None:
+                 backoff_min_s: float = 0.1, backoff_max_s: float = 2.0, ping_s: float = 2.0,
+                 replica_token: str | None = None) -> None:
         self._source = source
         self._channel_options = channel_options(ping_s)
+        self._interceptors = [BearerTokenInterceptor(replica_token)] if replica_token else []
         self._max_outstanding = max_outstanding_tokens
         self._backoff = (backoff_min_s, backoff_max_s)
         self._replicas: dict[str, Replica] = {}
         self._changed = asyncio.Condition()
         self._source_task: asyncio.Task | None = None
+        self._ties_turn = 0   # counts choices among equally loaded replicas, for round-robin
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -118,7 +124,8 @@ class ReplicaPool:
                 await self._remove(self._replicas[address])
 
     def _add(self, address: str) -> None:
-        channel = grpc.aio.insecure_channel(address, options=self._channel_options)
+        channel = grpc.aio.insecure_channel(address, options=self._channel_options,
+                                            interceptors=self._interceptors)
         replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel))
         replica.watch_task = asyncio.create_task(self._watch_health(replica))
         self._replicas[address] = replica
@@ -142,7 +149,14 @@ class ReplicaPool:
                     await self._set_health(replica, serving)
                     delay = self._backoff[0]
             except grpc.aio.AioRpcError as exc:
-                log.debug("health watch of %s ended: %s", replica.address, exc.code())
+                replica.refused_token = exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                if replica.refused_token:
+                    # Health is open but Info is not: a token mismatch shows here, and
+                    # the replica stays out of rotation until it is fixed.
+                    log.warning("replica %s refused the gateway's token (--replica-token-file): %s",
+                                replica.address, exc.details())
+                else:
+                    log.debug("health watch of %s ended: %s", replica.address, exc.code())
             await self._set_health(replica, False)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
@@ -201,12 +215,18 @@ class ReplicaPool:
                     # Every healthy replica failed this chunk already: try one
                     # of them again rather than give up (it came back).
                     usable = self.healthy()
+                if not usable and any(r.refused_token for r in self._replicas.values()):
+                    raise Unavailable("no replica is ready: replicas refuse the gateway's token "
+                                      "(--replica-token-file must name the replicas' token)")
                 if not usable:
                     raise Unavailable("no replica is ready")
-                best = min(usable, key=lambda r: r.outstanding_tokens)
+                least = min(r.outstanding_tokens for r in usable)
+                ties = [r for r in usable if r.outstanding_tokens == least]
+                best = ties[self._ties_turn % len(ties)]
                 if best.outstanding_tokens == 0 or \
                         best.outstanding_tokens + tokens <= best.capacity(self._max_outstanding):
                     best.outstanding_tokens += tokens
+                    self._ties_turn += 1
                     return best
                 remaining = deadline - time.monotonic()
                 try:

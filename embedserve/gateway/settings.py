@@ -7,7 +7,7 @@ from flags (see ``cli.py``) and tests build it directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -59,3 +59,7 @@ class GatewaySettings:
     # Health-watch reconnect backoff bounds, in seconds.
     health_backoff_min_s: float = 0.1
     health_backoff_max_s: float = 2.0
+    # Sent as ``authorization: Bearer <token>`` on every replica call
+    # (scheduler/auth.py); None: replicas that require one refuse the
+    # gateway. Kept out of repr so logs never show it.
+    replica_token: str | None = field(default=None, repr=False)

@@ -34,6 +34,7 @@ from pathlib import Path
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.healthprobe import probe
 from embedserve.scheduler.settings import REPLICA_DTYPES
+from embedserve.scheduler.token_file import temporary_token_file
 
 log = logging.getLogger("embedserve.launch.cluster")
 
@@ -124,14 +125,22 @@ def run(args: argparse.Namespace) -> int:
 
 async def run_cluster(settings: ClusterSettings) -> int:
     """Start replicas, then the gateway; stop on SIGTERM/SIGINT or when the gateway exits."""
-    from embedserve.launch.supervisor import ReplicaSupervisor
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A fresh token per run, passed to every process: only this gateway can
+    # call these replicas.
+    with temporary_token_file() as token_file:
+        return await _run_cluster_with_token(settings, stop, token_file)
+
+
+async def _run_cluster_with_token(settings: ClusterSettings, stop: asyncio.Event, token_file: Path) -> int:
+    from embedserve.launch.supervisor import ReplicaSupervisor
+
+    token_args = ("--replica-token-file", str(token_file))
     env = replica_env(settings.replicas, settings.device)
-    extra = (*replica_args(settings.dtype),
+    extra = (*replica_args(settings.dtype), *token_args,
              *(("--metrics-port", "0") if settings.replica_metrics else ()))
     supervisor = ReplicaSupervisor(settings.model_dir, settings.replicas, settings.device,
                                    extra_args=extra, env=env,
@@ -145,7 +154,7 @@ async def run_cluster(settings: ClusterSettings) -> int:
             return 0
         addresses = starting.result()
         argv = gateway_command(settings.model_dir, ",".join(addresses), settings.host,
-                               settings.port, settings.gateway_args)
+                               settings.port, (*settings.gateway_args, *token_args))
         gateway = await asyncio.create_subprocess_exec(*argv, env=dict(os.environ))
         url = f"http://{settings.host}:{settings.port}"
         ready = asyncio.ensure_future(_wait_ready(f"{url}/ready", gateway, settings.start_timeout_s))

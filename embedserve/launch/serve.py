@@ -20,6 +20,7 @@ from embedserve.launch.cluster import replica_args, replica_env
 from embedserve.defaults.model_args import model_dir_from_args
 from embedserve.launch.supervisor import ReplicaSupervisor
 from embedserve.scheduler.settings import REPLICA_DTYPES
+from embedserve.scheduler.token_file import read_token_file, temporary_token_file
 
 log = logging.getLogger("embedserve.serve")
 
@@ -51,9 +52,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
+    # A fresh token per run: only this gateway can call these replicas.
+    with temporary_token_file() as token_file:
+        return await _serve_with_token(args, model_dir, token_file)
+
+
+async def _serve_with_token(args: argparse.Namespace, model_dir: Path, token_file: Path) -> int:
     env = replica_env(args.replicas, args.device)
     supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env,
-                                   extra_args=replica_args(args.dtype, args.cuda_graphs))
+                                   extra_args=(*replica_args(args.dtype, args.cuda_graphs),
+                                               "--replica-token-file", str(token_file)))
     stop = asyncio.Event()
     with stop_on_signals(stop.set):
         starting = asyncio.create_task(supervisor.start())
@@ -67,7 +75,7 @@ async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
         stopped.cancel()
         try:
             addresses = starting.result()
-            settings = gateway_settings(args, model_dir, addresses)
+            settings = gateway_settings(args, model_dir, addresses, read_token_file(token_file))
             return await serve_http(settings, stop)
         finally:
             await supervisor.stop()

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
+from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 log = logging.getLogger("embedserve.scheduler")
 
@@ -56,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="seconds to let calls finish after SIGTERM (default: %(default)s)")
+    add_replica_token_argument(parser, "refuse calls (UNAUTHENTICATED) that do not carry the "
+                                       "token in this file as 'authorization: Bearer TOKEN'; "
+                                       "health checks stay open")
     parser.set_defaults(func=run)
 
 
@@ -65,7 +70,8 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
-        in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout)
+        in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
+        replica_token=replica_token_from_args(args, os.environ))
 
 
 def run(args: argparse.Namespace) -> int:

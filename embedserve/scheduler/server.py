@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from embedserve.engine.batch import Batch
 from embedserve.errors import ModelLoadError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.scheduler.auth import TokenAuthInterceptor
 from embedserve.scheduler.batcher import Batcher, StepEngine
 from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
@@ -68,7 +69,8 @@ class SchedulerServer:
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
                    ("grpc.http2.max_ping_strikes", 0)]
-        self.grpc_server = grpc.aio.server(options=options,
+        interceptors = [TokenAuthInterceptor(settings.replica_token)] if settings.replica_token else []
+        self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
         inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)

@@ -6,7 +6,7 @@ directly. Nothing here reads argv or the environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Token budget per step when the flag is not given. On a GPU, 512 keeps a
@@ -40,6 +40,9 @@ class SchedulerSettings:
     # the message size derived from max_queue_tokens, this bounds the memory
     # held by requests that have arrived but not yet been admitted.
     max_concurrent_rpcs: int = 1024
+    # Calls must carry ``authorization: Bearer <replica_token>`` (auth.py);
+    # None: no check. Kept out of repr so logs never show it.
+    replica_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
