@@ -9,7 +9,8 @@ the image's own model files (cosine >= 0.9999); the gateway's /metrics;
 every Prometheus target up; a replica crash (SIGKILL to its process, as the
 OOM killer does) under concurrent load: 0 lost, 0 wrong, back by itself; a
 `docker kill` of a replica under load: 0 lost, 0 wrong, and how it comes
-back; scale to 3 replicas without restarting the gateway, which then sends
+back; a replica refuses a call without the replica token (UNAUTHENTICATED)
+and serves it with the token; scale to 3 replicas without restarting the gateway, which then sends
 work to the third; `docker compose down` leaving no container, network or
 volume of the project.
 
@@ -33,6 +34,7 @@ import functools
 import http.server
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -202,6 +204,41 @@ def wait_healthy(compose: Compose, service: str, count: int, timeout_s: float) -
     return wait_until(healthy, timeout_s, f"{count} healthy {service} container(s)", interval_s=1)
 
 
+# Run inside a replica container: Info on its own port, with the token given
+# as argv[1] (or none), prints the status code name.
+_INFO_CALL = """
+import sys, grpc
+from embedserve.protos import inference_pb2, inference_pb2_grpc
+metadata = (("authorization", "Bearer " + sys.argv[1]),) if len(sys.argv) > 1 else None
+with grpc.insecure_channel("127.0.0.1:50051") as channel:
+    try:
+        inference_pb2_grpc.InferenceStub(channel).Info(inference_pb2.InfoRequest(), metadata=metadata, timeout=30)
+        print("OK")
+    except grpc.RpcError as error:
+        print(error.code().name)
+"""
+
+
+def replica_info_status(container: dict, token: str | None) -> str:
+    """The status of an Info call made inside ``container`` to its own gRPC port."""
+    return docker("exec", container["Id"], "python", "-c", _INFO_CALL, *([token] if token else [])).strip()
+
+
+@contextlib.contextmanager
+def replica_token_file() -> Iterator[Path]:
+    """A fresh token for the cluster's replica_token secret.
+
+    Mode 0644 in a 0700 directory: the secret is a bind mount that keeps host
+    permissions and the containers run as uid 10001; the directory keeps
+    other local users out.
+    """
+    with tempfile.TemporaryDirectory(prefix="embedserve-smoke-token-") as directory:
+        path = Path(directory) / "replica-token"
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        path.chmod(0o644)
+        yield path
+
+
 def replica_calls(container: dict) -> float:
     """The replica's served-call counter, read from its metrics port inside the container."""
     script = ("import urllib.request; "
@@ -258,6 +295,15 @@ def smoke(settings: SmokeSettings, compose: Compose, figures: dict) -> None:
     if status != 200 or b"embedserve_gateway_requests" not in body:
         raise SmokeFailure(f"gateway /metrics answered {status} without embedserve_gateway_requests")
     step("metrics", "gateway /metrics has embedserve_gateway_requests")
+
+    token = Path(compose.env["EMBEDSERVE_REPLICA_TOKEN_FILE"]).read_text().strip()
+    replica = compose.containers("replica")[0]
+    refusals = {"none": replica_info_status(replica, None), "wrong": replica_info_status(replica, "wrong-token"),
+                "right": replica_info_status(replica, token)}
+    figures["replica_token_checks"] = refusals
+    if refusals != {"none": "UNAUTHENTICATED", "wrong": "UNAUTHENTICATED", "right": "OK"}:
+        raise SmokeFailure(f"replica token: {refusals}")
+    step("replica token", "no token and a wrong one: UNAUTHENTICATED; the right one: served")
 
     def all_targets_up() -> bool:
         targets = prometheus_targets(prometheus)
@@ -317,8 +363,17 @@ def smoke(settings: SmokeSettings, compose: Compose, figures: dict) -> None:
         raise SmokeFailure("scaling the replicas restarted or recreated the gateway")
     if figures["third_replica_calls"] <= 0:
         raise SmokeFailure("the gateway sent nothing to the third replica")
+    # One request at a time finds every replica idle: ties must be taken in turn.
+    replicas = compose.containers("replica")
+    before = [replica_calls(r) for r in replicas]
+    for text in PARITY_TEXTS[:6]:
+        embed(gateway, [text])
+    figures["sequential_calls_per_replica"] = [replica_calls(r) - b for r, b in zip(replicas, before, strict=True)]
+    if min(figures["sequential_calls_per_replica"]) <= 0:
+        raise SmokeFailure(f"6 requests one at a time left a replica idle: {figures['sequential_calls_per_replica']}")
     step("scale", f"3 replicas in {figures['scale_to_3_s']} s, gateway not restarted, "
-                  f"third replica served {figures['third_replica_calls']:.0f} calls of {count.sent}")
+                  f"third replica served {figures['third_replica_calls']:.0f} calls of {count.sent}; "
+                  f"6 sequential requests per replica: {figures['sequential_calls_per_replica']}")
 
     start = time.monotonic()
     compose.run("down", "-v", "--remove-orphans", "--timeout", "60", timeout_s=600)
@@ -358,12 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which("docker") is None:
         print("compose smoke: no docker command", file=sys.stderr)
         return 2
-    figures: dict = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    figures: dict = {"date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                      "load_average_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     env = {**os.environ, "EMBEDSERVE_PORT": str(free_port()), "PROMETHEUS_PORT": str(free_port())}
     passed = False
-    with local_package_index(settings.torch_wheel, settings.pip_mirror, settings.index_port) as index_env:
-        compose = Compose(settings.project, {**env, **index_env})
+    with local_package_index(settings.torch_wheel, settings.pip_mirror, settings.index_port) as index_env, \
+            replica_token_file() as token_file:
+        compose = Compose(settings.project, {**env, **index_env, "EMBEDSERVE_REPLICA_TOKEN_FILE": str(token_file)})
         try:
             smoke(settings, compose, figures)
             passed = True

@@ -172,3 +172,19 @@ def test_gateway_is_not_restarted_when_a_replica_restarts() -> None:
     gateway = compose_resolved(COMPOSE, cwd=ROOT)["services"]["gateway"]
     dependency = gateway["depends_on"]["replica"]
     assert dependency["condition"] == "service_healthy" and not dependency.get("restart", False)
+
+
+def test_gateway_and_replicas_share_the_replica_token() -> None:
+    # Replicas refuse calls without the token; the gateway must send the same one.
+    env = {"EMBEDSERVE_REPLICA_TOKEN_FILE": "/srv/embedserve/replica-token"}
+    for files in ((COMPOSE,), (COMPOSE, COMPOSE_GPU)):
+        resolved = compose_resolved(*files, cwd=ROOT, env=env)
+        assert resolved["secrets"]["replica_token"]["file"] == "/srv/embedserve/replica-token"
+        for name in ("replica", "gateway"):
+            service = resolved["services"][name]
+            assert [secret["source"] for secret in service["secrets"]] == ["replica_token"], (files, name)
+            assert flag(service["command"], "replica-token-file") == "/run/secrets/replica_token", (files, name)
+    # Without the variable: a file next to the compose file, which git ignores.
+    default = compose_resolved(COMPOSE, cwd=ROOT)["secrets"]["replica_token"]["file"]
+    assert default == str(DEPLOY / "replica-token")
+    assert "/deploy/replica-token" in (ROOT / ".gitignore").read_text().split()

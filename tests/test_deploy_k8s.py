@@ -14,8 +14,8 @@ from deploy_validators import flag, k8s_documents, k8s_errors
 def test_k8s_manifests_validate_against_the_api_schemas() -> None:
     documents = k8s_documents()
     kinds = sorted(doc["kind"] for _, doc in documents)
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "HorizontalPodAutoscaler",
-                     "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+                     "PodDisruptionBudget", "PodDisruptionBudget", "Secret", "Service", "Service"]
     for name, document in documents:
         assert k8s_errors(document) == [], name
 
@@ -28,6 +28,9 @@ def test_k8s_validation_rejects_a_broken_manifest() -> None:
     _, hpa = _k8s("HorizontalPodAutoscaler", "embedserve-replica")
     hpa["spec"]["maxReplica"] = hpa["spec"].pop("maxReplicas")
     assert k8s_errors(hpa)
+    _, policy = _k8s("NetworkPolicy", "embedserve-replica")
+    policy["spec"]["ingress"][0]["ports"][0]["port"] = {"number": 50051}  # a port is a number or a name
+    assert k8s_errors(policy)
 
 
 def _k8s(kind: str, name: str) -> tuple[str, dict]:
@@ -93,3 +96,53 @@ def test_k8s_args_only_reference_configmap_keys() -> None:
             if "$(" in arg:
                 name = arg.split("$(", 1)[1].split(")", 1)[0]
                 assert name in config["data"], (component, arg)
+
+
+def _pod_labels(component: str) -> dict:
+    _, deployment = _k8s("Deployment", f"embedserve-{component}")
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def _container_port(component: str, name: str) -> int:
+    _, deployment = _k8s("Deployment", f"embedserve-{component}")
+    return next(p["containerPort"] for p in _container(deployment)["ports"] if p["name"] == name)
+
+
+def test_k8s_network_policy_admits_only_the_gateway_and_prometheus() -> None:
+    _, policy = _k8s("NetworkPolicy", "embedserve-replica")
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= _pod_labels("replica").items()
+    assert spec["policyTypes"] == ["Ingress"]
+    admitted = {}
+    for rule in spec["ingress"]:
+        (source,) = rule["from"]
+        ports = tuple(p["port"] for p in rule["ports"])
+        admitted[ports] = source
+    # Exactly two doors: gRPC for the gateway pods, metrics for Prometheus.
+    assert set(admitted) == {(_container_port("replica", "grpc"),), (_container_port("replica", "metrics"),)}
+    gateway_source = admitted[(_container_port("replica", "grpc"),)]
+    assert set(gateway_source) == {"podSelector"}   # same namespace, gateway pods only
+    assert gateway_source["podSelector"]["matchLabels"].items() <= _pod_labels("gateway").items()
+    assert not gateway_source["podSelector"]["matchLabels"].items() <= _pod_labels("replica").items()
+    prometheus = admitted[(_container_port("replica", "metrics"),)]
+    assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_k8s_gateway_and_replicas_mount_the_same_token() -> None:
+    _, secret = _k8s("Secret", "embedserve-replica-token")
+    # Shipped empty: both programs refuse an empty token file, so nobody runs with a known token.
+    assert secret["stringData"] == {"token": ""}
+    for component in ("replica", "gateway"):
+        _, deployment = _k8s("Deployment", f"embedserve-{component}")
+        pod = deployment["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+        assert volume["secret"]["defaultMode"] & 0o007 == 0, "not world-readable"
+        # The non-root user reads it through the group the pod's fsGroup gives the files.
+        assert volume["secret"]["defaultMode"] & 0o040 and pod["securityContext"]["fsGroup"] == \
+            pod["securityContext"]["runAsGroup"]
+        container = _container(deployment)
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        token_file = flag(container["args"], "replica-token-file")
+        assert token_file == f"{mount['mountPath']}/token" and "token" in secret["stringData"]
