@@ -13,14 +13,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.entrypoint import configure_logging, gateway_banner, stop_on_signals
 from embedserve.gateway.settings import GatewaySettings
 
 log = logging.getLogger("embedserve.gateway")
@@ -78,30 +77,13 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping)
 
 
-def configure_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def run_gateway(args: argparse.Namespace) -> int:
-    configure_logging(args)
+    configure_logging(args.log_level)
     upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
     if not upstreams:
         raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
     settings = gateway_settings(args, model_dir_from_args(args), upstreams)
     return asyncio.run(serve_http(settings))
-
-
-@contextlib.contextmanager
-def stop_on_signals(callback: Callable[[], None]):
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, callback)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
@@ -111,10 +93,9 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
     app = create_app(settings)
     sock = listening_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    banner = (f"embedserve gateway listening on http://{host}:{port} "
-              f"(replicas: {', '.join(settings.upstreams)})")
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=10), banner)
+                                    timeout_graceful_shutdown=10),
+                     gateway_banner(host, port, settings.upstreams))
     own_stop = stop is None
     stop = stop or asyncio.Event()
 
