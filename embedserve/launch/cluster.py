@@ -9,8 +9,9 @@ replicas' addresses as a list rather than a DNS name), so the topology is
 tested without Docker. The replicas are kept by ``ReplicaSupervisor`` (a
 replica that dies is restarted on the same port, as compose's restart
 policy would; the gateway's health watch takes it back). SIGTERM or Ctrl-C
-stops the gateway first (no new requests), then drains the replicas. If the
-gateway itself exits, everything stops with its status.
+stops the gateway first (it drains: new requests get 503, those admitted
+are answered), then drains the replicas. If the gateway itself exits,
+everything stops with its status.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, stop_on_signals
+from embedserve.gateway.settings import GatewaySettings
 from embedserve.healthprobe import probe
 from embedserve.launch.commands import gateway_command, replica_env
 from embedserve.launch.processes import first_or_stop, start_child, stop_child
@@ -32,6 +34,8 @@ from embedserve.launch.supervisor import ReplicaSupervisor
 from embedserve.scheduler.cli import add_engine_flags, engine_flags
 
 log = logging.getLogger("embedserve.launch.cluster")
+# Beyond its drain timeout, the time the gateway may take to close before SIGKILL.
+_GATEWAY_EXIT_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class ClusterSettings:
     # Further flags for each role (credentials, limits), appended to its command line.
     replica_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
+    drain_timeout_s: float = GatewaySettings.drain_timeout_s
     start_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
 
@@ -63,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
     parser.add_argument("--api-key", default=None, help="Bearer key the gateway requires")
+    parser.add_argument("--drain-timeout", type=float, default=GatewaySettings.drain_timeout_s,
+                        help="after SIGTERM, seconds the gateway lets admitted requests run "
+                             "while new ones get 503 (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     gateway_args = ("--api-key", args.api_key) if args.api_key else ()
     settings = ClusterSettings(model_dir=model_dir_from_args(args), replicas=args.replicas,
                                device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
-                               host=args.host, port=args.port, gateway_args=gateway_args)
+                               host=args.host, port=args.port, gateway_args=gateway_args,
+                               drain_timeout_s=args.drain_timeout)
     return asyncio.run(run_cluster(settings))
 
 
@@ -97,7 +106,8 @@ async def run_cluster(settings: ClusterSettings) -> int:
                 return 0
             argv = gateway_command(settings.model_dir, ",".join(supervisor.addresses),
                                    settings.host, settings.port,
-                                   settings.gateway_args)
+                                   ("--drain-timeout", str(settings.drain_timeout_s),
+                                    *settings.gateway_args))
             starting = asyncio.ensure_future(start_child(argv, GATEWAY_LISTENING, name="the gateway",
                                                          timeout_s=settings.start_timeout_s))
             if not await first_or_stop(starting, stop):
@@ -119,7 +129,7 @@ async def run_cluster(settings: ClusterSettings) -> int:
                 log.error("the gateway exited with status %s; stopping the cluster", exited.result())
         finally:
             if gateway is not None:
-                code = await stop_child(gateway, settings.stop_timeout_s)
+                code = await stop_child(gateway, settings.drain_timeout_s + _GATEWAY_EXIT_GRACE_S)
                 if code != 0 and status == 0:
                     log.error("the gateway exited with status %s while stopping", code)
                     status = 1
