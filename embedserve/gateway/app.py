@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from embedserve import __version__
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
@@ -61,7 +62,9 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
             await pool.close()
             executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="embedserve gateway", version=__version__, lifespan=lifespan,
+    # /docs and /redoc serve their scripts from the fastapi-offline package, not a
+    # CDN, so they work on a machine without internet access.
+    app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
                   description="OpenAI- and TEI-compatible embedding and reranking API.")
     # Added first, so it runs inside GatewayMiddleware: its 503s carry request ids and are counted.
     drain = Drain(metrics.registry, settings.retry_after_s)
