@@ -90,7 +90,7 @@ def _client(url: str, tally: Tally, signalled: threading.Event) -> None:
 
 def _post(http: httpx.Client) -> httpx.Response | str:
     try:
-        response = http.post("/v1/embeddings", json={"input": INPUTS, "model": "e5"})
+        response = http.post("/v1/embeddings", json={"input": INPUTS})
     except httpx.TransportError as error:
         return type(error).__name__
     if response.status_code == 200:
