@@ -40,11 +40,11 @@ import numpy as np
 from embedserve import wire
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
+from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"listening on ([\d.]+):(\d+) metrics ([\d.]+):(\d+)")
 CLIENTS = 16
 
 
@@ -64,11 +64,11 @@ def start_scheduler(model_dir: Path, args: argparse.Namespace) -> tuple[subproce
     if args.max_batch_tokens:
         command += ["--max-batch-tokens", str(args.max_batch_tokens)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    match = READY.search(process.stdout.readline())
+    match = SCHEDULER_LISTENING.search(process.stdout.readline())
     if not match:
         process.kill()
         raise SystemExit("the scheduler did not start")
-    return process, int(match.group(2)), int(match.group(4))
+    return process, *(int(address.rsplit(":", 1)[1]) for address in match.groups())
 
 
 def histogram(metrics_port: int, name: str) -> dict[str, float]:

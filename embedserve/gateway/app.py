@@ -2,8 +2,9 @@
 
 Wires the pieces built elsewhere: reads the model directory (tokenizer,
 prompts), starts the replica pool and its health watches in the app's
-lifespan, installs the middleware and the error handlers once, and mounts
-the routers. Nothing here handles a request itself.
+lifespan, installs the middleware (``app.state.drain`` is the shutdown
+gate the entry point closes) and the error handlers once, and mounts the
+routers. Nothing here handles a request itself.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi_offline import FastAPIOffline
 
 from embedserve import __version__
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
+from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
@@ -64,6 +66,10 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     # CDN, so they work on a machine without internet access.
     app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
                   description="OpenAI- and TEI-compatible embedding and reranking API.")
+    # Added first, so it runs inside GatewayMiddleware: its 503s carry request ids and are counted.
+    drain = Drain(metrics.registry, settings.retry_after_s)
+    app.state.drain = drain
+    app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)
