@@ -13,9 +13,9 @@ from /proc once it listens, once the replica is ready, and after
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import random
-import re
 import subprocess
 import sys
 import threading
@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from embedserve.defaults.model_args import default_cache_dir
-
-LISTENING = re.compile(r"listening on (?:http://)?(\S+:\d+)")
+from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
+from embedserve.launch.processes import stop_popen
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "bread flour water salt yeast oven hours rise bake crust crumb").split()
 
@@ -38,12 +38,13 @@ def resident_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def start(argv: list[str], env: dict[str, str], cwd: str | None) -> tuple[subprocess.Popen, str]:
+def start(argv: list[str], listening: re.Pattern[str], env: dict[str, str],
+          cwd: str | None) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                cwd=cwd)
     assert process.stdout is not None
     for line in process.stdout:
-        match = LISTENING.search(line)
+        match = listening.search(line)
         if match:
             threading.Thread(target=process.stdout.read, daemon=True).start()
             return process, match.group(1)
@@ -64,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
     cli = [sys.executable, "-m", "embedserve.cli"]
-    replica, address = start([*cli, "scheduler", "--model", str(model), "--port", "0"], env, cwd)
+    replica, address = start([*cli, "scheduler", "--model", str(model), "--port", "0"], SCHEDULER_LISTENING, env, cwd)
     gateway = None
     try:
-        gateway, url = start([*cli, "gateway", "--model", str(model), "--upstream", address, "--port", "0"], env, cwd)
+        gateway, url = start([*cli, "gateway", "--model", str(model), "--upstream", address, "--port", "0"],
+                             GATEWAY_LISTENING, env, cwd)
         listening = resident_mb(gateway.pid)
-        base = f"http://{url}"
+        base = url
         deadline = time.monotonic() + 120
         while httpx.get(base + "/ready", timeout=10).status_code != 200:
             if time.monotonic() > deadline:
@@ -88,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for process in (gateway, replica):
             if process is not None:
-                process.terminate()
-                process.wait(60)
+                stop_popen(process, 60)
     return 0
 
 
