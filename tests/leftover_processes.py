@@ -118,6 +118,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lines += [f"  pid {pid}: {command}" for pid, command in leftovers]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        reporter.ensure_newline()
         reporter.write_sep("=", "leftover processes", red=True)
         for line in lines:
             reporter.write_line(line, red=True)
