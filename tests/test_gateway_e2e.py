@@ -30,10 +30,15 @@ COSINE_MIN = 0.9999
 @pytest.fixture(scope="module")
 def replicas(default_model_dir):
     with ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(lambda _: SchedulerProcess(default_model_dir, threads=1), range(2)))
-    yield started
-    for replica in started:
-        replica.stop()
+        starting = [pool.submit(SchedulerProcess, default_model_dir, threads=1) for _ in range(2)]
+    started = [future.result() for future in starting if future.exception() is None]
+    try:
+        for future in starting:
+            future.result()   # re-raises a failed start, after the other one is in `started`
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,11 @@ def gateway(default_model_dir, replicas):
     # A generous deadline: on a loaded 2-core machine 240 passages take a while.
     server = GatewayServer(gateway_settings(default_model_dir, [r.address for r in replicas],
                                             chunk_max_sequences=32, request_timeout_s=600))
-    server.wait_ready(healthy=2)
-    yield server
-    server.stop()
+    try:
+        server.wait_ready(healthy=2)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
