@@ -114,10 +114,11 @@ def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
 
     from embedserve.engine import Batch, Engine
     from embedserve.engine.default_model import ensure_default_model
+    from embedserve.model_args import default_cache_dir
     from embedserve.engine.engine import CpuRunner
 
     torch.set_num_threads(1)
-    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = ensure_default_model(default_cache_dir())
     rng = np.random.default_rng(seed)
     print("| dtype | batch | plain ms | fused ms | fused / plain |")
     print("|---|---|---|---|---|")
@@ -169,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedserve.engine import Batch, Engine
     from embedserve.engine.default_model import ensure_default_model
+    from embedserve.model_args import default_cache_dir
     from embedserve.engine.engine import CpuRunner
 
     torch.set_num_threads(args.threads)
     log("building / loading the default model and the batches")
-    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = ensure_default_model(default_cache_dir())
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     work = scenarios(tokenizer, args.repeats)
     ids = {name: [[np.array(e.ids, np.int32) for e in tokenizer.encode_batch(texts)] for texts in batches]
