@@ -1,1 +1,1 @@
-"""Benchmarks; each is ``python -m bench.<name>`` or ``embedserve bench <name>``."""
+"""Benchmarks, run from the repository root: ``python -m bench <name>`` (see bench/__main__.py)."""

@@ -1,18 +1,31 @@
-"""``python -m bench NAME [ARGS...]``: the same dispatch as ``embedserve bench NAME`` (bench/cli.py)."""
+"""``python -m bench NAME [ARGS...]`` (from the repository root): run one benchmark's ``main(argv)``.
+
+To add a benchmark, give its module a ``main(argv: list[str] | None) -> int`` and list
+it in ``BENCHMARKS``. The benchmarks live in the repository, not in the installed
+package: they need the reference peers and data that only a checkout has.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from bench.cli import BENCHMARKS, run
+BENCHMARKS = {
+    "tokenizer": "bench.tokenizer_bench",
+    "engine": "bench.engine_bench",
+    "gateway": "bench.gateway_bench",
+    "suite": "bench.suite.cli",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    module = importlib.import_module(BENCHMARKS[args.name])
+    return int(module.main(args.args) or 0)
 
 
 if __name__ == "__main__":

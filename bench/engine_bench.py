@@ -113,9 +113,9 @@ def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
     import torch
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.model_args import default_cache_dir
-    from embedserve.engine.engine import CpuRunner
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(1)
     model_dir = ensure_default_model(default_cache_dir())
@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizers import Tokenizer
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.model_args import default_cache_dir
-    from embedserve.engine.engine import CpuRunner
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(args.threads)
     log("building / loading the default model and the batches")

@@ -31,8 +31,8 @@ import httpx
 import numpy as np
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.default_model import ensure_default_model
-from embedserve.model_args import default_cache_dir
+from embedserve.defaults.build import ensure_default_model
+from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from embedserve.engine import Batch, Engine
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.model_args import default_cache_dir
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)

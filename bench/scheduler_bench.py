@@ -39,8 +39,8 @@ import numpy as np
 
 from embedserve import wire
 from embedserve.engine import Batch, Engine
-from embedserve.engine.default_model import ensure_default_model
-from embedserve.model_args import default_cache_dir
+from embedserve.defaults.build import ensure_default_model
+from embedserve.defaults.model_args import default_cache_dir
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
     "embedserve.tokenizer.cli",
-    "embedserve.engine.cli",
+    "embedserve.defaults.cli",
     "embedserve.scheduler.cli",
     "embedserve.gateway.cli",
-    "embedserve.cluster",
-    "bench.cli",
+    "embedserve.launch.serve",
+    "embedserve.launch.cluster",
 )
 
 
@@ -29,15 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedserve", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # A tier that is not built yet (or the bench package outside a
-            # source checkout) simply contributes no subcommand.
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Generate embedserve/tokenizer/_grapheme_data.py: grapheme break properties as ranges.
+"""Generate embedserve/tokenizer/kernels/_grapheme_data.py: grapheme break properties as ranges.
 
 Hugging Face's ``Precompiled`` normalizer walks extended grapheme clusters with the
 Rust crate ``unicode-segmentation``; tokenizers 0.23.3 links version 1.13.3, whose
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import unicode_segmentation_rs as useg
 
-OUT = Path(__file__).resolve().parent.parent / "embedserve" / "tokenizer" / "_grapheme_data.py"
+OUT = Path(__file__).resolve().parent.parent / "embedserve" / "tokenizer" / "kernels" / "_grapheme_data.py"
 CRATE = "unicode-segmentation-1.13.3"
 UCD_GCB = Path("/usr/share/unicode/auxiliary/GraphemeBreakProperty.txt")
 
-# Must match embedserve/tokenizer/graphemes.py.
+# Must match embedserve/tokenizer/kernels/graphemes.py.
 OTHER, CR, LF, CONTROL, EXTEND, ZWJ, RI, PREPEND, SPACINGMARK, L, V, T, LV, LVT = range(14)
 NAMES = ["Other", "CR", "LF", "Control", "Extend", "ZWJ", "Regional_Indicator", "Prepend",
          "SpacingMark", "L", "V", "T", "LV", "LVT"]

@@ -137,8 +137,8 @@ def default_model_dir() -> Path:
     ($EMBEDSERVE_CACHE_DIR, else ~/.cache/embedserve/models): built once, shared by
     every run and by the server.
     """
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.model_args import default_cache_dir
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     # Reference libraries must never reach for a model hub during tests.
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -162,8 +162,8 @@ def xlmr_tokenizer_dir(default_model_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def probe_reference(default_model_dir: Path):
-    """sentence-transformers' vectors for the fault suite's probe texts (bench.fault_load)."""
-    from bench.fault_load import reference_vectors
+    """sentence-transformers' vectors for the fault suite's probe texts (tests.faults.load)."""
+    from tests.faults.load import reference_vectors
 
     return reference_vectors(default_model_dir)
 

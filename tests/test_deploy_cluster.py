@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.fault_load import LoadGenerator
-from embedserve.cluster import free_port
+from tests.faults.load import LoadGenerator
+from embedserve.launch.cluster import free_port
 from gateway_harness import metric_value
 
 _REPLICA = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+:\d+)")

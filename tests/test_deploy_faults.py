@@ -1,4 +1,4 @@
-"""The fault suite (bench/faults.py) in CI: every fault, 0 wrong and 0 lost answers.
+"""The fault suite (tests/faults/suite.py) in CI: every fault, 0 wrong and 0 lost answers.
 
 One run of the suite with short phases (a gateway and two replicas as real
 processes, on network-namespace hosts when this machine allows it, else on
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import PhaseResult, render_table, run_suite
-from bench.netns import namespaces_available
+from tests.faults.suite import PhaseResult, render_table, run_suite
+from tests.faults.netns import namespaces_available
 
 PHASE_SECONDS = 3.0
 PHASES = ("baseline", "kill -9", "restart", "hang", "link cut", "slow", "SIGTERM", "overload")

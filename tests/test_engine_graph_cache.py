@@ -1,7 +1,7 @@
 """The CUDA-graph cache policy with a fake capture backend, and the padded forward on CPU.
 
 The fake backend records what the cache asked for; the CPU backend runs the
-real padded forward (bucketing.py) and "captures" by keeping a closure, so the
+real padded forward (graphs/buckets.py) and "captures" by keeping a closure, so the
 math a CUDA graph replays is checked against the unpadded engine here.
 """
 
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.bucketing import bucket_forward, bucket_inputs
-from embedserve.engine.graph_cache import BucketKey, GraphCache, bucket_for, sequence_bucket, token_bucket
+from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs
+from embedserve.engine.graphs.cache import GraphCache
+from embedserve.engine.graphs.shapes import BucketKey, bucket_for, sequence_bucket, token_bucket
 
 
 class FakeBackend:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.pooling import postprocess_embeddings, postprocess_scores
+from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
 from embedserve.errors import InvalidInput
 
 

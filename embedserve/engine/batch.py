@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 
 from embedserve.errors import InvalidInput
+from embedserve.model.config import ModelInfo
 
 Task = Literal["embed", "score"]
 
@@ -71,3 +72,14 @@ class Batch:
             raise InvalidInput(f"token ids must lie in [0, {vocab_size})")
         if self.token_type_ids is not None and self.token_type_ids.shape != self.token_ids.shape:
             raise InvalidInput("token_type_ids must have one entry per token")
+
+
+def check_batch(batch: Batch, info: ModelInfo) -> None:
+    """Raise InvalidInput unless the model can run ``batch``."""
+    if batch.task != info.task:
+        raise InvalidInput(f"model {info.model_id} does task {info.task!r}, not {batch.task!r}")
+    batch.validate(info.vocab_size, info.max_positions)
+    types = batch.token_type_ids
+    if types is not None and types.size and not (
+            0 <= int(types.min()) and int(types.max()) < info.type_vocab_size):
+        raise InvalidInput(f"token type ids must lie in [0, {info.type_vocab_size})")

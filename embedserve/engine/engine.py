@@ -12,28 +12,22 @@ LazyTensor with the exception; the engine keeps serving later steps.
 
 from __future__ import annotations
 
-import concurrent.futures
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from embedserve.engine.attention import ATTENTION_IMPLS
 from embedserve.engine.batch import Batch
-from embedserve.engine.config import (EncoderConfig, ModelInfo, load_encoder_config,
+from embedserve.model.config import (EncoderConfig, ModelInfo, load_encoder_config,
                                       load_sentence_transformer_meta)
-from embedserve.engine.encoder import EncoderModel
-from embedserve.engine.forward import pooled_forward
-from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
-from embedserve.engine.packing import build_layout
 from embedserve.engine.weights import load_weights, read_checkpoint
-from embedserve.errors import InvalidInput, ModelLoadError, Unavailable
+from embedserve.engine.runners.cpu import CpuRunner
+from embedserve.errors import ModelLoadError, Unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Chosen by measurement on CPU (BENCHMARKS.md, engine section).
-DEFAULT_CPU_ATTENTION = "per_sequence"
 
 
 def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> EncoderModel:
@@ -93,13 +87,13 @@ class Engine:
             default_prompt_name=meta.default_prompt_name, device=device, dtype=dtype_name,
             type_vocab_size=config.type_vocab_size)
         if device.startswith("cuda"):
-            from embedserve.engine.cuda_runner import CudaRunner
+            from embedserve.engine.runners.cuda import CudaRunner
             runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
                                      use_graphs=cuda_graphs)
         elif device == "cpu":
             if fused_layers:
                 fuse_layers(model)
-            runner = CpuRunner(model, info, attention or DEFAULT_CPU_ATTENTION)
+            runner = CpuRunner(model, info, attention)
         else:
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         return cls(model, info, runner)
@@ -136,63 +130,3 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def check_batch(batch: Batch, info: ModelInfo) -> None:
-    """Raise InvalidInput unless the model can run ``batch``."""
-    if batch.task != info.task:
-        raise InvalidInput(f"model {info.model_id} does task {info.task!r}, not {batch.task!r}")
-    batch.validate(info.vocab_size, info.max_positions)
-    types = batch.token_type_ids
-    if types is not None and types.size and not (
-            0 <= int(types.min()) and int(types.max()) < info.type_vocab_size):
-        raise InvalidInput(f"token type ids must lie in [0, {info.type_vocab_size})")
-
-
-class CpuRunner:
-    """Runs steps on one dedicated worker thread, in submission order."""
-
-    def __init__(self, model: EncoderModel, info: ModelInfo, attention: str) -> None:
-        if attention not in ATTENTION_IMPLS:
-            raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
-        self._model = model
-        self._info = info
-        self._attention = ATTENTION_IMPLS[attention]
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
-        self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
-
-    def submit(self, batch: Batch) -> LazyTensor:
-        return FutureLazyTensor(self._executor.submit(self._run, batch))
-
-    def _run(self, batch: Batch) -> np.ndarray:
-        self._counts["steps"] += 1
-        try:
-            check_batch(batch, self._info)
-            with torch.inference_mode():
-                out = self._forward(batch)
-        except BaseException:
-            self._counts["failed_steps"] += 1
-            raise
-        self._counts["tokens"] += batch.num_tokens
-        self._counts["eager_runs"] += 1
-        return out
-
-    def _forward(self, batch: Batch) -> np.ndarray:
-        layout = build_layout(batch.cu_seqlens)
-        token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
-        positions = torch.from_numpy(layout.offsets + self._model.config.position_offset)
-        types = (torch.zeros_like(token_ids) if batch.token_type_ids is None
-                 else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
-        starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
-        out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
-                             layout.lengths_tensor, starts, self._attention(layout), self._info.pooling)
-        return out.numpy()
-
-    def stats(self) -> dict[str, float]:
-        # The same keys as the CUDA runner's, so metrics code needs no device check.
-        return {**self._counts, "captures": 0, "replays": 0, "evictions": 0, "capture_failures": 0,
-                "capture_time_s": 0.0, "graphs": 0, "padding_waste": 0.0}
-
-    def close(self) -> None:
-        # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
-        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedserve.engine.encoder import Attend, EncoderModel, Layer
+from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 
 _mkldnn = torch.ops.mkldnn
 # oneDNN epilogues for the activations the encoder family uses: (attr, algorithm).

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from embedserve.engine.encoder import EncoderModel
+from embedserve.engine.modules.bert import EncoderModel
 from embedserve.errors import ModelLoadError
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")

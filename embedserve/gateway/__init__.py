@@ -2,7 +2,7 @@
 
 ``create_app(settings)`` (``app.py``) builds the FastAPI app; ``cli.py`` adds
 ``embedserve gateway`` and ``embedserve serve``. A request flows through
-``routes_*`` (JSON shapes) -> ``service.Gateway`` (admission, deadline,
+``routes/`` (JSON shapes) -> ``pipeline.Gateway`` (admission, deadline,
 cancellation) -> ``preprocess`` (prompts, tokenization, limits) ->
 ``dispatch`` (chunks over ``replicas.ReplicaPool``, retries, reassembly).
 Errors are mapped to HTTP once, in ``http_errors``; gRPC failures are

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI
 
 from embedserve import __version__
-from embedserve.gateway import routes_embed, routes_ops, routes_rerank, routes_tokenize
+from embedserve.gateway.routes import embed, ops, rerank, tokenize
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
@@ -24,7 +24,7 @@ from embedserve.gateway.model_meta import load_model_meta
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.discovery import source_for
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
-from embedserve.gateway.service import Gateway
+from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.tokenizer import Tokenizer
 
@@ -64,6 +64,6 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)
-    for module in (routes_embed, routes_rerank, routes_tokenize, routes_ops):
+    for module in (embed, rerank, tokenize, ops):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

@@ -1,11 +1,9 @@
-"""``embedserve gateway`` and ``embedserve serve``: the HTTP entry points.
+"""``embedserve gateway``: the HTTP gateway alone in front of ``--upstream`` replicas.
 
-``gateway`` runs the HTTP gateway alone in front of ``--upstream`` replicas.
-``serve`` runs the whole stack in one command: N local scheduler+engine
-processes (``--replicas``) and the gateway in front of them, building the
-default model on first use. Both print ``embedserve gateway listening on
-http://HOST:PORT`` once they accept requests, and stop cleanly on Ctrl-C or
-SIGTERM (replicas drain first). Flags and environment are read here only.
+Prints ``embedserve gateway listening on http://HOST:PORT`` once it accepts
+requests and stops cleanly on Ctrl-C or SIGTERM. The gateway's flags and
+settings are built here (``embedserve serve`` reuses them); flags and
+environment are read here only.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ from pathlib import Path
 
 import uvicorn
 
-from embedserve.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.gateway.settings import GatewaySettings
-from embedserve.scheduler.settings import REPLICA_DTYPES
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -36,27 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gateway.add_argument("--upstream", required=True,
                          help="scheduler replicas: host:port[,host:port...], or dns:NAME:PORT "
                               "(every address NAME resolves to, re-resolved as it changes)")
-    _common_flags(gateway)
+    add_gateway_flags(gateway)
     gateway.set_defaults(func=run_gateway)
 
-    serve = subparsers.add_parser("serve", help="run replicas and the gateway in one command",
-                                  description="Start N scheduler+engine processes and the gateway.")
-    serve.add_argument("--replicas", type=int, default=1,
-                       help="scheduler+engine processes to start (default: %(default)s); on CPU "
-                            "they share the cores, so more replicas add fault tolerance, not speed")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    serve.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
-                       help="replicas' compute dtype (default: float32 on CPU, bfloat16 on CUDA); "
-                            "bfloat16 on a CPU with AVX512-BF16/AMX is ~2x faster at cosine "
-                            ">= 0.999 vs float32")
-    serve.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                       help="CUDA only: replicas replay captured graphs per batch bucket; "
-                            "--no-cuda-graphs runs them eagerly (default: on)")
-    _common_flags(serve)
-    serve.set_defaults(func=run_serve)
 
-
-def _common_flags(parser: argparse.ArgumentParser) -> None:
+def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
     add_model_arguments(parser, "model directory (tokenizer and prompts are read from it; default: "
                                 "multilingual-e5-small, built on first use into --cache-dir)")
@@ -87,7 +68,7 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
-def _settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...]) -> GatewaySettings:
+def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...]) -> GatewaySettings:
     return GatewaySettings(
         model_dir=model_dir, upstreams=upstreams, host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
@@ -97,57 +78,22 @@ def _settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, .
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping)
 
 
-def _logging(args: argparse.Namespace) -> None:
+def configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    _logging(args)
+    configure_logging(args)
     upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
     if not upstreams:
         raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
-    settings = _settings(args, model_dir_from_args(args), upstreams)
+    settings = gateway_settings(args, model_dir_from_args(args), upstreams)
     return asyncio.run(serve_http(settings))
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    _logging(args)
-    if args.replicas < 1:
-        raise SystemExit("--replicas must be at least 1")
-    model_dir = model_dir_from_args(args)
-    return asyncio.run(_serve_stack(args, model_dir))
-
-
-async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
-    from embedserve.cluster import replica_args, replica_env
-    from embedserve.gateway.supervisor import ReplicaSupervisor
-
-    env = replica_env(args.replicas, args.device)
-    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env,
-                                   extra_args=replica_args(args.dtype, args.cuda_graphs))
-    stop = asyncio.Event()
-    with _stop_on_signals(stop.set):
-        starting = asyncio.create_task(supervisor.start())
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await starting
-            return 0
-        stopped.cancel()
-        try:
-            addresses = starting.result()
-            settings = _settings(args, model_dir, addresses)
-            return await serve_http(settings, stop)
-        finally:
-            await supervisor.stop()
-            log.info("stopped")
-
-
 @contextlib.contextmanager
-def _stop_on_signals(callback: Callable[[], None]):
+def stop_on_signals(callback: Callable[[], None]):
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, callback)
@@ -176,7 +122,7 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
         await stop.wait()
         server.should_exit = True
 
-    with _stop_on_signals(stop.set) if own_stop else contextlib.nullcontext():
+    with stop_on_signals(stop.set) if own_stop else contextlib.nullcontext():
         watcher = asyncio.create_task(stop_when_told())
         try:
             await server.serve(sockets=[sock])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from embedserve.engine.config import load_encoder_config, load_sentence_transformer_meta
+from embedserve.model.config import load_encoder_config, load_sentence_transformer_meta
 from embedserve.errors import InvalidInput
 
 

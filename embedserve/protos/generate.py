@@ -14,7 +14,6 @@ import so the stubs live inside ``embedserve.protos``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path

@@ -15,7 +15,7 @@ import logging
 import signal
 from pathlib import Path
 
-from embedserve.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 

@@ -27,7 +27,7 @@ from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler.batcher import Batcher, StepEngine
 from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
-from embedserve.scheduler.service import InferenceService
+from embedserve.scheduler.servicer import InferenceService
 from embedserve.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)

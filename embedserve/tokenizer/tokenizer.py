@@ -23,14 +23,14 @@ from typing import Literal
 import numpy as np
 
 from embedserve.errors import InvalidInput, ModelLoadError
-from embedserve.tokenizer.charsmap import parse_charsmap
+from embedserve.tokenizer.formats.charsmap import parse_charsmap
 from embedserve.tokenizer.encoded import EncodedBatch
-from embedserve.tokenizer.encoder import Model, compiled_for, encode_run, encode_with_template, new_scratch
-from embedserve.tokenizer.model_proto import load_sentencepiece_model
-from embedserve.tokenizer.normalize_sp import sp_params
-from embedserve.tokenizer.packing import NO_LIMIT, pack_pairs, pack_single
+from embedserve.tokenizer.kernels.encode import Model, compiled_for, encode_run, encode_with_template, new_scratch
+from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.kernels.normalize_sp import sp_params
+from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
-from embedserve.tokenizer.trie import load_or_build_trie, node_views
+from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
 Truncation = Literal["right", "left"] | None
@@ -65,7 +65,7 @@ class Tokenizer:
         if spec.compat == "sentencepiece":
             params, self._hf = sp_params(spec, units), None
         else:
-            from embedserve.tokenizer.normalize_hf import hf_params
+            from embedserve.tokenizer.kernels.normalize_hf import hf_params
             params = self._hf = hf_params(spec, units)
         trie = load_or_build_trie(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
         self._model = Model(units, strings, params, *node_views(trie), spec.compat == "hf",
@@ -93,7 +93,7 @@ class Tokenizer:
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such tokenizer file")
         if path.suffix == ".json":
-            from embedserve.tokenizer.hf_json import load_tokenizer_json
+            from embedserve.tokenizer.formats.hf_json import load_tokenizer_json
             spec = load_tokenizer_json(path)
             if compat == "sentencepiece":
                 raise ModelLoadError(f"{path}: compat='sentencepiece' needs a SentencePiece .model "
@@ -101,7 +101,7 @@ class Tokenizer:
         else:
             spec = load_sentencepiece_model(path, fairseq_ids=fairseq_ids)
             if compat == "hf":
-                from embedserve.tokenizer.hf_json import spec_for_hf_compat
+                from embedserve.tokenizer.formats.hf_json import spec_for_hf_compat
                 spec = spec_for_hf_compat(spec)
         return cls(spec, Path(cache_dir) if cache_dir is not None else None)
 

@@ -1,0 +1,70 @@
+"""The CPU execution path: one worker thread runs steps in submission order."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import torch
+
+from embedserve.engine.batch import Batch, check_batch
+from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
+from embedserve.engine.modules.attention import ATTENTION_IMPLS
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.forward import pooled_forward
+from embedserve.engine.modules.layout import build_layout
+from embedserve.errors import ModelLoadError
+from embedserve.model.config import ModelInfo
+
+# Chosen by measurement on CPU (BENCHMARKS.md, engine section).
+DEFAULT_CPU_ATTENTION = "per_sequence"
+
+
+class CpuRunner:
+    """Runs steps on one dedicated worker thread, in submission order."""
+
+    def __init__(self, model: EncoderModel, info: ModelInfo, attention: str | None = None) -> None:
+        attention = attention or DEFAULT_CPU_ATTENTION
+        if attention not in ATTENTION_IMPLS:
+            raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
+        self._model = model
+        self._info = info
+        self._attention = ATTENTION_IMPLS[attention]
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
+        self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
+
+    def submit(self, batch: Batch) -> LazyTensor:
+        return FutureLazyTensor(self._executor.submit(self._run, batch))
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        self._counts["steps"] += 1
+        try:
+            check_batch(batch, self._info)
+            with torch.inference_mode():
+                out = self._forward(batch)
+        except BaseException:
+            self._counts["failed_steps"] += 1
+            raise
+        self._counts["tokens"] += batch.num_tokens
+        self._counts["eager_runs"] += 1
+        return out
+
+    def _forward(self, batch: Batch) -> np.ndarray:
+        layout = build_layout(batch.cu_seqlens)
+        token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
+        positions = torch.from_numpy(layout.offsets + self._model.config.position_offset)
+        types = (torch.zeros_like(token_ids) if batch.token_type_ids is None
+                 else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
+        starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
+        out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
+                             layout.lengths_tensor, starts, self._attention(layout), self._info.pooling)
+        return out.numpy()
+
+    def stats(self) -> dict[str, float]:
+        # The same keys as the CUDA runner's, so metrics code needs no device check.
+        return {**self._counts, "captures": 0, "replays": 0, "evictions": 0, "capture_failures": 0,
+                "capture_time_s": 0.0, "graphs": 0, "padding_waste": 0.0}
+
+    def close(self) -> None:
+        # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
+        self._executor.shutdown(wait=True, cancel_futures=True)

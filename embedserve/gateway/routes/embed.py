@@ -1,0 +1,82 @@
+"""Embedding routes: OpenAI ``POST /v1/embeddings`` and TEI ``POST /embed``.
+
+Owns translating those JSON shapes into ``Gateway.embed`` calls and the
+answers back, byte-for-byte in each API's shape (OpenAI: ``data`` objects
+with ``float`` lists or little-endian float32 base64, plus ``usage``; TEI: a
+bare list of vectors). Responses are serialized directly rather than through
+pydantic: thousands of vectors would otherwise cost more than the inference.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from embedserve.errors import InvalidInput
+from embedserve.gateway.dispatch import Packed
+from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
+from embedserve.gateway.pipeline import Gateway, timed
+
+router = APIRouter()
+
+
+def json_response(payload: object) -> Response:
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+
+
+async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name: str | None,
+                truncate: bool, direction: str) -> Packed:
+    """One of the accepted input forms -> packed ids, counted and checked."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if len(raw) == 0:
+        raise InvalidInput(f"{field} must not be empty", field=field)
+    gateway.check_count(len(raw), field)
+    if isinstance(raw[0], str):
+        prompt = gateway.meta.prompt(prompt_name, "input_type" if field == "input" else "prompt_name")
+        return await timed(request, "tokenize", gateway.preprocessor.pack_texts(
+            raw, prompt, truncate, direction, field))
+    if prompt_name is not None:
+        raise InvalidInput("a prompt cannot be applied to token ids; send text instead",
+                           field="input_type" if field == "input" else "prompt_name")
+    sequences = [raw] if isinstance(raw[0], int) else raw
+    return gateway.preprocessor.pack_ids(sequences, truncate, direction, field)
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
+             summary="Create embeddings (OpenAI-compatible)")
+async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    gateway.require_task("embed")
+    dimensions = gateway.check_dimensions(body.dimensions)
+    # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
+    packed = await _pack(gateway, request, body.input, "input", body.input_type, body.truncate, "right")
+    vectors = await gateway.embed(request, packed, gateway.meta.normalize, dimensions, "/v1/embeddings")
+    if body.encoding_format == "base64":
+        little = vectors.astype("<f4", copy=False)
+        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    else:
+        items = vectors.tolist()
+    tokens = int(packed.ids.shape[0])
+    return json_response({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
+        "model": body.model or gateway.model_id,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
+
+
+@router.post("/embed", response_model=list[list[float]], tags=["TEI"],
+             summary="Embed inputs (text-embeddings-inference-compatible)")
+async def embed(body: EmbedRequest, request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    gateway.require_task("embed")
+    dimensions = gateway.check_dimensions(body.dimensions)
+    packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, body.truncate,
+                         body.truncation_direction)
+    vectors = await gateway.embed(request, packed, body.normalize, dimensions, "/embed")
+    return json_response(np.asarray(vectors).tolist())

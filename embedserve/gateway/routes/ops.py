@@ -1,0 +1,72 @@
+"""Operational routes: health, readiness, model info, model list, metrics.
+
+``/health`` answers while the process is alive; ``/ready`` only once the
+tokenizer is loaded and at least one replica's health watch says SERVING
+(load balancers route on it). ``/info`` merges the model directory's facts
+with what the replicas report.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from embedserve import __version__
+from embedserve.gateway.http_errors import error_response
+from embedserve.gateway.schemas import ModelList
+from embedserve.gateway.pipeline import Gateway
+
+router = APIRouter()
+
+
+@router.get("/health", tags=["ops"], summary="The process is alive")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/ready", tags=["ops"], summary="Tokenizer loaded and at least one replica serving")
+async def ready(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    healthy = len(gateway.pool.healthy())
+    if healthy == 0:
+        return error_response(503, "no replica is ready", None, "unavailable")
+    return JSONResponse({"status": "ready", "replicas_healthy": healthy})
+
+
+@router.get("/info", tags=["ops"], summary="The served model and the replicas")
+async def info(request: Request) -> dict:
+    gateway: Gateway = request.app.state.gateway
+    meta, settings = gateway.meta, gateway.settings
+    replica_info = gateway.pool.info()
+    return {
+        "model_id": gateway.model_id,
+        "model_type": "reranker" if meta.task == "score" else "embedding",
+        "dimension": meta.dimension,
+        "max_input_length": meta.max_positions,
+        "max_client_batch_size": settings.max_inputs,
+        "max_inflight_tokens": settings.max_inflight_tokens,
+        "normalize": meta.normalize,
+        "prompts": meta.prompts,
+        "default_prompt_name": meta.default_prompt_name,
+        "device": replica_info.device if replica_info else None,
+        "model_dtype": replica_info.dtype if replica_info else None,
+        "version": __version__,
+        "replicas": [{"address": r.address, "healthy": r.healthy,
+                      "outstanding_tokens": r.outstanding_tokens} for r in gateway.pool.replicas],
+    }
+
+
+@router.get("/v1/models", response_model=ModelList, tags=["OpenAI"], summary="List models")
+async def list_models(request: Request) -> dict:
+    gateway: Gateway = request.app.state.gateway
+    return {"object": "list", "data": [{"id": gateway.model_id, "object": "model", "created": 0,
+                                        "owned_by": "embedserve"}]}
+
+
+@router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=PlainTextResponse)
+async def metrics(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    gateway.metrics.replicas_healthy.set(len(gateway.pool.healthy()))
+    gateway.metrics.replicas_known.set(len(gateway.pool.replicas))
+    return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)

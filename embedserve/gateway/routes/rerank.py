@@ -1,0 +1,68 @@
+"""Reranking routes: TEI ``POST /rerank`` and Cohere/Jina ``POST /v1/rerank``.
+
+Owns both JSON shapes over one path: tokenize ``<s> query </s></s> doc </s>``
+per document, score through ``Gateway.score``, sort by score (highest
+first). TEI returns sigmoid scores unless ``raw_scores``; Cohere/Jina
+return ``relevance_score`` in [0, 1].
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from embedserve.gateway.routes.embed import json_response
+from embedserve.gateway.schemas import CohereRerankRequest, CohereRerankResponse, RankedText, RerankRequest
+from embedserve.gateway.pipeline import Gateway, timed
+
+router = APIRouter()
+
+
+async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str], field: str,
+                  truncate: bool, direction: str, sigmoid: bool, route: str):
+    gateway.require_task("score")
+    gateway.check_count(len(docs), field)
+    packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
+        query, docs, truncate, direction, field))
+    scores = await gateway.score(request, packed, sigmoid, route)
+    return scores, int(packed.ids.shape[0])
+
+
+def _ranked(scores) -> list[int]:
+    # Highest score first; ties keep input order (a stable sort).
+    return sorted(range(len(scores)), key=lambda i: -float(scores[i]))
+
+
+@router.post("/rerank", response_model=list[RankedText], tags=["TEI"],
+             summary="Rerank texts against a query (text-embeddings-inference-compatible)")
+async def rerank(body: RerankRequest, request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    scores, _ = await _scores(gateway, request, body.query, body.texts, "texts", body.truncate,
+                              body.truncation_direction, not body.raw_scores, "/rerank")
+    results = []
+    for i in _ranked(scores):
+        item: dict = {"index": i, "score": float(scores[i])}
+        if body.return_text:
+            item["text"] = body.texts[i]
+        results.append(item)
+    return json_response(results)
+
+
+@router.post("/v1/rerank", response_model=CohereRerankResponse, tags=["Cohere/Jina"],
+             summary="Rerank documents (Cohere/Jina-compatible)")
+async def rerank_documents(body: CohereRerankRequest, request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    docs = [d if isinstance(d, str) else d.text for d in body.documents]
+    scores, tokens = await _scores(gateway, request, body.query, docs, "documents", body.truncate,
+                                   "right", True, "/v1/rerank")
+    order = _ranked(scores)
+    if body.top_n is not None:
+        order = order[:body.top_n]
+    results = []
+    for i in order:
+        item: dict = {"index": i, "relevance_score": float(scores[i])}
+        if body.return_documents:
+            item["document"] = {"text": docs[i]}
+        results.append(item)
+    return json_response({"model": body.model or gateway.model_id, "results": results,
+                          "usage": {"total_tokens": tokens}})

@@ -1,0 +1,179 @@
+"""The encode kernels: normalize -> Viterbi over the words, for one text or a run of texts.
+
+``Model`` bundles what a kernel needs from a loaded tokenizer (charsmap tables,
+normalizer parameters, the trie, unknown-token handling) so it passes to Numba as one
+tuple. Which normalizer runs is decided by the ``hf`` argument: ``None`` selects
+``normalize_sp_into``, an array (the HF parameters) selects ``normalize_hf_into``.
+Numba prunes the branch on ``hf is None`` before typing, so each mode compiles only
+its own normalizer (a jitted function passed as an argument instead would make
+Numba's on-disk cache miss on every start).
+
+Output is "raw": token ids without specials, plus, when asked, each token's
+[start, end) in characters of the input. Templates and truncation are ``packing.py``'s
+job. Scratch is caller-owned (single text) or allocated once per call (a run of
+texts); nothing is allocated per token or per match. Parallelism over texts is the
+caller's (threads: every kernel here releases the GIL).
+
+Development note: Numba's on-disk cache (``cache=True``) keys a kernel on its own
+source file only; a cached kernel here embeds the normalizers and Viterbi it calls.
+After editing any module they use (normalize_*.py, replace_hf.py, pretokenize_hf.py,
+graphemes.py, charsmap.py, viterbi.py) without touching this file,
+delete ``embedserve/tokenizer/__pycache__/*.nb*`` (a reinstall rewrites all files and
+so invalidates the cache by itself).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
+from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into
+from embedserve.tokenizer.kernels.viterbi import viterbi_into
+
+SCRATCH_TOO_SMALL = -1  # a kernel's answer when the caller must grow scratch and retry
+
+
+class Model(NamedTuple):
+    units: np.ndarray  # charsmap trie, uint32
+    strings: np.ndarray  # charsmap replacement strings, uint8
+    params: np.ndarray  # normalizer parameters, int64
+    nodes_u64: np.ndarray  # trie.node_views(trie): the same nodes as 4 typed 2-D views
+    nodes_i32: np.ndarray
+    nodes_f32: np.ndarray
+    nodes_f64: np.ndarray
+    use_f64: bool
+    unk_id: int
+    unk_score: float
+
+
+class Scratch(NamedTuple):
+    norm_bytes: np.ndarray  # uint8 [N]
+    norm_origin: np.ndarray  # int32 [N, 2]
+    words: np.ndarray  # int32 [W, 2]
+    best_score: np.ndarray  # float64 [N + 1]
+    best_start: np.ndarray  # int32 [N + 1]
+    best_id: np.ndarray  # int32 [N + 1]
+    char_index: np.ndarray  # int32 [S + 1]: character index of each source byte
+    ids: np.ndarray  # int32 [N]
+    spans: np.ndarray  # int32 [N, 2]
+
+
+@nb.njit(nogil=True, cache=True)
+def new_scratch(src_len: int, factor: int) -> Scratch:
+    n = src_len * factor + 16
+    return Scratch(np.empty(n, np.uint8), np.empty((n, 2), np.int32), np.empty((n // 2 + 8, 2), np.int32),
+                   np.empty(n + 1, np.float64), np.empty(n + 1, np.int32), np.empty(n + 1, np.int32),
+                   np.empty(src_len + 1, np.int32), np.empty(n, np.int32), np.empty((n, 2), np.int32))
+
+
+@nb.njit(nogil=True, cache=True)
+def encode_raw(model, src, scratch, want_offsets, hf):
+    """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
+
+    Returns the token count, or SCRATCH_TOO_SMALL.
+    """
+    if hf is None:
+        n_bytes, n_words = normalize_sp_into(src, model.units, model.strings, model.params,
+                                             scratch.norm_bytes, scratch.norm_origin, scratch.words)
+    else:
+        n_bytes, n_words = normalize_hf_into(src, model.units, model.strings, hf,
+                                             scratch.norm_bytes, scratch.norm_origin, scratch.words)
+    if n_bytes < 0:
+        return SCRATCH_TOO_SMALL
+    n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64, scratch.norm_bytes,
+                     scratch.words, n_words, model.use_f64, model.unk_id, model.unk_score, scratch.best_score,
+                     scratch.best_start, scratch.best_id, scratch.ids, scratch.spans)
+    if n < 0:
+        return SCRATCH_TOO_SMALL
+    if want_offsets:
+        _spans_to_chars(src, scratch, n)
+    return n
+
+
+@nb.njit(nogil=True, cache=True)
+def _spans_to_chars(src, scratch, n):
+    """Rewrite spans from normalized bytes to [start, end) characters of the source."""
+    count = 0
+    for b in range(src.shape[0]):
+        scratch.char_index[b] = count
+        if (src[b] & 0xC0) != 0x80:
+            count += 1
+    scratch.char_index[src.shape[0]] = count
+    for t in range(n):
+        s, e = scratch.spans[t, 0], scratch.spans[t, 1]
+        src_start = scratch.norm_origin[s, 0]
+        src_end = max(scratch.norm_origin[e - 1, 1], src_start)
+        scratch.spans[t, 0] = scratch.char_index[src_start]
+        scratch.spans[t, 1] = scratch.char_index[src_end]
+
+
+@nb.njit(nogil=True, cache=True)
+def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
+    """Encode texts lo..hi-1 (text i is data[text_starts[i]:text_starts[i+1]]).
+
+    The output holds (bytes of the run) * factor + 8 per text tokens, plenty for real
+    text; returns (ids, spans, tok_start, tok_count, first_left) where text i's tokens
+    are ids[tok_start[i-lo] : + tok_count[i-lo]] and ``first_left`` is the first text
+    that did not fit (``hi`` when all did; the caller retries the rest with a larger
+    factor).
+    """
+    cap = (text_starts[hi] - text_starts[lo]) * factor + 8 * (hi - lo)
+    ids = np.empty(cap, np.int32)
+    spans = np.empty((cap if want_offsets else 0, 2), np.int32)
+    tok_start = np.zeros(hi - lo, np.int64)
+    tok_count = np.zeros(hi - lo, np.int64)
+    longest = 0
+    for i in range(lo, hi):
+        longest = max(longest, text_starts[i + 1] - text_starts[i])
+    scratch = new_scratch(longest, 2)
+    w = 0
+    for i in range(lo, hi):
+        src = data[text_starts[i]:text_starts[i + 1]]
+        grow = 4
+        n = encode_raw(model, src, scratch, want_offsets, hf)
+        while n < 0:  # rare: normalization expanded the text more than 2x
+            scratch = new_scratch(longest, grow)
+            grow *= 2
+            n = encode_raw(model, src, scratch, want_offsets, hf)
+        if w + n > cap:
+            return ids, spans, tok_start, tok_count, i
+        ids[w:w + n] = scratch.ids[:n]
+        if want_offsets:
+            spans[w:w + n] = scratch.spans[:n]
+        tok_start[i - lo] = w
+        tok_count[i - lo] = n
+        w += n
+    return ids, spans, tok_start, tok_count, hi
+
+
+@nb.njit(nogil=True, cache=True)
+def encode_with_template(model, src, scratch, prefix, suffix, hf):
+    """One text, specials around it, as a fresh int32 array.
+
+    Returns an empty array with ok=False when scratch is too small (grow and retry);
+    the scratch is not returned, as boxing it back costs more than a short encode.
+    """
+    n = encode_raw(model, src, scratch, False, hf)
+    if n < 0:
+        return np.empty(0, np.int32), False
+    out = np.empty(prefix.shape[0] + n + suffix.shape[0], np.int32)
+    out[:prefix.shape[0]] = prefix
+    out[prefix.shape[0]:prefix.shape[0] + n] = scratch.ids[:n]
+    out[prefix.shape[0] + n:] = suffix
+    return out, True
+
+
+def compiled_for(kernel, *example_args):
+    """``kernel``'s compiled code for the types of ``example_args``, called directly.
+
+    Calling a Numba dispatcher types every argument and looks the signature up on each
+    call (~3 us here for the Model and Scratch tuples, more than a short encode's
+    work); the compiled entry point skips that. Only for calls whose arguments always
+    have exactly these types (the entry point does not check them).
+    """
+    kernel(*example_args)  # compile, or load from the on-disk cache
+    signature = tuple(kernel.typeof_pyval(a) for a in example_args)
+    return kernel.overloads[signature].entry_point

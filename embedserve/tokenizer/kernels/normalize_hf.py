@@ -1,0 +1,283 @@
+"""Hugging Face's normalizer + pre-tokenizer (compat="hf"), as tokenizers 0.23.3 runs them.
+
+``normalize_hf_into`` follows the ``*_into`` contract in spec.py. It runs the
+tokenizer.json normalizer steps in order:
+
+- ``Precompiled`` (tokenizers' normalizers/precompiled.rs over spm_precompiled): walk
+  extended grapheme clusters (graphemes.py); a cluster shorter than 6 bytes is looked
+  up whole and, if any charsmap key is a prefix of it, the whole cluster becomes the
+  replacement of the FIRST (shortest) such key, even when that key covers only part of
+  the cluster (``ｶ`` + U+0301 -> ``カ``: the mark is dropped). Otherwise each character
+  is looked up alone. The prefix search stops at a NUL byte, as spm_precompiled's does.
+- ``Replace`` (replace_hf.py): a literal, or runs of one character (``" {2,}"``),
+  leftmost first.
+- ``Strip``: Rust's ``char::is_whitespace`` at either end.
+
+then hands the text to pretokenize_hf.py (WhitespaceSplit, Metaspace), which writes
+the final bytes and the Viterbi word ranges.
+
+Work layout: ``out_bytes``/``out_origin`` are used as two halves; each normalizer step
+reads one half and writes the other (a first Precompiled step reads ``src`` itself),
+the pre-tokenizer writes the final result at 0.
+The caller grows the scratch when -1 comes back. Origins are [start, end) byte ranges
+of ``src``. This module does not run Viterbi.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
+from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
+from embedserve.tokenizer.kernels.pretokenize_hf import (P_PREPEND, P_REP, P_REP_LEN, P_SPLIT, P_WS_SPLIT,
+                                                 PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
+                                                 is_rust_whitespace, pre_tokenize, put)
+from embedserve.tokenizer.kernels.replace_hf import (STEP_REPLACE_LITERAL, STEP_REPLACE_RUN, replace_applies,
+                                             replace_into, replace_step_size)
+from embedserve.tokenizer.spec import TokenizerSpec
+
+# params layout (int64): a fixed header, charsmap.bmp_char_table (65,536 entries: per
+# BMP code point, the rule of the key that is exactly that character, and whether any
+# longer key starts with it), then the normalizer steps.
+# The header's first slots (P_*) are pretokenize_hf's; P_REP..P_REP+3 hold the bytes.
+_P_N_STEPS = 8
+_P_TABLE = 16
+_P_STEPS = _P_TABLE + 0x10000
+_CR = 0x0D
+_STEP_PRECOMPILED, _STEP_STRIP = 1, 2  # the Replace kinds: replace_hf.STEP_REPLACE_*
+_NUL = 0
+_WHOLE_CLUSTER_LIMIT = 6  # clusters shorter than this (in bytes) are looked up whole
+
+
+def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
+    """The int64 parameter vector for ``normalize_hf_into``, built once per tokenizer."""
+    pipeline = spec.hf
+    if pipeline is None:
+        raise ValueError(f"{spec.source}: no Hugging Face pipeline in this spec")
+    params = [0] * _P_STEPS
+    params[P_WS_SPLIT] = int(pipeline.whitespace_split)
+    params[P_PREPEND] = {"always": PREPEND_ALWAYS, "first": PREPEND_FIRST,
+                          "never": PREPEND_NEVER}[pipeline.prepend_scheme]
+    params[P_SPLIT] = int(pipeline.split)
+    replacement = pipeline.metaspace_replacement.encode("utf-8")
+    params[P_REP_LEN] = len(replacement)
+    params[P_REP:P_REP + len(replacement)] = list(replacement)
+    params[_P_N_STEPS] = len(pipeline.normalizer_steps)
+    params[_P_TABLE:_P_STEPS] = bmp_char_table(charsmap_units).tolist()
+    for step in pipeline.normalizer_steps:
+        params.extend(_encode_step(step))
+    return np.asarray(params, np.int64)
+
+
+def _encode_step(step: tuple) -> list[int]:
+    """[kind, ...]: strip: left, right; replace_literal: len(p), len(c), p..., c...;
+    replace_run: len(char), min_count, len(c), char..., c..."""
+    kind = step[0]
+    if kind == "precompiled":
+        return [_STEP_PRECOMPILED]
+    if kind == "strip":
+        return [_STEP_STRIP, int(step[1]), int(step[2])]
+    if kind == "replace_literal":
+        pattern, content = step[1].encode("utf-8"), step[2].encode("utf-8")
+        return [STEP_REPLACE_LITERAL, len(pattern), len(content), *pattern, *content]
+    if kind == "replace_run":
+        char, content = step[1].encode("utf-8"), step[3].encode("utf-8")
+        return [STEP_REPLACE_RUN, len(char), int(step[2]), len(content), *char, *content]
+    raise ValueError(f"unknown normalizer step {step!r}")
+
+
+@nb.njit(inline="always")
+def _emit_replacement(strings, value, buf, origin, w, limit, o_start, o_end):
+    """Write the NUL-terminated charsmap string at ``value``; new w, or -1 when full."""
+    k = value
+    while k < strings.shape[0] and strings[k] != _NUL:
+        if w >= limit:
+            return -1
+        put(buf, origin, w, strings[k], o_start, o_end)
+        w += 1
+        k += 1
+    return w
+
+
+@nb.njit(inline="always")
+def _first_match(units, params, buf, start, end, cp, n):
+    """spm_precompiled's ``transform`` of buf[start:end], which begins with the
+    character ``cp`` of ``n`` bytes: the rule of the FIRST (shortest) key that is a
+    prefix, -1 when none. The search stops at a NUL byte (a NUL is a one-character
+    cluster: a Control). BMP characters are answered from the table; longer keys and
+    other planes walk the trie."""
+    if cp == _NUL:
+        return NO_RULE
+    if cp < 0x10000:
+        entry = params[_P_TABLE + cp]
+        rule = np.int64(np.int32(entry & 0xFFFFFFFF))
+        if rule != NO_RULE or end == start + n or (entry >> 32) == NO_LONGER_KEY:
+            return rule
+    return shortest_match(units, buf, start, end)[1]
+
+
+@nb.njit(inline="always")
+def _origin_start(origin, i, raw):
+    """Where byte i of a step's input came from: itself when reading the raw source."""
+    return i if raw else origin[i, 0]
+
+
+@nb.njit(inline="always")
+def _origin_end(origin, i, raw):
+    return i + 1 if raw else origin[i, 1]
+
+
+@nb.njit(nogil=True, cache=True)
+def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin, w, limit):
+    """Precompiled over src[s:e] into buf[w:limit]; returns the end of the output or -1.
+
+    ``raw``: src is the input text itself (byte i came from byte i; ``src_origin`` is
+    not read), so the first step needs no copy of the input with origins beforehand.
+    """
+    # The common case, a one-character BMP cluster, is written out here with no helper
+    # taking arrays: in Numba each such call costs reference counting, per character.
+    i = s
+    while i < e:
+        # A run of ASCII characters that no rule starts with and that cannot join the
+        # next character in a cluster (most of Latin-script text) is copied as it is.
+        while i < e and w < limit:
+            b = src[i]
+            if b >= 0x80 or b == _CR or b == _NUL or (i + 1 < e and src[i + 1] >= 0x80):
+                break
+            if np.int32(params[_P_TABLE + b] & 0xFFFFFFFF) != NO_RULE:
+                break
+            put(buf, origin, w, b, _origin_start(src_origin, i, raw), _origin_end(src_origin, i, raw))
+            w += 1
+            i += 1
+        if i == e:
+            break
+        b = src[i]
+        if b < 0x80:
+            cp, n = np.int64(b), 1
+        else:
+            cp, n = decode_utf8(src, i)
+        j = i + n
+        if j < e and not (b < 0x80 and src[j] < 0x80 and b != _CR):
+            cp2, n2 = decode_utf8(src, j)
+            if pair_joins(property_of(cp), property_of(cp2)):
+                j = next_boundary(src, i, e)
+        if j == i + n and cp < 0x10000:
+            # The charsmap search stops at NUL (a Control: always a cluster of its own).
+            rule = np.int64(np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF)) if cp != _NUL else NO_RULE
+            if rule >= 0:
+                o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, j - 1, raw)
+                w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
+                if w < 0:
+                    return -1
+            else:
+                if w + n > limit:
+                    return -1
+                for k in range(n):
+                    put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw),
+                        _origin_end(src_origin, i + k, raw))
+                w += n
+            i = j
+            continue
+        w = _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit)
+        if w < 0:
+            return -1
+        i = j
+    return w
+
+
+@nb.njit(nogil=True, cache=True)
+def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit):
+    """A cluster of several characters, or one outside the BMP: src[i:j] -> buf[w:]."""
+    cp, n = decode_utf8(src, i)
+    if j - i < _WHOLE_CLUSTER_LIMIT:
+        rule = _first_match(units, params, src, i, j, cp, n)
+        if rule >= 0:
+            return _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
+                                     _origin_end(src_origin, j - 1, raw))
+    while i < j:  # each character alone
+        cp, n = decode_utf8(src, i)
+        rule = _first_match(units, params, src, i, i + n, cp, n)
+        o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, i + n - 1, raw)
+        if rule >= 0:
+            w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
+            if w < 0:
+                return -1
+        else:
+            if w + n > limit:
+                return -1
+            for k in range(n):
+                put(buf, origin, w + k, src[i + k], o_start, o_end)
+            w += n
+        i += n
+    return w
+
+
+@nb.njit(nogil=True, cache=True)
+def _strip(buf, s, e, left, right):
+    """(s, e) with Rust-whitespace characters removed from the chosen ends."""
+    while left and s < e:
+        cp, n = decode_utf8(buf, s)
+        if not is_rust_whitespace(cp):
+            break
+        s += n
+    while right and e > s:
+        k = e - 1
+        while (buf[k] & 0xC0) == 0x80:
+            k -= 1
+        cp, n = decode_utf8(buf, k)
+        if not is_rust_whitespace(cp):
+            break
+        e = k
+    return s, e
+
+
+@nb.njit(nogil=True, cache=True)
+def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_words):
+    """Normalize + pre-tokenize ``src``; see the module docstring and spec.py."""
+    half = min(out_bytes.shape[0], out_origin.shape[0]) // 2
+    n = src.shape[0]
+    if n > half:
+        return -1, 0
+    at = _P_STEPS
+    first = 0
+    if params[_P_N_STEPS] > 0 and params[at] == _STEP_PRECOMPILED:
+        # The usual first step reads the input directly into the upper half.
+        w = _precompiled(units, strings, params, src, out_origin, True, 0, n, out_bytes, out_origin, half, 2 * half)
+        if w < 0:
+            return -1, 0
+        base, s, e = half, half, w
+        at += 1
+        first = 1
+    else:  # start in the upper half with byte-exact origins
+        base = half
+        for i in range(n):
+            put(out_bytes, out_origin, base + i, src[i], i, i + 1)
+        s, e = base, base + n
+    for _ in range(first, params[_P_N_STEPS]):
+        kind = params[at]
+        target = 0 if base == half else half
+        if kind == _STEP_STRIP:
+            s, e = _strip(out_bytes, s, e, params[at + 1] != 0, params[at + 2] != 0)
+            at += 3
+            continue
+        if kind == _STEP_PRECOMPILED:
+            w = _precompiled(units, strings, params, out_bytes, out_origin, False, s, e, out_bytes, out_origin,
+                             target, target + half)
+            at += 1
+        else:
+            if not replace_applies(params, at, out_bytes, s, e):
+                at += replace_step_size(params, at)
+                continue  # nothing to replace (the usual case): no copy
+            w = replace_into(params, at, out_bytes, out_origin, s, e, target, target + half)
+            at += replace_step_size(params, at)
+        if w < 0:
+            return -1, 0
+        base, s, e = target, target, w
+    if base == 0:  # the pre-tokenizer writes at 0: move the text to the upper half first
+        for i in range(e - s):
+            out_bytes[half + i] = out_bytes[s + i]
+            out_origin[half + i, 0] = out_origin[s + i, 0]
+            out_origin[half + i, 1] = out_origin[s + i, 1]
+        s, e = half, half + (e - s)
+    return pre_tokenize(params, out_bytes, out_origin, s, e, half, out_words)

@@ -1,0 +1,128 @@
+"""Hugging Face's pre-tokenizers for compat="hf": WhitespaceSplit and Metaspace.
+
+Runs over the normalized text that normalize_hf.py produced, writing the final bytes
+(with the Metaspace replacement, ``▁``) and the [start, end) word ranges Viterbi runs
+on, as tokenizers 0.23.3 splits them:
+
+- ``WhitespaceSplit``: words are the runs between ``char::is_whitespace`` characters.
+- ``Metaspace``: in each word, U+0020 becomes the replacement; the replacement is
+  prepended unless the word already starts with it (``always``; ``first`` only when the
+  word starts at original offset 0; ``never``); with ``split`` a new word starts at
+  every replacement character (tokenizers' MergedWithNext). An empty normalized
+  string has no words.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from embedserve.tokenizer.kernels.graphemes import decode_utf8
+
+# Slots of normalize_hf's int64 params that this module reads.
+P_WS_SPLIT, P_PREPEND, P_SPLIT, P_REP_LEN, P_REP = 0, 1, 2, 3, 4  # P_REP..+3: replacement bytes
+PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER = 0, 1, 2
+_SPACE = 0x20
+
+
+@nb.njit(inline="always")
+def is_rust_whitespace(cp: int) -> bool:
+    """Rust's ``char::is_whitespace`` (the Unicode White_Space property)."""
+    if cp < 0x80:
+        return cp == 0x20 or 0x09 <= cp <= 0x0D
+    return (cp == 0x85 or cp == 0xA0 or cp == 0x1680 or 0x2000 <= cp <= 0x200A or cp == 0x2028
+            or cp == 0x2029 or cp == 0x202F or cp == 0x205F or cp == 0x3000)
+
+
+@nb.njit(inline="always")
+def put(buf, origin, w, byte, o_start, o_end):
+    """Write one output byte and the source range it came from."""
+    buf[w] = byte
+    origin[w, 0] = o_start
+    origin[w, 1] = o_end
+
+
+@nb.njit(inline="always")
+def matches(buf, i, e, params, p_start, p_len):
+    """Does buf[i:e] start with the p_len bytes stored at params[p_start:]?"""
+    if i + p_len > e:
+        return False
+    for k in range(p_len):
+        if buf[i + k] != params[p_start + k]:
+            return False
+    return True
+
+
+@nb.njit(nogil=True, cache=True)
+def pre_tokenize(params, buf, origin, s, e, limit, words):
+    """WhitespaceSplit (optional) then Metaspace over buf[s:e] into buf[0:limit] and
+    ``words``; returns (bytes, words) or (-1, 0) when out of room. One flat loop: a
+    helper taking arrays, called per character or word, costs reference counting."""
+    ws_split = params[P_WS_SPLIT] != 0
+    scheme = params[P_PREPEND]
+    split = params[P_SPLIT] != 0
+    rep_len = params[P_REP_LEN]
+    rep_first = params[P_REP]
+    w, n_words, word_start = 0, 0, 0
+    in_piece = False
+    i = s
+    while i <= e:
+        if in_piece:
+            # Inside a piece, a run of ASCII bytes that are neither whitespace nor a
+            # space nor the replacement's first byte (most of Latin-script text) is
+            # copied as it is.
+            while i < e and w < limit:
+                b = buf[i]
+                if b >= 0x80 or b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first:
+                    break
+                put(buf, origin, w, b, origin[i, 0], origin[i, 1])
+                w += 1
+                i += 1
+        if i == e:
+            cp, n, is_space = -1, 0, True  # the end closes the last piece
+        else:
+            b = buf[i]
+            cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)
+            is_space = ws_split and is_rust_whitespace(cp)
+        if is_space:
+            if in_piece and w > word_start:
+                if n_words >= words.shape[0]:
+                    return -1, 0
+                words[n_words, 0], words[n_words, 1] = word_start, w
+                n_words += 1
+            in_piece = False
+            if i == e:
+                break
+            i += n
+            continue
+        is_rep = cp == _SPACE or (buf[i] == rep_first and n == rep_len
+                                  and matches(buf, i, e, params, P_REP, rep_len))
+        if not in_piece:  # a piece (word of WhitespaceSplit, or the whole text) starts
+            in_piece = True
+            word_start = w
+            if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin[i, 0] == 0)):
+                if w + rep_len > limit:
+                    return -1, 0
+                for k in range(rep_len):
+                    put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i, 0])
+                w += rep_len
+        if is_rep:
+            if split and w > word_start:  # MergedWithNext: a word starts at each ▁
+                if n_words >= words.shape[0]:
+                    return -1, 0
+                words[n_words, 0], words[n_words, 1] = word_start, w
+                n_words += 1
+                word_start = w
+            if w + rep_len > limit:
+                return -1, 0
+            for k in range(rep_len):
+                put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i + n - 1, 1])
+            w += rep_len
+        else:
+            if w + n > limit:
+                return -1, 0
+            for k in range(n):
+                put(buf, origin, w + k, buf[i + k], origin[i + k, 0], origin[i + k, 1])
+            w += n
+        i += n
+    return w, n_words

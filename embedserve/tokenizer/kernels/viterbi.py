@@ -1,0 +1,149 @@
+"""Unigram Viterbi over the word ranges of normalized bytes, on the 64-byte-node trie.
+
+The algorithm is the "optimized" encoder both references use (sentencepiece's
+``Model::EncodeOptimized``, tokenizers' ``Unigram::encode_optimized``): walk the
+string one UTF-8 character at a time; from each start position follow the trie byte
+by byte, and for every piece ending at ``end`` keep the best path ending there,
+replacing it only on a strictly greater score (so on ties the earlier start, i.e.
+the longer piece, wins). A start position with no one-character piece gets an
+unknown node of score ``unk_score`` (min normal score - 10). Consecutive unknowns in
+the result are fused into one unknown token, as both references do.
+
+Each word range is its own Viterbi (hf mode: one per pre-tokenized word, scores from
+0; sentencepiece mode: one range, the whole string). All words run in one call and one
+loop: a call per word cost hf mode a quarter of its time at 514 tokens.
+
+Scores are float64 in hf mode. In sentencepiece mode path scores are float32 (kept
+exactly in the float64 scratch) and every addition is a float32 addition, as in the
+0.2.3 wheel's compiled EncodeOptimized (read from its machine code; older sources add
+pieces in double and do not rebase). It also rebases: when the score at
+the current start position leaves [-1e5, 1e5] it subtracts that score, in float32,
+from every entry set so far at or after it. Without the rebase, float32 rounding at
+~1e5 (steps of 0.016) flips near-ties on inputs of ~16k tokens and more.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from embedserve.tokenizer.kernels.normalize_sp import utf8_len
+
+
+# Views of the NODE_DTYPE array (see trie.node_views): word/int/float slots of a node.
+_BASE, _TOKEN = 8, 10  # int32 slots
+_SCORE32 = 11  # float32 slot
+_SCORE64 = 6  # float64 slot
+_REBASE_BELOW = np.float32(-1e5)
+_REBASE_ABOVE = np.float32(1e5)
+
+
+# Inlined at the IR level into its callers: a real call costs a reference-count round
+# trip on each of its array arguments.
+@nb.njit(nogil=True, cache=True, inline="always")
+def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_words, use_f64, unk_id, unk_score,
+                 best_score, best_start, best_id, out_ids, out_spans):
+    """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
+    written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
+    in ``text``).
+
+    ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or -1 if
+    ``out_ids`` is too small.
+    """
+    unk32 = np.float32(unk_score)
+    # Unsigned indices: Numba then skips the negative-index wraparound on every access
+    # (about a third of the time of this loop).
+    one = np.uint64(1)
+    for w in range(n_words):
+        start = words[w, 0]
+        end = words[w, 1]
+        if start >= end:
+            continue
+        u_end = np.uint64(end)
+        # A word's paths start at 0. Where words touch, best_score[start] held the
+        # previous word's total; that word's back-track reads only best_start/best_id.
+        best_score[start] = 0.0
+        for i in range(np.uint64(start) + one, u_end + one):
+            best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
+        pos = np.uint64(start)
+        reached = pos  # the furthest end any candidate has set so far
+        while pos < u_end:
+            here = best_score[pos]
+            here32 = np.float32(here)
+            if not use_f64 and (here32 < _REBASE_BELOW or here32 > _REBASE_ABOVE):
+                # sentencepiece 0.2.3 keeps float32 path scores near zero: once the score
+                # at the current start leaves +-1e5 it subtracts it (in float32) from every
+                # set entry from here to the furthest one; the current entry becomes 0.
+                for i in range(pos, reached + one):
+                    best_score[i] = np.float64(np.float32(best_score[i]) - here32)
+                here32 = np.float32(0.0)
+            mblen = np.uint64(min(utf8_len(text[pos]), end - np.int64(pos)))
+            has_single = False
+            node = np.uint64(0)
+            k = pos
+            while k < u_end:
+                c = np.uint64(text[k])
+                if (nodes_u64[node, c >> np.uint64(6)] >> (c & np.uint64(63))) & one == 0:
+                    break
+                node = np.uint64(nodes_i32[node, _BASE]) + c
+                k += one
+                tid = nodes_i32[node, _TOKEN]
+                if tid >= 0:
+                    if k > reached:
+                        reached = k
+                    if use_f64:
+                        cand = here + nodes_f64[node, _SCORE64]
+                    else:
+                        cand = np.float64(here32 + nodes_f32[node, _SCORE32])  # a float32 add
+                    if cand > best_score[k]:
+                        best_score[k] = cand
+                        best_start[k] = np.int32(pos)
+                        best_id[k] = tid
+                    if k - pos == mblen:
+                        has_single = True
+            if not has_single:
+                k = pos + mblen
+                if k > reached:
+                    reached = k
+                if use_f64:
+                    cand = here + unk_score
+                else:
+                    cand = np.float64(here32 + unk32)
+                if cand > best_score[k]:
+                    best_score[k] = cand
+                    best_start[k] = np.int32(pos)
+                    best_id[k] = unk_id
+            pos += mblen
+    # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
+    count = 0
+    for w in range(n_words):
+        start = words[w, 0]
+        j = words[w, 1]
+        prev_unk = False
+        while j > start:
+            is_unk = best_id[j] == unk_id
+            if not (is_unk and prev_unk):
+                count += 1
+            prev_unk = is_unk
+            j = best_start[j]
+    if count > out_ids.shape[0]:
+        return -1
+    t = count
+    for w in range(n_words - 1, -1, -1):
+        start = words[w, 0]
+        j = words[w, 1]
+        prev_unk = False
+        while j > start:
+            tid = best_id[j]
+            s = best_start[j]
+            is_unk = tid == unk_id
+            if is_unk and prev_unk:
+                out_spans[t, 0] = s  # extend the fused unknown to the left
+            else:
+                t -= 1
+                out_ids[t] = tid
+                out_spans[t, 0] = s
+                out_spans[t, 1] = j
+            prev_unk = is_unk
+            j = s
+    return count

@@ -1,0 +1,50 @@
+"""The architecture holds: layer contracts (.importlinter) and a gateway that loads no torch."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+from embedserve.launch.cluster import free_port
+
+LISTENING = re.compile(r"listening on http://(\S+)")
+
+
+def test_import_contracts_hold() -> None:
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_gateway_process_maps_no_torch(default_model_dir: Path) -> None:
+    # A real `embedserve gateway` process, as deployments start it; its replica need not
+    # exist for start-up. A library mapped into the process is what costs memory, so the
+    # check reads the process's own memory map rather than an import list.
+    argv = [sys.executable, "-m", "embedserve.cli", "gateway", "--model", str(default_model_dir),
+            "--upstream", f"127.0.0.1:{free_port()}", "--port", "0", "--replica-ping", "0"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if LISTENING.search(line):
+                break
+        else:
+            raise AssertionError("the gateway exited before listening:\n" + "".join(lines))
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        assert "libtorch" not in maps
+        modules = subprocess.run(
+            [sys.executable, "-c", "import sys, embedserve.gateway.app, embedserve.gateway.cli, "
+             "embedserve.launch.serve; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'transformers', 'embedserve') and (m.startswith('embedserve.engine') "
+             "or not m.startswith('embedserve'))))"],
+            capture_output=True, text=True, check=True, cwd=ROOT)
+        assert modules.stdout.strip() == "[]"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
