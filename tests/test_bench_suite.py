@@ -211,16 +211,18 @@ def test_quick_suite_measures_embedserve_and_fails_broken_servers(tmp_path: Path
         assert f"({Path('plots') / plot.name})" in text
 
 
-def test_missing_reference_data_is_one_line_and_exit_2(tmp_path: Path):
+@pytest.mark.parametrize("benchmark", [["suite", "--quick", "--data-dir"], ["tokenizer", "--data"]])
+def test_missing_reference_data_is_one_line_and_exit_2(tmp_path: Path, benchmark: list[str]):
     # Run from an empty directory: nothing may be written there (no model copy, no cache).
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "bench", "suite", "--quick", "--data-dir", str(tmp_path / "no-data"),
-               "--report", str(tmp_path / "BENCHMARKS.md")]
+    command = [sys.executable, "-m", "bench", *benchmark, str(tmp_path / "no-data")]
+    if benchmark[0] == "suite":
+        command += ["--report", str(tmp_path / "BENCHMARKS.md")]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
-    assert f"reference data not found: {tmp_path / 'no-data' / 'eval' / 'xquad'}" in done.stderr
+    assert f"python -m bench {benchmark[0]}: reference data not found: {tmp_path / 'no-data'}" in done.stderr
     assert list(cwd.iterdir()) == [] and not (tmp_path / "BENCHMARKS.md").exists()

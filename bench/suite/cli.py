@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
 from bench.suite.profiles import PROFILES, QUICK
 from bench.suite.systems import SYSTEM_NAMES
 
@@ -59,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="measure nothing: rewrite the report and plots from a saved --json run")
     parser.add_argument("--work-dir", type=Path, default=WORK_DIR,
                         help="server logs, peer venvs, the bench reranker (default: %(default)s)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="the reference data (XQuAD texts; default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="text selection seed (default: %(default)s)")
     return parser.parse_args(argv)
@@ -91,20 +92,14 @@ def missing_reference_data(data_dir: Path) -> str | None:
     """One line naming what is missing from ``data_dir``, or None when the suite can cut its texts."""
     from bench.suite.texts import xquad_paths
 
-    missing = [path for path in xquad_paths(data_dir / "eval" / "xquad") if not path.exists()]
-    if not missing:
-        return None
-    more = f" and {len(missing) - 1} more XQuAD file(s)" if len(missing) > 1 else ""
-    return (f"python -m bench suite: reference data not found: {missing[0]}{more}; the suite cuts its "
-            f"texts from XQuAD: pass --data-dir DIR holding eval/xquad/xquad.<lang>.json "
-            f"(default {ROOT.parent / 'shared' / 'data'})")
+    return missing_line("python -m bench suite", xquad_paths(data_dir / "eval" / "xquad"), "--data-dir")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json is None and (problem := missing_reference_data(args.data_dir)) is not None:
         print(problem, file=sys.stderr)
-        return 2
+        return MISSING_EXIT_STATUS
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     profile = QUICK if args.quick and args.profile is None else PROFILES[args.profile or "cpu"]
