@@ -2,7 +2,8 @@
 
     EmbedServeError
      ├── InvalidInput        bad request content (empty, wrong ids, bad option)
-     │    └── InputTooLong   a sequence exceeds the model's or request's limit
+     │    ├── InputTooLong   a sequence exceeds the model's or request's limit
+     │    └── ModelNotFound  the request names a model this deployment does not serve
      ├── Overloaded          queue or in-flight budget full; retry later
      ├── Unavailable         draining, not ready, or no replica can serve
      ├── DeadlineExceeded    the caller's deadline passed before an answer
@@ -44,6 +45,15 @@ class InputTooLong(InvalidInput):
         self.limit = limit
 
 
+class ModelNotFound(InvalidInput):
+    """The request names a model that is not served here."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist or is not served here; "
+                         "GET /v1/models lists the served names", field="model")
+        self.name = name
+
+
 class Overloaded(EmbedServeError):
     """Too much work is queued; the client should back off and retry."""
 
@@ -72,6 +82,7 @@ ALL_ERRORS: tuple[type[EmbedServeError], ...] = (
     EmbedServeError,
     InvalidInput,
     InputTooLong,
+    ModelNotFound,
     Overloaded,
     Unavailable,
     DeadlineExceeded,

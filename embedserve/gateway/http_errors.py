@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 # exception's MRO, so InputTooLong finds its own row before InvalidInput's.
 STATUS_BY_ERROR: dict[type[errors.EmbedServeError], tuple[int, str, str]] = {
     errors.InputTooLong: (413, "invalid_request_error", "input_too_long"),
+    # OpenAI's answer for a model it does not have.
+    errors.ModelNotFound: (404, "invalid_request_error", "model_not_found"),
     errors.InvalidInput: (400, "invalid_request_error", "invalid_input"),
     errors.Overloaded: (429, "rate_limit_error", "overloaded"),
     errors.Unavailable: (503, "service_unavailable", "unavailable"),
@@ -56,6 +58,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     for status, description in (
         (400, "Bad input (the field is named in error.param)"),
         (401, "Missing or wrong API key"),
+        (404, "The requested model is not served here (code model_not_found)"),
         (413, "Body too large, too many inputs, or an input too long with truncation off"),
         (422, "Wrong type or shape of a field"),
         (429, "In-flight token budget full; retry after Retry-After seconds"),

@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 from starlette.requests import Request
 
-from embedserve.errors import Cancelled, InputTooLong, InvalidInput
+from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, Packed, run_chunks
 from embedserve.gateway.metrics import GatewayMetrics
@@ -43,9 +43,21 @@ class Gateway:
                                   settings.max_attempts_per_chunk)
 
     @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the canonical one first."""
+        return self.settings.served_model_names or (self.settings.model_dir.resolve().name,)
+
+    @property
     def model_id(self) -> str:
-        info = self.pool.info()
-        return info.model_id if info is not None and info.model_id else self.meta.model_id
+        return self.served_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The name an answer carries: the one asked for, or the canonical one when none was."""
+        if name is None:
+            return self.model_id
+        if name not in self.served_names:
+            raise ModelNotFound(name)
+        return name
 
     def check_count(self, count: int, field: str) -> None:
         if count > self.settings.max_inputs:
