@@ -33,6 +33,7 @@ import numpy as np
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
+from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args(argv)
-    model_dir = args.model or ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = args.model or ensure_default_model(default_cache_dir())
     tokenizer = Tokenizer.from_model_dir(model_dir)
     words = TEXT_SOURCE.read_text(encoding="utf-8").split() if TEXT_SOURCE.exists() else \
         ("the quick brown fox jumps over the lazy dog " * 40).split()

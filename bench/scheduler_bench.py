@@ -40,11 +40,11 @@ import numpy as np
 from embedserve import wire
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
+from embedserve.defaults.model_args import default_cache_dir
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 
-ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 16
 
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args(argv)
-    model_dir = args.model or ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = args.model or ensure_default_model(default_cache_dir())
     engine = Engine.load(model_dir)
     rng = np.random.default_rng(0)
     print(f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f} "

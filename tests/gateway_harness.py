@@ -51,8 +51,17 @@ class SchedulerProcess:
         command = scheduler_command(self.model_dir, port=self.port, metrics_port=self.metrics_port,
                                     extra=self.extra)
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=self.env)
+        try:
+            self._wait_serving()
+        except BaseException:
+            # Never leave a half-started replica behind: nobody holds it to stop it.
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def _wait_serving(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.process.stdout is not None
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
