@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
-    "embedserve.tokenizer.cli",
+    "embedserve.defaults.tokenize_cli",
     "embedserve.defaults.cli",
     "embedserve.scheduler.cli",
     "embedserve.gateway.cli",

@@ -2,7 +2,8 @@
 
     EmbedServeError
      ├── InvalidInput        bad request content (empty, wrong ids, bad option)
-     │    └── InputTooLong   a sequence exceeds the model's or request's limit
+     │    ├── InputTooLong   a sequence exceeds the model's or request's limit
+     │    └── ModelNotFound  the request names a model this deployment does not serve
      ├── Overloaded          queue or in-flight budget full; retry later
      ├── Unavailable         draining, not ready, or no replica can serve
      ├── DeadlineExceeded    the caller's deadline passed before an answer
@@ -42,6 +43,15 @@ class InputTooLong(InvalidInput):
         self.index = index
         self.length = length
         self.limit = limit
+
+
+class ModelNotFound(InvalidInput):
+    """The request names a model that is not served here."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist or is not served here; "
+                         "GET /v1/models lists the served names", field="model")
+        self.name = name
 
 
 class Overloaded(EmbedServeError):

@@ -40,7 +40,8 @@ def replicas(default_model_dir):
 def gateway(default_model_dir, replicas):
     # A generous deadline: on a loaded 2-core machine 240 passages take a while.
     server = GatewayServer(gateway_settings(default_model_dir, [r.address for r in replicas],
-                                            chunk_max_sequences=32, request_timeout_s=600))
+                                            chunk_max_sequences=32, request_timeout_s=600,
+                                            served_model_names=(default_model_dir.name, "e5")))
     server.wait_ready(healthy=2)
     yield server
     server.stop()
@@ -325,7 +326,15 @@ def test_every_response_has_request_id_and_server_timing(gateway):
 
 def test_ops_routes(gateway, default_model_dir):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-    assert [m.id for m in client.models.list().data] == [default_model_dir.name]
+    # Exactly the accepted names: the canonical one, then the alias.
+    assert [m.id for m in client.models.list().data] == [default_model_dir.name, "e5"]
+    reply = client.embeddings.create(input="x", model=default_model_dir.name)
+    assert reply.model == default_model_dir.name
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.embeddings.create(input="x", model="does-not-exist")
+    assert raised.value.body["code"] == "model_not_found"
+    assert raised.value.body["type"] == "invalid_request_error"
+    assert "does-not-exist" in raised.value.body["message"]
     with gateway.client() as http:
         assert http.get("/health").json() == {"status": "ok"}
         assert http.get("/ready").status_code == 200
@@ -336,7 +345,15 @@ def test_ops_routes(gateway, default_model_dir):
         openapi = http.get("/openapi.json").json()
         for path in ("/v1/embeddings", "/embed", "/rerank", "/v1/rerank", "/tokenize", "/info"):
             assert path in openapi["paths"]
-        assert http.get("/docs").status_code == 200
+        # The docs pages load their scripts from this server, never from a CDN.
+        for page, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
+            html = http.get(page).text
+            assert f"/static-offline-docs/{asset}" in html
+            assert "cdn." not in html and "https://" not in html.replace("https://fastapi.tiangolo.com", "")
+            script = http.get(f"/static-offline-docs/{asset}")
+            assert script.status_code == 200 and len(script.content) > 100_000
+        rerank = http.post("/v1/rerank", json={"model": "nope", "query": "q", "documents": ["d"]})
+        assert rerank.status_code == 404 and rerank.json()["error"]["code"] == "model_not_found"
         metrics = http.get("/metrics").text
     assert metric_value(metrics, "embedserve_gateway_requests_total", route="/v1/embeddings",
                         status="200") > 0

@@ -45,13 +45,15 @@ def gateway(tiny_bert_dir, tiny_replica):
     server.stop()
 
 
-def test_api_key(gateway):
+def test_api_key(gateway, tiny_bert_dir):
     with gateway.client() as http:
         missing = http.post("/v1/embeddings", json={"input": "x"})
         wrong = http.post("/v1/embeddings", json={"input": "x"}, headers={"authorization": "Bearer nope"})
         right = http.post("/v1/embeddings", json={"input": "x"}, headers={"authorization": "Bearer sekret"})
         assert http.get("/health").status_code == 200      # probes stay open
         assert http.get("/ready").status_code == 200
+        assert http.get("/docs").status_code == 200        # docs and their assets too
+        assert http.get("/static-offline-docs/swagger-ui.css").status_code == 200
     for response in (missing, wrong):
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
@@ -59,9 +61,9 @@ def test_api_key(gateway):
     assert right.status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="nope", max_retries=0).embeddings.create(
-            input="x", model="m")
+            input="x", model=tiny_bert_dir.name)
     ok = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sekret", max_retries=0).embeddings.create(
-        input="x", model="m")
+        input="x", model=tiny_bert_dir.name)
     assert len(ok.data[0].embedding) == 32
 
 
@@ -122,7 +124,7 @@ def _check_unavailable(gateway: GatewayServer) -> None:
     assert response.json()["error"]["type"] == "service_unavailable"
     with pytest.raises(openai.InternalServerError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0).embeddings.create(
-            input="x", model="m")
+            input="x", model=gateway.settings.model_dir.name)
 
 
 def test_unexpected_error_is_a_clean_500(gateway):

@@ -56,13 +56,14 @@ def test_cohere_style_rerank(gateway, reference_logits, tiny_reranker_dir):
     documents = [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]]
     with gateway.client() as http:
         reply = http.post("/v1/rerank", json={"query": QUERY, "documents": documents, "top_n": 3,
-                                              "return_documents": True, "model": "tiny"}).json()
+                                              "return_documents": True,
+                                              "model": tiny_reranker_dir.name}).json()
     order = list(np.argsort(-reference_logits, kind="stable"))[:3]
     assert [r["index"] for r in reply["results"]] == order
     assert [r["document"]["text"] for r in reply["results"]] == [DOCS[i] for i in order]
     np.testing.assert_allclose([r["relevance_score"] for r in reply["results"]],
                                1 / (1 + np.exp(-reference_logits[order])), atol=1e-5)
-    assert reply["model"] == "tiny" and reply["usage"]["total_tokens"] > len(DOCS) * 6
+    assert reply["model"] == tiny_reranker_dir.name and reply["usage"]["total_tokens"] > len(DOCS) * 6
 
 
 def test_rerank_errors(gateway):

@@ -53,7 +53,7 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "2", "--port", "0",
-         "--model", str(tiny_bert_dir)],
+         "--model", str(tiny_bert_dir), "--served-model-name", "tiny", "tiny-alias"],
         stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = None
@@ -68,6 +68,13 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         wait_healthy(url, 2)
         reply = httpx.post(url + "/v1/embeddings", json={"input": ["one command"]}, timeout=60).json()
         vector = np.array(reply["data"][0]["embedding"])
+        assert reply["model"] == "tiny"
+        models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in models] == ["tiny", "tiny-alias"]
+        aliased = httpx.post(url + "/v1/embeddings", json={"input": "x", "model": "tiny-alias"}, timeout=60)
+        assert aliased.json()["model"] == "tiny-alias"
+        unknown = httpx.post(url + "/v1/embeddings", json={"input": "x", "model": str(tiny_bert_dir)}, timeout=60)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
         assert vector.shape == (32,) and abs(np.linalg.norm(vector) - 1) < 1e-5
 
         replicas = children(process.pid)

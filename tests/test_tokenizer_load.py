@@ -115,6 +115,27 @@ def test_trie_holds_every_matchable_piece_and_no_control_piece():
                        spec.scores[trie["token_id"][trie["token_id"] >= 0]])
 
 
+def test_node_views_read_every_field_at_its_slot():
+    trie = build_trie(load_sentencepiece_model(shared_file("spm/test_ja_model.model")))
+    nodes_u64, nodes_i32, nodes_f32, nodes_f64 = trie_module.node_views(trie)
+    assert trie_module.NODE_BYTES == NODE_DTYPE.itemsize == 64
+    for k in range(4):
+        assert (nodes_u64[:, trie_module.SLOT_CHILDREN + k] == trie["children"][:, k]).all()
+    assert (nodes_i32[:, trie_module.SLOT_BASE] == trie["base"]).all()
+    assert (nodes_i32[:, trie_module.SLOT_TOKEN] == trie["token_id"]).all()
+    assert (nodes_f32[:, trie_module.SLOT_SCORE32] == trie["score32"]).all()
+    assert (nodes_f64[:, trie_module.SLOT_SCORE64] == trie["score64"]).all()
+
+
+@pytest.mark.parametrize("field, view", [("base", np.int32), ("token_id", np.float32)])
+def test_a_node_field_off_its_slot_is_refused(field, view):
+    # "base" shifted by 2 bytes sits at no int32 column; "token_id" is no float32.
+    shifted = np.dtype({"names": ["base", "token_id"], "formats": [np.int32, np.int32],
+                        "offsets": [34, 40], "itemsize": 64})
+    with pytest.raises(TypeError, match=field):
+        trie_module._slot(shifted, field, view)
+
+
 def test_trie_cache_written_then_used(tmp_path, monkeypatch):
     path = shared_file("spm/test_model.model")
     first = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from embedserve import __version__
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
@@ -59,7 +60,9 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
             await pool.close()
             executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="embedserve gateway", version=__version__, lifespan=lifespan,
+    # /docs and /redoc serve their scripts from the fastapi-offline package, not a
+    # CDN, so they work on a machine without internet access.
+    app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
                   description="OpenAI- and TEI-compatible embedding and reranking API.")
     app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)

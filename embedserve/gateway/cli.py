@@ -41,6 +41,10 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
     add_model_arguments(parser, "model directory (tokenizer and prompts are read from it; default: "
                                 "multilingual-e5-small, built on first use into --cache-dir)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="names a request's 'model' may use: the first is the one answers "
+                             "carry, the rest are aliases; another name gets 404 model_not_found "
+                             "(default: the model directory's name)")
     parser.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one "
                         "(default: %(default)s)")
@@ -71,6 +75,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
 def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...]) -> GatewaySettings:
     return GatewaySettings(
         model_dir=model_dir, upstreams=upstreams, host=args.host, port=args.port,
+        served_model_names=tuple(args.served_model_name or ()),
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,

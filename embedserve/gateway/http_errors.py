@@ -28,6 +28,7 @@ from embedserve.gateway.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class HttpStatus:
     """What the gateway says with one HTTP status."""
@@ -41,7 +42,8 @@ class HttpStatus:
 HTTP_STATUSES: dict[int, HttpStatus] = {
     400: HttpStatus("invalid_request_error", "Bad input (the field is named in error.param)"),
     401: HttpStatus("authentication_error", "Missing or wrong API key"),
-    404: HttpStatus("invalid_request_error", None),
+    404: HttpStatus("invalid_request_error",
+                    "The requested model is not served here (code model_not_found)"),
     405: HttpStatus("invalid_request_error", None),
     413: HttpStatus("invalid_request_error",
                     "Body too large, too many inputs, or an input too long with truncation off"),
@@ -60,6 +62,7 @@ HTTP_STATUSES: dict[int, HttpStatus] = {
 # before InvalidInput's.
 STATUS_BY_ERROR: dict[type[errors.EmbedServeError], tuple[int, str]] = {
     errors.InputTooLong: (413, "input_too_long"),
+    errors.ModelNotFound: (404, "model_not_found"),  # OpenAI's answer for a model it does not have
     errors.InvalidInput: (400, "invalid_input"),
     errors.Overloaded: (429, "overloaded"),
     errors.Unavailable: (503, "unavailable"),

@@ -29,6 +29,8 @@ REQUEST_ID_KEY = "embedserve.request_id"
 # Probes and docs stay open when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
                         "/docs/oauth2-redirect"})
+# The docs pages' scripts and styles, served from the fastapi-offline package.
+DOCS_ASSETS_PREFIX = "/static-offline-docs/"
 
 
 class GatewayMiddleware:
@@ -89,7 +91,8 @@ class GatewayMiddleware:
 
     def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str | None] | None:
         """(status, message, error.code) of a request refused before routing, or None."""
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+        if (self.api_key is not None and scope["path"] not in OPEN_PATHS
+                and not scope["path"].startswith(DOCS_ASSETS_PREFIX)):
             given = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),

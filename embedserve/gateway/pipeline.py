@@ -17,7 +17,7 @@ import numpy as np
 from starlette.requests import Request
 
 from embedserve import validate, wire
-from embedserve.errors import Cancelled, InputTooLong, InvalidInput
+from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks
 from embedserve.gateway.metrics import GatewayMetrics
@@ -51,8 +51,21 @@ class Gateway:
         return self._described if reply is None else wire.model_info_from_proto(reply, self._described)
 
     @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the canonical one first."""
+        return self.settings.served_model_names or (self.settings.model_dir.resolve().name,)
+
+    @property
     def model_id(self) -> str:
-        return self.model.model_id
+        return self.served_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The name an answer carries: the one asked for, or the canonical one when none was."""
+        if name is None:
+            return self.model_id
+        if name not in self.served_names:
+            raise ModelNotFound(name)
+        return name
 
     def check_count(self, count: int, field: str) -> None:
         if count > self.settings.max_inputs:

@@ -18,6 +18,10 @@ class GatewaySettings:
     model_dir: Path
     # host:port of each scheduler replica.
     upstreams: tuple[str, ...]
+    # Names a request's ``model`` may use: the first is the one answers carry,
+    # the rest are aliases. Empty: the model directory's own name (a symlink
+    # such as /models/default is followed to the directory it names).
+    served_model_names: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     # Bearer key required on the API routes; None turns authentication off.

@@ -17,6 +17,7 @@ GRPC_CODES: dict[type[errors.EmbedServeError], grpc.StatusCode] = {
     errors.EmbedServeError: grpc.StatusCode.INTERNAL,
     errors.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InputTooLong: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.ModelNotFound: grpc.StatusCode.NOT_FOUND,
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -41,9 +41,9 @@ Each stage is a Numba function writing into caller-owned scratch:
    - ``out_words``: int32[:, 2]: [start, end) ranges of ``out_bytes`` that Viterbi runs
      on, in order. SP mode: one range (the whole string; 0 words for empty output).
      HF mode: one range per pre-tokenized word.
-   - returns ``(-1, 0)`` when any output buffer is too small; the caller grows the
-     scratch and retries (callers start at 2 * len(src) + 16 bytes; a charsmap rule can
-     expand a 3-byte character to 33 bytes, so no fixed factor is always enough).
+   - returns ``(SCRATCH_TOO_SMALL, 0)`` when any output buffer is too small; the caller
+     grows the scratch and retries (callers start at 2 * len(src) + 16 bytes; a charsmap
+     rule can expand a 3-byte character to 33 bytes, so no fixed factor is always enough).
 
 2. Viterbi per word range (``viterbi.viterbi_into``) over the double-array trie
    (``trie.build_trie``), scores float32 when ``compat == "sentencepiece"`` and
@@ -65,6 +65,10 @@ from typing import Literal
 import numpy as np
 
 Compat = Literal["hf", "sentencepiece"]
+
+# Every kernel stage's answer, in place of a count, when caller-owned scratch is too
+# small; the caller grows it and retries (see the contract above).
+SCRATCH_TOO_SMALL = -1
 
 
 class PieceKind(enum.IntEnum):

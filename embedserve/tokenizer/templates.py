@@ -17,6 +17,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from embedserve.tokenizer.kernel_cache import cached_njit
+
 NO_LIMIT = -1
 
 
@@ -46,7 +48,7 @@ def longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
     return min(n_a, first), min(n_b, second)
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def pack_single(raw_ids, raw_spans, tok_start, tok_count, prefix, suffix, max_length, from_left,
                 want_offsets):
     """Pack each raw run as prefix + run + suffix, truncated to max_length."""
@@ -75,7 +77,7 @@ def pack_single(raw_ids, raw_spans, tok_start, tok_count, prefix, suffix, max_le
     return ids, cu, truncated, original, offsets
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def pack_pairs(raw_ids, raw_spans, a_start, a_count, b_start, b_count, prefix, middle, suffix,
                max_length, from_left, want_offsets):
     """Pack pair i as prefix + a_i + middle + b_i + suffix, cut longest-first."""

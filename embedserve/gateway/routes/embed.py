@@ -51,6 +51,7 @@ async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name
              summary="Create embeddings (OpenAI-compatible)")
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
+    model = gateway.check_model(body.model)
     gateway.require_task("embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
@@ -65,7 +66,7 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     return json_response({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
-        "model": body.model or gateway.model_id,
+        "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })
 

@@ -39,7 +39,8 @@ async def info(request: Request) -> dict:
     gateway: Gateway = request.app.state.gateway
     model, settings = gateway.model, gateway.settings
     return {
-        "model_id": model.model_id,
+        "model_id": gateway.model_id,
+        "served_model_names": list(gateway.served_names),
         "model_type": "reranker" if model.task == "score" else "embedding",
         "dimension": model.dimension,
         "max_input_length": model.max_positions,
@@ -59,8 +60,9 @@ async def info(request: Request) -> dict:
 @router.get("/v1/models", response_model=ModelList, tags=["OpenAI"], summary="List models")
 async def list_models(request: Request) -> dict:
     gateway: Gateway = request.app.state.gateway
-    return {"object": "list", "data": [{"id": gateway.model_id, "object": "model", "created": 0,
-                                        "owned_by": "embedserve"}]}
+    # Exactly the names a request's ``model`` may use, the canonical one first.
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                        "owned_by": "embedserve"} for name in gateway.served_names]}
 
 
 @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=PlainTextResponse)

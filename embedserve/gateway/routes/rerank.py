@@ -52,6 +52,7 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
              summary="Rerank documents (Cohere/Jina-compatible)")
 async def rerank_documents(body: CohereRerankRequest, request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
+    model = gateway.check_model(body.model)
     docs = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await _scores(gateway, request, body.query, docs, "documents", body.truncate,
                                    "right", True, "/v1/rerank")
@@ -64,5 +65,5 @@ async def rerank_documents(body: CohereRerankRequest, request: Request) -> Respo
         if body.return_documents:
             item["document"] = {"text": docs[i]}
         results.append(item)
-    return json_response({"model": body.model or gateway.model_id, "results": results,
+    return json_response({"model": model, "results": results,
                           "usage": {"total_tokens": tokens}})

@@ -18,6 +18,9 @@ import numba as nb
 import numpy as np
 
 from embedserve.errors import ModelLoadError
+from embedserve.tokenizer.kernel_cache import cached_njit
+
+NO_RULE = -1  # the value of "no key matches"
 
 
 def parse_charsmap(blob: bytes, source: str = "<charsmap>") -> tuple[np.ndarray, np.ndarray]:
@@ -63,10 +66,10 @@ def _value(unit: np.uint32) -> np.int64:
 def _prefix_match(units, src, start, end, first):
     """Walk src[start:end] down the trie; the longest key, or the first one if ``first``."""
     if units.shape[0] == 0:
-        return 0, -1
+        return 0, NO_RULE
     node = _offset(units[0])
     best_len = 0
-    best_value = -1
+    best_value = NO_RULE
     for i in range(start, end):
         c = np.int64(src[i])
         node ^= c
@@ -84,23 +87,22 @@ def _prefix_match(units, src, start, end, first):
     return best_len, best_value
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def longest_match(units: np.ndarray, src: np.ndarray, start: int, end: int) -> tuple[int, int]:
-    """Longest key that is a prefix of src[start:end]: (length in bytes, value), or (0, -1)."""
+    """Longest key that is a prefix of src[start:end]: (length in bytes, value), or (0, NO_RULE)."""
     return _prefix_match(units, src, start, end, False)
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def shortest_match(units: np.ndarray, src: np.ndarray, start: int, end: int) -> tuple[int, int]:
-    """Shortest (first found) key that is a prefix of src[start:end]: (length, value) or (0, -1)."""
+    """Shortest (first found) key that is a prefix of src[start:end]: (length, value) or (0, NO_RULE)."""
     return _prefix_match(units, src, start, end, True)
 
 
-NO_RULE = -1
 NO_LONGER_KEY = 256  # first-byte bound when no longer key starts with the character
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _encode_cp(cp: int, buf: np.ndarray) -> int:
     if cp < 0x80:
         buf[0] = cp
@@ -115,7 +117,7 @@ def _encode_cp(cp: int, buf: np.ndarray) -> int:
     return 3
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def bmp_char_table(units: np.ndarray) -> np.ndarray:
     """Per BMP code point: what a longest match starting with it is, when that is knowable.
 

@@ -20,15 +20,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import numba as nb
 import numpy as np
 
 from embedserve.errors import ModelLoadError
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.spec import PieceKind, TokenizerSpec, xlmr_templates
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 _UNIGRAM = 1
 _MODEL_TYPES = {1: "UNIGRAM", 2: "BPE", 3: "WORD", 4: "CHAR"}
+# Sentinels of the scanning kernels below.
+_MALFORMED = -1  # _varint_at's value and position for a truncated or over-long varint
+_ABSENT = -1  # a spec range or piece start that the file does not have
+_SCAN_OK = 0  # _scan_model's error when the whole file parsed (else a byte offset >= 1)
 
 
 class _WireError(ValueError):
@@ -83,7 +87,7 @@ def _message(value: int | bytes) -> bytes:
     return value
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _varint_at(data, pos):
     result = 0
     shift = 0
@@ -94,24 +98,25 @@ def _varint_at(data, pos):
         if byte < 0x80:
             return result, pos
         shift += 7
-    return -1, -1
+    return _MALFORMED, _MALFORMED
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _scan_model(data):
     """One pass over a ModelProto: the pieces as arrays, and where the specs are.
 
     Returns (piece_start, piece_len, score_bits, kind, count, spec_ranges, error) with
-    spec_ranges = [trainer start, end, normalizer start, end] (-1 if absent, the last
-    occurrence wins as in protobuf) and error = 0 or the byte offset of a malformed field.
+    spec_ranges = [trainer start, end, normalizer start, end] (_ABSENT if absent, the
+    last occurrence wins as in protobuf) and error = _SCAN_OK or the byte offset of a
+    malformed field.
     (Pieces are 250k small messages: a Python loop over them takes a second.)
     """
     cap = data.shape[0] // 4 + 1
-    piece_start = np.full(cap, -1, np.int64)
+    piece_start = np.full(cap, _ABSENT, np.int64)
     piece_len = np.zeros(cap, np.int64)
     score_bits = np.zeros(cap, np.uint32)
     kind = np.ones(cap, np.int64)
-    spec_ranges = np.full(4, -1, np.int64)
+    spec_ranges = np.full(4, _ABSENT, np.int64)
     count = 0
     pos = 0
     n = data.shape[0]
@@ -178,11 +183,11 @@ def _scan_model(data):
         elif number == 3:
             spec_ranges[2], spec_ranges[3] = pos, end
         pos = end
-    return piece_start, piece_len, score_bits, kind, count, spec_ranges, 0
+    return piece_start, piece_len, score_bits, kind, count, spec_ranges, _SCAN_OK
 
 
 def _decode_pieces(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[str]:
-    if (starts < 0).any():
+    if (starts == _ABSENT).any():
         raise _WireError("a piece without a string")
     return [data[s:s + n].decode("utf-8") for s, n in zip(starts.tolist(), lengths.tolist())]
 
@@ -214,13 +219,13 @@ def load_sentencepiece_model(path: str | Path, fairseq_ids: bool = False) -> Tok
     normalizer: dict[int, int | bytes] = {1: b"", 2: b"", 3: 1, 4: 1, 5: 1}
     buf = np.frombuffer(data, np.uint8)
     starts, lengths, score_bits, kind_array, count, ranges, error = _scan_model(buf)
-    if error:
+    if error != _SCAN_OK:
         raise ModelLoadError(f"{path}: not a SentencePiece ModelProto (malformed field near byte {error})")
     try:
         pieces = _decode_pieces(data, starts[:count], lengths[:count])
-        if ranges[0] >= 0:
+        if ranges[0] != _ABSENT:
             trainer = _parse_submessage(data[ranges[0]:ranges[1]], trainer)
-        if ranges[2] >= 0:
+        if ranges[2] != _ABSENT:
             normalizer = _parse_submessage(data[ranges[2]:ranges[3]], normalizer)
     except (_WireError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path}: not a SentencePiece ModelProto ({exc})") from exc

@@ -14,27 +14,22 @@ job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. Parallelism over texts is the
 caller's (threads: every kernel here releases the GIL).
 
-Development note: Numba's on-disk cache (``cache=True``) keys a kernel on its own
-source file only; a cached kernel here embeds the normalizers and Viterbi it calls.
-After editing any module they use (normalize_*.py, replace_hf.py, pretokenize_hf.py,
-graphemes.py, charsmap.py, viterbi.py) without touching this file,
-delete ``embedserve/tokenizer/__pycache__/*.nb*`` (a reinstall rewrites all files and
-so invalidates the cache by itself).
+A cached kernel here embeds the normalizers and Viterbi it calls; its on-disk cache is
+keyed by the source of the whole package (kernel_cache.py), so an edit to any of them
+recompiles it.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import numba as nb
 import numpy as np
 
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
 from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
-
-SCRATCH_TOO_SMALL = -1  # a kernel's answer when the caller must grow scratch and retry
-
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 class Model(NamedTuple):
     units: np.ndarray  # charsmap trie, uint32
@@ -61,7 +56,7 @@ class Scratch(NamedTuple):
     spans: np.ndarray  # int32 [N, 2]
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def new_scratch(src_len: int, factor: int) -> Scratch:
     n = src_len * factor + 16
     return Scratch(np.empty(n, np.uint8), np.empty((n, 2), np.int32), np.empty((n // 2 + 8, 2), np.int32),
@@ -69,7 +64,7 @@ def new_scratch(src_len: int, factor: int) -> Scratch:
                    np.empty(src_len + 1, np.int32), np.empty(n, np.int32), np.empty((n, 2), np.int32))
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def encode_raw(model, src, scratch, want_offsets, hf):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
@@ -81,19 +76,19 @@ def encode_raw(model, src, scratch, want_offsets, hf):
     else:
         n_bytes, n_words = normalize_hf_into(src, model.units, model.strings, hf,
                                              scratch.norm_bytes, scratch.norm_origin, scratch.words)
-    if n_bytes < 0:
+    if n_bytes == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64, scratch.norm_bytes,
                      scratch.words, n_words, model.use_f64, model.unk_id, model.unk_score, scratch.best_score,
                      scratch.best_start, scratch.best_id, scratch.ids, scratch.spans)
-    if n < 0:
+    if n == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     if want_offsets:
         _spans_to_chars(src, scratch, n)
     return n
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _spans_to_chars(src, scratch, n):
     """Rewrite spans from normalized bytes to [start, end) characters of the source."""
     count = 0
@@ -110,7 +105,7 @@ def _spans_to_chars(src, scratch, n):
         scratch.spans[t, 1] = scratch.char_index[src_end]
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
     """Encode texts lo..hi-1 (text i is data[text_starts[i]:text_starts[i+1]]).
 
@@ -134,7 +129,7 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
         src = data[text_starts[i]:text_starts[i + 1]]
         grow = 4
         n = encode_raw(model, src, scratch, want_offsets, hf)
-        while n < 0:  # rare: normalization expanded the text more than 2x
+        while n == SCRATCH_TOO_SMALL:  # rare: normalization expanded the text more than 2x
             scratch = new_scratch(longest, grow)
             grow *= 2
             n = encode_raw(model, src, scratch, want_offsets, hf)
@@ -149,7 +144,7 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
     return ids, spans, tok_start, tok_count, hi
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def encode_with_template(model, src, scratch, prefix, suffix, hf):
     """One text, specials around it, as a fresh int32 array.
 
@@ -157,7 +152,7 @@ def encode_with_template(model, src, scratch, prefix, suffix, hf):
     the scratch is not returned, as boxing it back costs more than a short encode.
     """
     n = encode_raw(model, src, scratch, False, hf)
-    if n < 0:
+    if n == SCRATCH_TOO_SMALL:
         return np.empty(0, np.int32), False
     out = np.empty(prefix.shape[0] + n + suffix.shape[0], np.int32)
     out[:prefix.shape[0]] = prefix

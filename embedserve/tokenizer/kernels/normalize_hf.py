@@ -19,7 +19,7 @@ the final bytes and the Viterbi word ranges.
 Work layout: ``out_bytes``/``out_origin`` are used as two halves; each normalizer step
 reads one half and writes the other (a first Precompiled step reads ``src`` itself),
 the pre-tokenizer writes the final result at 0.
-The caller grows the scratch when -1 comes back. Origins are [start, end) byte ranges
+The caller grows the scratch when SCRATCH_TOO_SMALL comes back. Origins are [start, end) byte ranges
 of ``src``. This module does not run Viterbi.
 """
 
@@ -29,13 +29,14 @@ import numba as nb
 import numpy as np
 
 from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
 from embedserve.tokenizer.kernels.pretokenize_hf import (P_PREPEND, P_REP, P_REP_LEN, P_SPLIT, P_WS_SPLIT,
                                                  PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
                                                  is_rust_whitespace, pre_tokenize, put)
 from embedserve.tokenizer.kernels.replace_hf import (STEP_REPLACE_LITERAL, STEP_REPLACE_RUN, replace_applies,
                                              replace_into, replace_step_size)
-from embedserve.tokenizer.spec import TokenizerSpec
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
 
 # params layout (int64): a fixed header, charsmap.bmp_char_table (65,536 entries: per
 # BMP code point, the rule of the key that is exactly that character, and whether any
@@ -89,11 +90,11 @@ def _encode_step(step: tuple) -> list[int]:
 
 @nb.njit(inline="always")
 def _emit_replacement(strings, value, buf, origin, w, limit, o_start, o_end):
-    """Write the NUL-terminated charsmap string at ``value``; new w, or -1 when full."""
+    """Write the NUL-terminated charsmap string at ``value``; new w, or SCRATCH_TOO_SMALL when full."""
     k = value
     while k < strings.shape[0] and strings[k] != _NUL:
         if w >= limit:
-            return -1
+            return SCRATCH_TOO_SMALL
         put(buf, origin, w, strings[k], o_start, o_end)
         w += 1
         k += 1
@@ -101,10 +102,24 @@ def _emit_replacement(strings, value, buf, origin, w, limit, o_start, o_end):
 
 
 @nb.njit(inline="always")
+def _emit_char(strings, rule, src, src_origin, raw, i, n, buf, origin, w, limit):
+    """The character src[i:i + n] as ``rule``'s replacement (each byte from the whole
+    character) or, with NO_RULE, as itself; new w, or SCRATCH_TOO_SMALL when full."""
+    if rule != NO_RULE:
+        return _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
+                                 _origin_end(src_origin, i + n - 1, raw))
+    if w + n > limit:
+        return SCRATCH_TOO_SMALL
+    for k in range(n):
+        put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw), _origin_end(src_origin, i + k, raw))
+    return w + n
+
+
+@nb.njit(inline="always")
 def _first_match(units, params, buf, start, end, cp, n):
     """spm_precompiled's ``transform`` of buf[start:end], which begins with the
     character ``cp`` of ``n`` bytes: the rule of the FIRST (shortest) key that is a
-    prefix, -1 when none. The search stops at a NUL byte (a NUL is a one-character
+    prefix, NO_RULE when none. The search stops at a NUL byte (a NUL is a one-character
     cluster: a Control). BMP characters are answered from the table; longer keys and
     other planes walk the trie."""
     if cp == _NUL:
@@ -128,15 +143,16 @@ def _origin_end(origin, i, raw):
     return i + 1 if raw else origin[i, 1]
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin, w, limit):
-    """Precompiled over src[s:e] into buf[w:limit]; returns the end of the output or -1.
+    """Precompiled over src[s:e] into buf[w:limit]: the end of the output, or SCRATCH_TOO_SMALL.
 
     ``raw``: src is the input text itself (byte i came from byte i; ``src_origin`` is
     not read), so the first step needs no copy of the input with origins beforehand.
     """
-    # The common case, a one-character BMP cluster, is written out here with no helper
-    # taking arrays: in Numba each such call costs reference counting, per character.
+    # The common case, a one-character BMP cluster, is handled here and in inlined
+    # helpers only: in Numba a real call taking arrays costs reference counting, per
+    # character.
     i = s
     while i < e:
         # A run of ASCII characters that no rule starts with and that cannot join the
@@ -165,55 +181,38 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
         if j == i + n and cp < 0x10000:
             # The charsmap search stops at NUL (a Control: always a cluster of its own).
             rule = np.int64(np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF)) if cp != _NUL else NO_RULE
-            if rule >= 0:
-                o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, j - 1, raw)
-                w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
-                if w < 0:
-                    return -1
-            else:
-                if w + n > limit:
-                    return -1
-                for k in range(n):
-                    put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw),
-                        _origin_end(src_origin, i + k, raw))
-                w += n
+            w = _emit_char(strings, rule, src, src_origin, raw, i, n, buf, origin, w, limit)
+            if w == SCRATCH_TOO_SMALL:
+                return SCRATCH_TOO_SMALL
             i = j
             continue
         w = _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit)
-        if w < 0:
-            return -1
+        if w == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL
         i = j
     return w
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit):
     """A cluster of several characters, or one outside the BMP: src[i:j] -> buf[w:]."""
     cp, n = decode_utf8(src, i)
     if j - i < _WHOLE_CLUSTER_LIMIT:
         rule = _first_match(units, params, src, i, j, cp, n)
-        if rule >= 0:
+        if rule != NO_RULE:
             return _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
                                      _origin_end(src_origin, j - 1, raw))
     while i < j:  # each character alone
         cp, n = decode_utf8(src, i)
         rule = _first_match(units, params, src, i, i + n, cp, n)
-        o_start, o_end = _origin_start(src_origin, i, raw), _origin_end(src_origin, i + n - 1, raw)
-        if rule >= 0:
-            w = _emit_replacement(strings, rule, buf, origin, w, limit, o_start, o_end)
-            if w < 0:
-                return -1
-        else:
-            if w + n > limit:
-                return -1
-            for k in range(n):
-                put(buf, origin, w + k, src[i + k], o_start, o_end)
-            w += n
+        w = _emit_char(strings, rule, src, src_origin, raw, i, n, buf, origin, w, limit)
+        if w == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL
         i += n
     return w
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _strip(buf, s, e, left, right):
     """(s, e) with Rust-whitespace characters removed from the chosen ends."""
     while left and s < e:
@@ -232,20 +231,20 @@ def _strip(buf, s, e, left, right):
     return s, e
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_words):
     """Normalize + pre-tokenize ``src``; see the module docstring and spec.py."""
     half = min(out_bytes.shape[0], out_origin.shape[0]) // 2
     n = src.shape[0]
     if n > half:
-        return -1, 0
+        return SCRATCH_TOO_SMALL, 0
     at = _P_STEPS
     first = 0
     if params[_P_N_STEPS] > 0 and params[at] == _STEP_PRECOMPILED:
         # The usual first step reads the input directly into the upper half.
         w = _precompiled(units, strings, params, src, out_origin, True, 0, n, out_bytes, out_origin, half, 2 * half)
-        if w < 0:
-            return -1, 0
+        if w == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL, 0
         base, s, e = half, half, w
         at += 1
         first = 1
@@ -271,8 +270,8 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
                 continue  # nothing to replace (the usual case): no copy
             w = replace_into(params, at, out_bytes, out_origin, s, e, target, target + half)
             at += replace_step_size(params, at)
-        if w < 0:
-            return -1, 0
+        if w == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL, 0
         base, s, e = target, target, w
     if base == 0:  # the pre-tokenizer writes at 0: move the text to the upper half first
         for i in range(e - s):

@@ -15,7 +15,8 @@ import numba as nb
 import numpy as np
 
 from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match
-from embedserve.tokenizer.spec import TokenizerSpec
+from embedserve.tokenizer.kernel_cache import cached_njit
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
 
 # params layout: [add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces, 0]
 # followed by charsmap.bmp_char_table (65536 entries): per BMP code point the longest
@@ -23,6 +24,7 @@ from embedserve.tokenizer.spec import TokenizerSpec
 _P_DUMMY, _P_REMOVE_WS, _P_ESCAPE = 0, 1, 2
 _P_TABLE = 4
 _SPACE = 0x20
+_NOT_LOOKED_UP = -2  # neither a rule nor NO_RULE yet
 
 
 def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
@@ -47,7 +49,7 @@ def utf8_len(lead) -> int:
     return 4
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_words):
     # One flat loop with no calls that take arrays on the common path: a Numba call
     # with array arguments costs reference counting, more than the work per character.
@@ -65,7 +67,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
         b = np.int64(src[pos])
         length = 1 if b < 0x80 else (2 if b < 0xE0 else (3 if b < 0xF0 else 4))
         length = min(length, n - pos)
-        value = -2
+        value = _NOT_LOOKED_UP
         if length <= 3:
             if length == 1:
                 cp = b
@@ -76,7 +78,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
             entry = params[_P_TABLE + cp]
             if pos + length == n or np.int64(src[pos + length]) < (entry >> 32):
                 value = np.int64(np.int32(entry & 0xFFFFFFFF))
-        if value == -2:
+        if value == _NOT_LOOKED_UP:  # no table answer: walk the trie
             match, found = longest_match(units, src, pos, n)
             value = NO_RULE
             if match > 0:
@@ -94,7 +96,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
         if o == 0 and params[_P_DUMMY] != 0:
             o = _put_space(out_bytes, out_origin, 0, escape, pos, pos)
         if o > cap:
-            return -1, 0
+            return SCRATCH_TOO_SMALL, 0
         # 3. Write the piece, spaces escaped, its leading spaces dropped after a space.
         if value == NO_RULE:
             if length == 1 and b == _SPACE:
@@ -116,7 +118,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
             last = -1
             while k < strings.shape[0] and strings[k] != 0:
                 if o > cap:
-                    return -1, 0
+                    return SCRATCH_TOO_SMALL, 0
                 c = strings[k]
                 if c == _SPACE:
                     o = _put_space(out_bytes, out_origin, o, escape, pos, pos + length)
@@ -142,7 +144,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
     if o == 0:
         return 0, 0
     if out_words.shape[0] < 1:
-        return -1, 0
+        return SCRATCH_TOO_SMALL, 0
     out_words[0, 0] = 0
     out_words[0, 1] = o
     return o, 1

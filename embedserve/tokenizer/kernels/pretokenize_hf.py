@@ -17,12 +17,15 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # Slots of normalize_hf's int64 params that this module reads.
 P_WS_SPLIT, P_PREPEND, P_SPLIT, P_REP_LEN, P_REP = 0, 1, 2, 3, 4  # P_REP..+3: replacement bytes
 PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER = 0, 1, 2
 _SPACE = 0x20
+_NO_CHAR = -1  # the code point read at the end of the text
 
 
 @nb.njit(inline="always")
@@ -53,10 +56,10 @@ def matches(buf, i, e, params, p_start, p_len):
     return True
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def pre_tokenize(params, buf, origin, s, e, limit, words):
     """WhitespaceSplit (optional) then Metaspace over buf[s:e] into buf[0:limit] and
-    ``words``; returns (bytes, words) or (-1, 0) when out of room. One flat loop: a
+    ``words``; returns (bytes, words) or (SCRATCH_TOO_SMALL, 0) when out of room. One flat loop: a
     helper taking arrays, called per character or word, costs reference counting."""
     ws_split = params[P_WS_SPLIT] != 0
     scheme = params[P_PREPEND]
@@ -79,7 +82,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
                 w += 1
                 i += 1
         if i == e:
-            cp, n, is_space = -1, 0, True  # the end closes the last piece
+            cp, n, is_space = _NO_CHAR, 0, True  # the end closes the last piece
         else:
             b = buf[i]
             cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)
@@ -87,7 +90,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
         if is_space:
             if in_piece and w > word_start:
                 if n_words >= words.shape[0]:
-                    return -1, 0
+                    return SCRATCH_TOO_SMALL, 0
                 words[n_words, 0], words[n_words, 1] = word_start, w
                 n_words += 1
             in_piece = False
@@ -102,25 +105,25 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             word_start = w
             if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin[i, 0] == 0)):
                 if w + rep_len > limit:
-                    return -1, 0
+                    return SCRATCH_TOO_SMALL, 0
                 for k in range(rep_len):
                     put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i, 0])
                 w += rep_len
         if is_rep:
             if split and w > word_start:  # MergedWithNext: a word starts at each ▁
                 if n_words >= words.shape[0]:
-                    return -1, 0
+                    return SCRATCH_TOO_SMALL, 0
                 words[n_words, 0], words[n_words, 1] = word_start, w
                 n_words += 1
                 word_start = w
             if w + rep_len > limit:
-                return -1, 0
+                return SCRATCH_TOO_SMALL, 0
             for k in range(rep_len):
                 put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i + n - 1, 1])
             w += rep_len
         else:
             if w + n > limit:
-                return -1, 0
+                return SCRATCH_TOO_SMALL, 0
             for k in range(n):
                 put(buf, origin, w + k, buf[i + k], origin[i + k, 0], origin[i + k, 1])
             w += n

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import numba as nb
 
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
 from embedserve.tokenizer.kernels.pretokenize_hf import matches, put
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 STEP_REPLACE_LITERAL, STEP_REPLACE_RUN = 3, 4  # step kinds in normalize_hf's params
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def replace_applies(params, at, buf, s, e):
     """Would the Replace step at params[at] change buf[s:e]? (A read-only scan.)"""
     if params[at] == STEP_REPLACE_LITERAL:
@@ -40,9 +42,9 @@ def replace_applies(params, at, buf, s, e):
     return False
 
 
-@nb.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def replace_into(params, at, buf, origin, s, e, w, limit):
-    """A Replace step at params[at] over buf[s:e] into buf[w:limit]; end of output or -1."""
+    """A Replace step at params[at] over buf[s:e] into buf[w:limit]; end of output or SCRATCH_TOO_SMALL."""
     kind = params[at]
     if kind == STEP_REPLACE_LITERAL:
         p_len, c_len, min_count = params[at + 1], params[at + 2], 1
@@ -58,7 +60,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
         if buf[i] != first:  # the common case, checked without a call taking arrays
             n = utf8_len(buf[i])
             if w + n > limit:
-                return -1
+                return SCRATCH_TOO_SMALL
             for m in range(n):
                 put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
             w += n
@@ -70,7 +72,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
             count += 1
         if count >= min_count:
             if w + c_len > limit:
-                return -1
+                return SCRATCH_TOO_SMALL
             for m in range(c_len):
                 put(buf, origin, w + m, params[c_start + m], origin[i, 0], origin[k - 1, 1])
             w += c_len
@@ -78,7 +80,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
             continue
         k = max(k, i + utf8_len(buf[i]))  # copy the unmatched run (or one character)
         if w + (k - i) > limit:
-            return -1
+            return SCRATCH_TOO_SMALL
         for m in range(k - i):
             put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
         w += k - i

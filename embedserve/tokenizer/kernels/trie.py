@@ -22,9 +22,9 @@ import os
 import tempfile
 from pathlib import Path
 
-import numba as nb
 import numpy as np
 
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.spec import PieceKind, TokenizerSpec
 
 NODE_DTYPE = np.dtype([
@@ -36,8 +36,32 @@ NODE_DTYPE = np.dtype([
     ("score64", np.float64),
     ("_pad", np.uint64),
 ])
-assert NODE_DTYPE.itemsize == 64
+NODE_BYTES = 64  # one cache line
 NO_TOKEN = -1
+
+
+def _slot(layout: np.dtype, field: str, view: type) -> int:
+    """The column of ``field`` when ``layout`` records are viewed as rows of ``view``.
+
+    Raises when the field is not of the view's type or not at a multiple of its size:
+    a kernel reading that column would read garbage.
+    """
+    dtype, offset = layout.fields[field][:2]
+    if dtype.base != np.dtype(view) or offset % dtype.base.itemsize:
+        raise TypeError(f"node field {field!r} ({dtype} at byte {offset}) is not a {np.dtype(view)} column")
+    return offset // dtype.base.itemsize
+
+
+if NODE_DTYPE.itemsize != NODE_BYTES:
+    raise TypeError(f"NODE_DTYPE is {NODE_DTYPE.itemsize} bytes, not one {NODE_BYTES}-byte line")
+# Where the kernels read a node's fields in node_views(): the uint64 view's columns
+# SLOT_CHILDREN..+3 hold the bitmap; the others are single columns of their view.
+SLOT_CHILDREN = _slot(NODE_DTYPE, "children", np.uint64)  # 0
+SLOT_BASE = _slot(NODE_DTYPE, "base", np.int32)  # 8
+SLOT_TOKEN = _slot(NODE_DTYPE, "token_id", np.int32)  # 10
+SLOT_SCORE32 = _slot(NODE_DTYPE, "score32", np.float32)  # 11
+SLOT_SCORE64 = _slot(NODE_DTYPE, "score64", np.float64)  # 6
+
 TRIE_FORMAT = b"embedserve-trie-v1"
 MATCHABLE_KINDS = (PieceKind.NORMAL, PieceKind.USER_DEFINED)
 
@@ -45,12 +69,10 @@ MATCHABLE_KINDS = (PieceKind.NORMAL, PieceKind.USER_DEFINED)
 def node_views(trie: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The trie as 2-D uint64/int32/float32/float64 views, one row per node (no copy).
 
-    Numba indexes these faster than record fields; the slot numbers viterbi.py uses
-    follow from NODE_DTYPE's offsets (checked here).
+    Numba indexes these faster than record fields; the kernels read them at the
+    ``SLOT_*`` columns.
     """
-    assert NODE_DTYPE.fields["base"][1] == 32 and NODE_DTYPE.fields["token_id"][1] == 40
-    assert NODE_DTYPE.fields["score32"][1] == 44 and NODE_DTYPE.fields["score64"][1] == 48
-    raw = np.ascontiguousarray(trie).view(np.uint8).reshape(-1, 64)
+    raw = np.ascontiguousarray(trie).view(np.uint8).reshape(-1, NODE_BYTES)
     return raw.view(np.uint64), raw.view(np.int32), raw.view(np.float32), raw.view(np.float64)
 
 
@@ -127,7 +149,7 @@ def build_trie(spec: TokenizerSpec) -> np.ndarray:
     return trie
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _build(key_bytes, offsets, token_ids):
     n_keys = offsets.shape[0] - 1
     cap = max(key_bytes.shape[0] * 2 + 512, 1024)
@@ -229,21 +251,21 @@ def _build(key_bytes, offsets, token_ids):
     return base[:size].copy(), check[:size].copy(), token[:size].copy(), bitmap[:size].copy()
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _grow1(a, cap, fill):
     out = np.full(cap, fill, a.dtype)
     out[:a.shape[0]] = a
     return out
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _grow2(a, cap):
     out = np.zeros((cap, a.shape[1]), a.dtype)
     out[:a.shape[0]] = a
     return out
 
 
-@nb.njit(cache=True)
+@cached_njit()
 def _grow_bool(a, cap):
     out = np.zeros(cap, np.bool_)
     out[:a.shape[0]] = a

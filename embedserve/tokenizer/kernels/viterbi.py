@@ -24,31 +24,29 @@ from every entry set so far at or after it. Without the rebase, float32 rounding
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
+from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
+from embedserve.tokenizer.kernels.trie import NO_TOKEN, SLOT_BASE, SLOT_CHILDREN, SLOT_SCORE32, SLOT_SCORE64, SLOT_TOKEN
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
-
-# Views of the NODE_DTYPE array (see trie.node_views): word/int/float slots of a node.
-_BASE, _TOKEN = 8, 10  # int32 slots
-_SCORE32 = 11  # float32 slot
-_SCORE64 = 6  # float64 slot
+_CHILDREN = np.uint64(SLOT_CHILDREN)  # unsigned, as the byte it is added to
 _REBASE_BELOW = np.float32(-1e5)
 _REBASE_ABOVE = np.float32(1e5)
 
 
 # Inlined at the IR level into its callers: a real call costs a reference-count round
 # trip on each of its array arguments.
-@nb.njit(nogil=True, cache=True, inline="always")
+@cached_njit(nogil=True, inline="always")
 def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_words, use_f64, unk_id, unk_score,
                  best_score, best_start, best_id, out_ids, out_spans):
     """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
 
-    ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or -1 if
-    ``out_ids`` is too small.
+    ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
+    SCRATCH_TOO_SMALL if ``out_ids`` is too small.
     """
     unk32 = np.float32(unk_score)
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
@@ -83,18 +81,18 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
             k = pos
             while k < u_end:
                 c = np.uint64(text[k])
-                if (nodes_u64[node, c >> np.uint64(6)] >> (c & np.uint64(63))) & one == 0:
+                if (nodes_u64[node, _CHILDREN + (c >> np.uint64(6))] >> (c & np.uint64(63))) & one == 0:
                     break
-                node = np.uint64(nodes_i32[node, _BASE]) + c
+                node = np.uint64(nodes_i32[node, SLOT_BASE]) + c
                 k += one
-                tid = nodes_i32[node, _TOKEN]
-                if tid >= 0:
+                tid = nodes_i32[node, SLOT_TOKEN]
+                if tid != NO_TOKEN:
                     if k > reached:
                         reached = k
                     if use_f64:
-                        cand = here + nodes_f64[node, _SCORE64]
+                        cand = here + nodes_f64[node, SLOT_SCORE64]
                     else:
-                        cand = np.float64(here32 + nodes_f32[node, _SCORE32])  # a float32 add
+                        cand = np.float64(here32 + nodes_f32[node, SLOT_SCORE32])  # a float32 add
                     if cand > best_score[k]:
                         best_score[k] = cand
                         best_start[k] = np.int32(pos)
@@ -127,7 +125,7 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
             prev_unk = is_unk
             j = best_start[j]
     if count > out_ids.shape[0]:
-        return -1
+        return SCRATCH_TOO_SMALL
     t = count
     for w in range(n_words - 1, -1, -1):
         start = words[w, 0]

@@ -1,4 +1,8 @@
-"""``embedserve tokenize``: print the ids and pieces of a text (a quick look at a tokenizer)."""
+"""``embedserve tokenize``: print the ids and pieces of a text (a quick look at a tokenizer).
+
+Lives beside the default model's builder because, like every serving command,
+it tokenizes with the default model when no ``--model`` is given.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.errors import EmbedServeError
 from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR, Tokenizer
 
@@ -16,25 +21,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Tokenize TEXT with a tokenizer.json, a SentencePiece .model, or a model "
                     "directory, and print ids and pieces.")
     parser.add_argument("text", help="the text to tokenize")
-    parser.add_argument("--model", required=True, type=Path,
-                        help="tokenizer.json, a .model file, or a model directory")
+    add_model_arguments(parser, "tokenizer.json, a .model file, or a model directory (default: "
+                                "multilingual-e5-small, built on first use into --cache-dir)")
     parser.add_argument("--compat", choices=["hf", "sentencepiece"], default=None,
                         help="match tokenizers (hf, default for tokenizer.json and model "
                              "directories) or sentencepiece (default for a .model file)")
     parser.add_argument("--no-special", action="store_true", help="leave out <s> / </s>")
     parser.add_argument("--offsets", action="store_true", help="also print character offsets")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
+    parser.add_argument("--trie-cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
                         help="where built tries are cached (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    model = model_dir_from_args(args)
     try:
-        if args.model.is_dir():
-            tokenizer = Tokenizer.from_model_dir(args.model, compat=args.compat or "hf", cache_dir=args.cache_dir)
+        if model.is_dir():
+            tokenizer = Tokenizer.from_model_dir(model, compat=args.compat or "hf", cache_dir=args.trie_cache_dir)
         else:
-            tokenizer = Tokenizer.from_file(args.model, compat=args.compat, cache_dir=args.cache_dir)
+            tokenizer = Tokenizer.from_file(model, compat=args.compat, cache_dir=args.trie_cache_dir)
         batch = tokenizer.encode_batch([args.text], add_special_tokens=not args.no_special,
                                        return_offsets=args.offsets)
     except EmbedServeError as exc:

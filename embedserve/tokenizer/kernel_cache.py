@@ -1,0 +1,125 @@
+"""Numba's on-disk cache for the tokenizer's kernels, made stale by an edit to any of them.
+
+``cached_njit(**options)`` is ``numba.njit(cache=True, **options)`` with a different
+staleness rule. Numba's own rule stamps a cached kernel with the source of its own
+file only, but a compiled kernel embeds every jitted function it calls (inlined or
+linked), so after an edit to viterbi.py the cached ``encode_raw`` still counts as
+fresh and runs the old Viterbi (once it segfaulted on a changed layout). Here the
+stamp is a hash over every ``.py`` file under this package, and the cache directory
+is named after it: any edit to any module a kernel can call gives an empty directory.
+The rule this relies on, that kernels call only jitted functions defined in this
+package, is checked by tests/test_tokenizer_kernel_cache.py.
+
+Where the caches go (the first writable, the order Numba itself tries)::
+
+    <parent>/<package>-<hash16>/<sub-package path>/<Numba's usual .nbi/.nbc files>
+    parent: Numba's NUMBA_CACHE_DIR when set, else this package's __pycache__,
+            else Numba's user-wide cache directory
+
+Directories of older sources are never read again; deleting them is always safe.
+
+This module owns where kernel caches live and when they are stale, not what is
+compiled. It imports nothing from embedserve (a test runs it from a copied package).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numba as nb
+from numba.core import config
+from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
+from numba.core.dispatcher import Dispatcher
+from numba.misc.appdirs import AppDirs
+
+SOURCE_ROOT = Path(__file__).resolve().parent  # every module a kernel may call lives under here
+_HASH_CHARS_IN_NAME = 16  # 64 bits of the hash name the directory; the index holds all of it
+
+
+@functools.lru_cache(maxsize=None)
+def source_tree_hash(root: Path) -> str:
+    """sha256 over the relative path and content of every .py file under ``root``.
+
+    Computed once per process: a running process keeps the code it imported, whatever
+    happens to the files afterwards.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        for part in (path.relative_to(root).as_posix().encode(), path.read_bytes()):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+    return digest.hexdigest()
+
+
+def _cache_parents() -> list[Path]:
+    parents = [Path(config.CACHE_DIR)] if config.CACHE_DIR else []
+    return parents + [SOURCE_ROOT / "__pycache__", Path(AppDirs(appname="numba", appauthor=False).user_cache_dir)]
+
+
+class SourceTreeLocator(_CacheLocator):
+    """Puts a kernel's cache under a directory named by the source tree's hash."""
+
+    def __init__(self, cache_path: Path, stamp: str, lineno: int):
+        self._cache_path = str(cache_path)
+        self._stamp = stamp
+        self._lineno = lineno
+
+    def get_cache_path(self) -> str:
+        return self._cache_path
+
+    def get_source_stamp(self) -> str:
+        return self._stamp
+
+    def get_disambiguator(self) -> str:
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        source = Path(py_file).resolve()
+        if not source.is_relative_to(SOURCE_ROOT):
+            return None
+        stamp = source_tree_hash(SOURCE_ROOT)
+        # The sub-package path keeps kernels of same-named files in different folders apart.
+        relative = source.parent.relative_to(SOURCE_ROOT)
+        for parent in _cache_parents():
+            locator = cls(parent / f"{SOURCE_ROOT.name}-{stamp[:_HASH_CHARS_IN_NAME]}" / relative, stamp,
+                          py_func.__code__.co_firstlineno)
+            try:
+                locator.ensure_cache_path()
+            except OSError:
+                continue
+            return locator
+        return None
+
+
+class _SourceTreeCacheImpl(CompileResultCacheImpl):
+    _locator_classes = [SourceTreeLocator]
+
+
+class SourceTreeCache(FunctionCache):
+    """Numba's per-function cache, located and stamped by ``SourceTreeLocator``."""
+
+    _impl_class = _SourceTreeCacheImpl
+
+    def _index_key(self, sig, codegen):
+        # The key carries the hash as well: NUMBA_CACHE_LOCATOR_CLASSES can replace the
+        # locator above, and even then an entry compiled from other sources must not match.
+        return super()._index_key(sig, codegen) + (source_tree_hash(SOURCE_ROOT),)
+
+
+def cached_njit(**options) -> Callable:
+    """``numba.njit(**options)`` with its on-disk cache in a ``SourceTreeCache``."""
+    if "cache" in options:
+        raise TypeError("cached_njit always caches; pass no 'cache' option")
+
+    def decorate(fn):
+        dispatcher = nb.njit(**options)(fn)
+        if isinstance(dispatcher, Dispatcher):  # a plain function under NUMBA_DISABLE_JIT
+            # What Dispatcher.enable_caching() (cache=True) does, with this cache class.
+            dispatcher._cache = SourceTreeCache(dispatcher.py_func)
+        return dispatcher
+
+    return decorate

@@ -1,0 +1,150 @@
+"""The kernels' on-disk cache: reused when nothing changed, never stale after an edit.
+
+The behaviour tests run a small package in fresh processes: ``kpkg/caller.py`` holds
+a cached kernel that calls jitted functions of ``kpkg/callee.py``, and
+``kpkg/kernel_cache.py`` is a copy of embedserve's, so its source tree is ``kpkg``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from numba.core.dispatcher import Dispatcher
+
+import embedserve.tokenizer
+from embedserve.tokenizer import kernel_cache
+from embedserve.tokenizer.kernel_cache import SOURCE_ROOT, SourceTreeCache, source_tree_hash
+
+CALLEE = '''
+import numba as nb
+
+@nb.njit(inline="always")
+def add(x):
+    return x + {add}
+
+@nb.njit
+def scale(x):
+    return x * {scale}
+'''
+
+CALLER = '''
+from kpkg.callee import add, scale
+from kpkg.kernel_cache import cached_njit
+
+@cached_njit(nogil=True)
+def run(x):
+    return scale(add(x))
+'''
+
+REPORT = '''
+import json
+from kpkg.caller import run
+value = run(1)
+stats = run.stats
+print(json.dumps({"value": int(value), "hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values()), "cache_path": stats.cache_path}))
+'''
+
+# Environment that would change where or whether Numba caches.
+_NUMBA_CACHE_ENV = ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES", "NUMBA_DISABLE_JIT")
+
+
+def write_callee(src: Path, add: int, scale: int) -> None:
+    (src / "kpkg" / "callee.py").write_text(CALLEE.format(add=add, scale=scale))
+
+
+@pytest.fixture
+def package(tmp_path) -> Path:
+    """The kpkg sources (callee: add 1, scale 2) under tmp_path/src."""
+    src = tmp_path / "src"
+    (src / "kpkg").mkdir(parents=True)
+    (src / "kpkg" / "__init__.py").write_text("")
+    shutil.copy(inspect.getfile(kernel_cache), src / "kpkg" / "kernel_cache.py")
+    (src / "kpkg" / "caller.py").write_text(CALLER)
+    write_callee(src, add=1, scale=2)
+    return src
+
+
+@pytest.fixture(params=["in-tree", "NUMBA_CACHE_DIR"])
+def cache_parent(request, tmp_path) -> Path | None:
+    """None: the package's own __pycache__; else the NUMBA_CACHE_DIR to set."""
+    return None if request.param == "in-tree" else tmp_path / "numba-cache"
+
+
+def run_kernel(src: Path, numba_cache_dir: Path | None) -> dict:
+    """Import kpkg.caller in a fresh interpreter, call run(1); the kernel's cache stats."""
+    env = {k: v for k, v in os.environ.items() if k not in _NUMBA_CACHE_ENV}
+    env.update(PYTHONPATH=str(src), PYTHONDONTWRITEBYTECODE="1")  # no stale .pyc either
+    if numba_cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = str(numba_cache_dir)
+    done = subprocess.run([sys.executable, "-c", REPORT], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
+    first = run_kernel(package, cache_parent)
+    second = run_kernel(package, cache_parent)
+    assert (first["value"], first["misses"], first["hits"]) == (4, 1, 0)
+    assert (second["value"], second["misses"], second["hits"]) == (4, 0, 1)
+
+
+def test_an_edit_to_a_called_module_compiles_afresh(package, cache_parent):
+    assert run_kernel(package, cache_parent)["value"] == (1 + 1) * 2
+    write_callee(package, add=10, scale=3)  # caller.py is untouched
+    after = run_kernel(package, cache_parent)
+    assert after["value"] == (1 + 10) * 3
+    assert (after["misses"], after["hits"]) == (1, 0)
+
+
+def test_the_cache_directory_is_named_by_the_source_hash_under_its_parent(package, cache_parent):
+    cache_path = Path(run_kernel(package, cache_parent)["cache_path"])
+    parent = cache_parent if cache_parent is not None else package / "kpkg" / "__pycache__"
+    digest = source_tree_hash((package / "kpkg").resolve())
+    assert cache_path.resolve() == (parent / f"kpkg-{digest[:16]}").resolve()
+
+
+def tokenizer_kernels() -> list[Dispatcher]:
+    """Every jitted function defined in the embedserve.tokenizer package."""
+    found = {}
+    for info in pkgutil.walk_packages(embedserve.tokenizer.__path__, "embedserve.tokenizer."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher) and value.py_func.__module__ == module.__name__:
+                found[id(value)] = value
+    assert found, "no kernels found"
+    return list(found.values())
+
+
+def test_every_cached_tokenizer_kernel_uses_the_source_tree_cache():
+    cached = [k for k in tokenizer_kernels() if type(k._cache).__name__ != "NullCache"]
+    assert cached
+    assert [k.__qualname__ for k in cached if not isinstance(k._cache, SourceTreeCache)] == []
+
+
+def test_kernels_call_only_jitted_functions_of_the_hashed_tree():
+    """The hash covers what a kernel can embed only if everything it calls is in the tree."""
+    outside = []
+    for kernel in tokenizer_kernels():
+        codes = [kernel.py_func.__code__]
+        codes += [c for c in kernel.py_func.__code__.co_consts if isinstance(c, types.CodeType)]
+        for name in {n for code in codes for n in code.co_names}:
+            value = kernel.py_func.__globals__.get(name)
+            if isinstance(value, Dispatcher):
+                if not Path(inspect.getfile(value.py_func)).resolve().is_relative_to(SOURCE_ROOT):
+                    outside.append(f"{kernel.__qualname__} -> {name}")
+            elif isinstance(value, types.ModuleType) and value.__name__.startswith("embedserve."):
+                if not Path(value.__file__).resolve().is_relative_to(SOURCE_ROOT):
+                    outside.append(f"{kernel.__qualname__} -> module {value.__name__}")
+    assert outside == []
