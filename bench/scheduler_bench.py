@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from embedserve import wire
+from embedserve import ragged, wire
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
 from embedserve.defaults.model_args import default_cache_dir
@@ -54,7 +54,7 @@ def sequence(rng: np.random.Generator, length: int) -> np.ndarray:
 
 
 def request(sequences: list[np.ndarray]) -> inference_pb2.EmbedRequest:
-    packed = wire.pack_tokens(np.concatenate(sequences), np.array([len(s) for s in sequences]))
+    packed = wire.pack_tokens(ragged.from_sequences(sequences))
     return inference_pb2.EmbedRequest(tokens=packed, normalize=True)
 
 

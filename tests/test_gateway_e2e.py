@@ -301,7 +301,7 @@ def test_long_and_odd_inputs(gateway, st_model):
         still_fine = http.post("/v1/embeddings", json={"input": "still serving"})
     assert too_long.status_code == 413
     error = too_long.json()["error"]
-    assert error["param"] == "input[1]" and "input[1] has" in error["message"] and "512" in error["message"]
+    assert error["param"] == "input[1]" and "sequence 1 has" in error["message"] and "512" in error["message"]
     assert truncated.status_code == 200, truncated.text[:300]
     # sentence-transformers cuts at 512 tokens too; a prefix of the text is enough for it.
     ref = st_model.encode([big[:20_000]])

@@ -17,6 +17,7 @@ import tokenizers
 from conftest import python_docs_text
 
 from embedserve.errors import InvalidInput
+from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, Tokenizer
 from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 
@@ -108,8 +109,9 @@ def test_batch_is_packed_and_equals_single(xlmr):
     texts = ENGLISH[:64] + ["", "ｶﾞｷﾞ ①", "👍🏽 " * 50]
     batch = xlmr.encode_batch(texts)
     assert isinstance(batch, EncodedBatch) and len(batch) == len(texts)
-    assert batch.ids.dtype == np.int32 and batch.cu_seqlens.dtype == np.int32
-    assert batch.cu_seqlens[-1] == len(batch.ids)
+    assert isinstance(batch, RaggedBatch)
+    assert batch.token_ids.dtype == np.int32 and batch.cu_seqlens.dtype == np.int32
+    assert batch.cu_seqlens[-1] == len(batch.token_ids)
     for i, text in enumerate(texts):
         assert batch.sequence(i).tolist() == xlmr.encode(text).tolist()
     assert not batch.truncated.any()
@@ -182,7 +184,7 @@ def test_encode_pairs_one_query_many_docs(xlmr):
 def test_offsets_point_at_the_source_text(xlmr):
     texts = ENGLISH[:50]
     batch = xlmr.encode_batch(texts, return_offsets=True)
-    assert batch.offsets is not None and batch.offsets.shape == (len(batch.ids), 2)
+    assert batch.offsets is not None and batch.offsets.shape == (len(batch.token_ids), 2)
     for i, text in enumerate(texts):
         ids, offsets = batch.sequence(i), batch.sequence_offsets(i)
         assert offsets[0].tolist() == [0, 0] and offsets[-1].tolist() == [0, 0]  # specials

@@ -23,12 +23,12 @@ from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
-from embedserve.gateway.model_meta import load_model_meta
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.discovery import source_for
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.model.info import read_model_info
 from embedserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,10 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     tokenizer loads here, so a bad model directory fails at start-up
     (``ModelLoadError``), not on a request.
     """
-    meta = load_model_meta(settings.model_dir)
+    model = read_model_info(settings.model_dir)
     tokenizer = Tokenizer.from_model_dir(settings.model_dir)
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    preprocessor = Preprocessor(tokenizer, meta, executor)
+    preprocessor = Preprocessor(tokenizer, model, executor)
     metrics = GatewayMetrics()
     replica_source = source or source_for(settings.upstreams)
 
@@ -54,7 +54,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
                            settings.health_backoff_min_s, settings.health_backoff_max_s,
                            settings.replica_ping_s)
-        app.state.gateway = Gateway(settings, meta, preprocessor, pool, metrics)
+        app.state.gateway = Gateway(settings, model, preprocessor, pool, metrics)
         await pool.start()
         try:
             yield
