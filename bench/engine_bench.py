@@ -32,11 +32,12 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+
+CORPUS = DEFAULT_DATA_DIR / "text" / "botchan.txt"
 BATCH = 32
 
 
@@ -57,7 +58,7 @@ def make_texts(tokenizer, lengths: list[int], rng: np.random.Generator, corpus: 
 
 def scenarios(tokenizer, repeats: int, seed: int = 0) -> dict[str, list[list[str]]]:
     rng = np.random.default_rng(seed)
-    corpus_text = (ROOT.parent / "shared" / "data" / "text" / "botchan.txt").read_text(encoding="utf-8")
+    corpus_text = CORPUS.read_text(encoding="utf-8")
     corpus = tokenizer.encode(corpus_text, add_special_tokens=False).ids
     lengths = {
         "uniform128": lambda: [128] * BATCH,
@@ -114,10 +115,11 @@ def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
 
     from embedserve.engine import Batch, Engine
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
     from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(1)
-    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = ensure_default_model(default_cache_dir())
     rng = np.random.default_rng(seed)
     print("| dtype | batch | plain ms | fused ms | fused / plain |")
     print("|---|---|---|---|---|")
@@ -162,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         jagged_vs_loop()
         return 0
 
+    if (problem := missing_line("python -m bench engine", [CORPUS])) is not None:
+        print(problem, file=sys.stderr)
+        return MISSING_EXIT_STATUS
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
     from sentence_transformers import SentenceTransformer
@@ -169,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedserve.engine import Batch, Engine
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
     from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(args.threads)
     log("building / loading the default model and the batches")
-    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = ensure_default_model(default_cache_dir())
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     work = scenarios(tokenizer, args.repeats)
     ids = {name: [[np.array(e.ids, np.int32) for e in tokenizer.encode_batch(texts)] for texts in batches]

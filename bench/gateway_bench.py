@@ -32,17 +32,19 @@ import numpy as np
 
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
+from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
+from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_SOURCE = ROOT.parent / "shared" / "data" / "text" / "botchan.txt"
 
 
-def start(command: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
+def start(command: list[str], pattern: re.Pattern[str]) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     for line in process.stdout:
-        match = re.search(pattern, line)
+        match = pattern.search(line)
         if match:
             threading.Thread(target=process.stdout.read, daemon=True).start()
             return process, match.group(1)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args(argv)
-    model_dir = args.model or ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = args.model or ensure_default_model(default_cache_dir())
     tokenizer = Tokenizer.from_model_dir(model_dir)
     words = TEXT_SOURCE.read_text(encoding="utf-8").split() if TEXT_SOURCE.exists() else \
         ("the quick brown fox jumps over the lazy dog " * 40).split()
@@ -81,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     python = [sys.executable, "-m", "embedserve.cli"]
     scheduler, replica = start([*python, "scheduler", "--model", str(model_dir), "--port", "0"],
-                               r"listening on (\S+:\d+)")
+                               SCHEDULER_LISTENING)
     gateway, url = start([*python, "gateway", "--upstream", replica, "--model", str(model_dir),
-                          "--port", "0", "--log-level", "warning"], r"listening on (http://\S+:\d+)")
+                          "--port", "0", "--log-level", "warning"], GATEWAY_LISTENING)
     engine = Engine.load(model_dir, device="cpu")
     batch = Batch.from_sequences([ids])
     http_ms: list[float] = []

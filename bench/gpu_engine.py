@@ -27,8 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def sequences(rng: np.random.Generator, lengths: list[int]) -> list[np.ndarray]:
     return [np.r_[0, rng.integers(4, 250000, size=n - 2), 2].astype(np.int32) for n in lengths]
@@ -83,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedserve.engine import Batch, Engine
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    model_dir = ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = ensure_default_model(default_cache_dir())
     rng = np.random.default_rng(0)
     results: dict[str, object] = {"device": torch.cuda.get_device_name(), "dtype": args.dtype,
                                   "torch": torch.__version__}

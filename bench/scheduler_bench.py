@@ -37,14 +37,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from embedserve import wire
+from embedserve import ragged, wire
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
+from embedserve.defaults.model_args import default_cache_dir
+from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 
-ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"listening on ([\d.]+):(\d+) metrics ([\d.]+):(\d+)")
 CLIENTS = 16
 
 
@@ -54,7 +54,7 @@ def sequence(rng: np.random.Generator, length: int) -> np.ndarray:
 
 
 def request(sequences: list[np.ndarray]) -> inference_pb2.EmbedRequest:
-    packed = wire.pack_tokens(np.concatenate(sequences), np.array([len(s) for s in sequences]))
+    packed = wire.pack_tokens(ragged.from_sequences(sequences))
     return inference_pb2.EmbedRequest(tokens=packed, normalize=True)
 
 
@@ -64,11 +64,11 @@ def start_scheduler(model_dir: Path, args: argparse.Namespace) -> tuple[subproce
     if args.max_batch_tokens:
         command += ["--max-batch-tokens", str(args.max_batch_tokens)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    match = READY.search(process.stdout.readline())
+    match = SCHEDULER_LISTENING.search(process.stdout.readline())
     if not match:
         process.kill()
         raise SystemExit("the scheduler did not start")
-    return process, int(match.group(2)), int(match.group(4))
+    return process, *(int(address.rsplit(":", 1)[1]) for address in match.groups())
 
 
 def histogram(metrics_port: int, name: str) -> dict[str, float]:
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args(argv)
-    model_dir = args.model or ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = args.model or ensure_default_model(default_cache_dir())
     engine = Engine.load(model_dir)
     rng = np.random.default_rng(0)
     print(f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f} "

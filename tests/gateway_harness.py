@@ -9,10 +9,8 @@ uvicorn on a background thread bound to 127.0.0.1:0. Nothing is mocked.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,12 +19,14 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import listening_socket
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.launch.commands import scheduler_command
+from embedserve.launch.processes import stop_popen
 
 START_TIMEOUT_S = 240.0
-_LISTENING = re.compile(r"listening on (\S+:\d+) metrics (\S+)")
 
 
 class SchedulerProcess:
@@ -48,16 +48,25 @@ class SchedulerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "embedserve.cli", "scheduler", "--model", str(self.model_dir),
-                   "--port", str(self.port), "--metrics-port", str(self.metrics_port), *self.extra]
+        command = scheduler_command(self.model_dir, port=self.port, metrics_port=self.metrics_port,
+                                    extra=self.extra)
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=self.env)
+        try:
+            self._wait_serving()
+        except BaseException:
+            # Never leave a half-started replica behind: nobody holds it to stop it.
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def _wait_serving(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.process.stdout is not None
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
                 raise RuntimeError(f"scheduler exited with {self.process.wait()} before serving")
-            match = _LISTENING.search(line)
+            match = SCHEDULER_LISTENING.search(line)
             if match:
                 self.port = int(match.group(1).rsplit(":", 1)[1])
                 self.metrics_port = int(match.group(2).rsplit(":", 1)[1])
@@ -77,13 +86,8 @@ class SchedulerProcess:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_popen(self.process, grace_s=30)
 
 
 class GatewayServer:

@@ -114,11 +114,10 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str =
 
 
 def embed_request(sequences: list[np.ndarray] | list[list[int]], **options) -> inference_pb2.EmbedRequest:
-    from embedserve import wire
+    from embedserve import ragged, wire
 
-    arrays = [np.asarray(s, dtype=np.int32) for s in sequences]
-    packed = wire.pack_tokens(np.concatenate(arrays), np.array([len(a) for a in arrays]))
-    return inference_pb2.EmbedRequest(tokens=packed, **options)
+    return inference_pb2.EmbedRequest(tokens=wire.pack_tokens(ragged.from_sequences(sequences)),
+                                      **options)
 
 
 def random_sequences(rng: np.random.Generator, count: int, min_len: int, max_len: int,

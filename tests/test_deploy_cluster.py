@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,10 +23,11 @@ import httpx
 import pytest
 
 from tests.faults.load import LoadGenerator
-from embedserve.launch.cluster import free_port
+from embedserve.entrypoint import SCHEDULER_LISTENING
+from embedserve.launch.processes import free_port
 from gateway_harness import metric_value
+from process_tree import alive, children
 
-_REPLICA = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+:\d+)")
 _READY = "embedserve cluster: gateway "
 
 
@@ -60,7 +60,7 @@ class ClusterProcess:
                     + "".join(self.lines[-60:]))
 
     def replica_lines(self) -> list[tuple[str, str]]:
-        return [m.groups() for line in list(self.lines) if (m := _REPLICA.search(line))]
+        return [m.groups() for line in list(self.lines) if (m := SCHEDULER_LISTENING.search(line))]
 
 
 def _calls_ok(metrics_address: str) -> float:
@@ -71,21 +71,6 @@ def _calls_ok(metrics_address: str) -> float:
 def _healthprobe(target: str) -> int:
     return subprocess.run([sys.executable, "-m", "embedserve.healthprobe", target, "--timeout", "5"],
                           capture_output=True, timeout=30).returncode
-
-
-def _pids_of_children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes (its parent has not reaped it yet).
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"
 
 
 async def _send(url: str, expected, requests: int) -> dict[str, int]:  # noqa: ANN001
@@ -125,8 +110,7 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
         assert _healthprobe("ftp://example") == 2
 
         # Kill one replica outright: the cluster restarts it on the same port.
-        children = _pids_of_children(cluster.popen.pid)
-        victim = next(pid for pid in children
+        victim = next(pid for pid in children(cluster.popen.pid)
                       if "scheduler" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
         os.kill(victim, signal.SIGKILL)
         cluster.wait_for(lambda line: len(cluster.replica_lines()) >= 3, timeout_s=120)
@@ -139,13 +123,13 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
         assert _calls_ok(restarted_metrics) > 0, "the restarted replica never got a call"
 
         # SIGTERM stops everything with status 0.
-        tree = [cluster.popen.pid, *_pids_of_children(cluster.popen.pid)]
+        tree = [cluster.popen.pid, *children(cluster.popen.pid)]
         cluster.popen.send_signal(signal.SIGTERM)
         assert cluster.popen.wait(90) == 0, "".join(cluster.lines[-40:])
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in tree)
+        assert not any(alive(pid) for pid in tree)
     finally:
         if cluster.popen.poll() is None:
             os.killpg(cluster.popen.pid, signal.SIGKILL)

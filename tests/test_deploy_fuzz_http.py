@@ -36,15 +36,17 @@ EXAMPLES_PER_OPERATION = 15
 @pytest.fixture(scope="module")
 def fuzz_stack(default_model_dir: Path):
     replica = SchedulerProcess(default_model_dir, threads=1)
-    # Small request limits keep generated inputs cheap; the bounds themselves
-    # are part of what is fuzzed (413/422 answers must match the schema too).
-    gateway = GatewayServer(gateway_settings(default_model_dir, [replica.address], max_inputs=64,
-                                             max_body_bytes=256 * 1024, request_timeout_s=30.0))
     try:
-        gateway.wait_ready(healthy=1)
-        yield gateway
+        # Small request limits keep generated inputs cheap; the bounds themselves
+        # are part of what is fuzzed (413/422 answers must match the schema too).
+        gateway = GatewayServer(gateway_settings(default_model_dir, [replica.address], max_inputs=64,
+                                                 max_body_bytes=256 * 1024, request_timeout_s=30.0))
+        try:
+            gateway.wait_ready(healthy=1)
+            yield gateway
+        finally:
+            gateway.stop()
     finally:
-        gateway.stop()
         replica.stop()
 
 

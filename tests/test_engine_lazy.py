@@ -65,12 +65,13 @@ def test_await_does_not_block_the_event_loop(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("bad, message", [
-    (Batch.from_sequences([[0, 250002, 2]]), "token ids must lie"),
-    (Batch.from_sequences([list(range(4, 4 + 513))]), "exceeds the model's 512 positions"),
+    (Batch.from_sequences([[0, 250002, 2]]), "outside the vocabulary"),
+    (Batch.from_sequences([list(range(4, 4 + 513))]), "the model takes at most 512"),
     (Batch.from_sequences([[0, 5, 2]], task="score"), "does task 'embed'"),
-    (Batch(np.array([0, 5, 2], np.int32), np.array([0, 2], np.int32)), "cu_seqlens must"),
+    (Batch(np.array([0, 5, 2], np.int32), np.array([0, 2], np.int32)), "add up to 2"),
+    (Batch(np.array([0, 5, 2], np.int32), np.array([1, 3], np.int32)), "cu_seqlens must start at 0"),
     (Batch.from_lengths(np.array([0, 5, 2], np.int32), np.array([3], np.int32),
-                        token_type_ids=np.array([0, 2, 0], np.int32)), "token type ids"),
+                        token_type_ids=np.array([0, 2, 0], np.int32)), "token_type_ids must lie"),
 ])
 def test_a_failed_step_raises_from_wait_and_await_and_the_engine_keeps_working(
         engine: Engine, bad: Batch, message: str) -> None:

@@ -30,10 +30,15 @@ COSINE_MIN = 0.9999
 @pytest.fixture(scope="module")
 def replicas(default_model_dir):
     with ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(lambda _: SchedulerProcess(default_model_dir, threads=1), range(2)))
-    yield started
-    for replica in started:
-        replica.stop()
+        starting = [pool.submit(SchedulerProcess, default_model_dir, threads=1) for _ in range(2)]
+    started = [future.result() for future in starting if future.exception() is None]
+    try:
+        for future in starting:
+            future.result()   # re-raises a failed start, after the other one is in `started`
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +47,11 @@ def gateway(default_model_dir, replicas):
     server = GatewayServer(gateway_settings(default_model_dir, [r.address for r in replicas],
                                             chunk_max_sequences=32, request_timeout_s=600,
                                             served_model_names=(default_model_dir.name, "e5")))
-    server.wait_ready(healthy=2)
-    yield server
-    server.stop()
+    try:
+        server.wait_ready(healthy=2)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +301,7 @@ def test_long_and_odd_inputs(gateway, st_model):
         still_fine = http.post("/v1/embeddings", json={"input": "still serving"})
     assert too_long.status_code == 413
     error = too_long.json()["error"]
-    assert error["param"] == "input[1]" and "input[1] has" in error["message"] and "512" in error["message"]
+    assert error["param"] == "input[1]" and "sequence 1 has" in error["message"] and "512" in error["message"]
     assert truncated.status_code == 200, truncated.text[:300]
     # sentence-transformers cuts at 512 tokens too; a prefix of the text is enough for it.
     ref = st_model.encode([big[:20_000]])

@@ -15,11 +15,15 @@ DOCS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "Paris is the ca
 @pytest.fixture(scope="module")
 def gateway(tiny_reranker_dir):
     replica = SchedulerProcess(tiny_reranker_dir, threads=1)
-    server = GatewayServer(gateway_settings(tiny_reranker_dir, [replica.address]))
-    server.wait_ready()
-    yield server
-    server.stop()
-    replica.stop()
+    try:
+        server = GatewayServer(gateway_settings(tiny_reranker_dir, [replica.address]))
+        try:
+            server.wait_ready()
+            yield server
+        finally:
+            server.stop()
+    finally:
+        replica.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ SIGTERM stops the gateway and every replica with status 0.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -27,24 +26,8 @@ import pytest
 
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
-
-BANNER = re.compile(r"embedserve gateway listening on (http://\S+)")
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as handle:
-            found += [int(p) for p in handle.read().split()]
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+from embedserve.entrypoint import GATEWAY_LISTENING
+from process_tree import alive, children
 
 
 def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
@@ -67,7 +50,7 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         url = None
         assert process.stdout is not None
         for line in process.stdout:
-            match = BANNER.search(line)
+            match = GATEWAY_LISTENING.search(line)
             if match:
                 url = match.group(1)
                 break

@@ -12,7 +12,8 @@ from embedserve import errors
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.chunking import plan_chunks
 from embedserve.gateway.grpc_errors import from_rpc_error, is_retryable
-from embedserve.gateway.http_errors import STATUS_BY_ERROR, status_for
+from embedserve.gateway.http_errors import (ERROR_RESPONSES, HTTP_STATUSES, STATUS_BY_ERROR, error_body,
+                                            status_for)
 from embedserve.gateway.middleware import server_timing
 
 
@@ -53,6 +54,17 @@ def test_every_error_class_has_an_http_status():
         pass
 
     assert status_for(Subclass("x"))[0] == 429  # found through the class hierarchy
+
+
+def test_every_error_status_is_in_the_one_status_table():
+    for status, _ in STATUS_BY_ERROR.values():
+        assert status in HTTP_STATUSES
+    # OpenAPI declares exactly the statuses the table describes for routes.
+    assert set(ERROR_RESPONSES) == {s for s, entry in HTTP_STATUSES.items() if entry.description}
+    assert error_body(413, "big", "input", "body_too_large") == {"error": {
+        "message": "big", "type": "invalid_request_error", "param": "input", "code": "body_too_large"}}
+    assert error_body(418, "odd")["error"]["type"] == "invalid_request_error"  # unlisted: by class
+    assert error_body(502, "odd")["error"]["type"] == "server_error"
 
 
 def test_every_grpc_code_becomes_an_embedserve_error():

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from embedserve import wire
+from embedserve import ragged
 from embedserve.errors import DeadlineExceeded, InvalidInput, Overloaded
 from embedserve.scheduler.batcher import assemble_batch, group_runs
 from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
@@ -21,10 +21,10 @@ class FakeClock:
         return self.now
 
 
-def tokens(*sequences: list[int], types: list[list[int]] | None = None) -> wire.Tokens:
+def tokens(*sequences: list[int], types: list[list[int]] | None = None) -> ragged.RaggedBatch:
     ids = np.array([t for s in sequences for t in s], dtype=np.int32)
     type_ids = None if types is None else np.array([t for s in types for t in s], dtype=np.int32)
-    return wire.Tokens(ids, np.array([len(s) for s in sequences], dtype=np.int32), type_ids)
+    return ragged.from_lengths(ids, np.array([len(s) for s in sequences]), type_ids)
 
 
 def run(coroutine_fn):

@@ -16,9 +16,12 @@ from scheduler_harness import embed_request, random_sequences, wait_until
 
 from embedserve import wire
 from embedserve.engine import Batch, Engine
+from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
-READY = re.compile(r"listening on ([\d.]+):(\d+) metrics ([\d.]+):(\d+)")
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
 
 
 def metric(port: int, name: str) -> float:
@@ -36,9 +39,9 @@ def scheduler_process(tiny_bert_dir):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             line = process.stdout.readline()
-            match = READY.search(line)
+            match = SCHEDULER_LISTENING.search(line)
             assert match, f"no ready line: {line!r} {process.stderr.read() if process.poll() else ''}"
-            yield process, int(match.group(2)), int(match.group(4))
+            yield process, port_of(match.group(1)), port_of(match.group(2))
         finally:
             if process.poll() is None:
                 process.kill()
@@ -117,9 +120,9 @@ def test_without_model_it_serves_the_default_model(default_model_dir):
                           text=True) as process:
         try:
             line = process.stdout.readline()
-            match = re.search(r"listening on ([\d.]+):(\d+) metrics off", line)
-            assert match, f"no ready line: {line!r}"
-            with grpc.insecure_channel(f"127.0.0.1:{match.group(2)}") as channel:
+            match = SCHEDULER_LISTENING.search(line)
+            assert match and match.group(2) == "off", f"no ready line: {line!r}"
+            with grpc.insecure_channel(match.group(1)) as channel:
                 info = inference_pb2_grpc.InferenceStub(channel).Info(
                     inference_pb2.InfoRequest(), timeout=30)
             assert (info.model_id, info.dimension, info.max_positions) == (

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 from scheduler_harness import ThreadedScheduler, embed_request, random_sequences
 
-from embedserve import wire
+from embedserve import ragged, wire
 from embedserve.engine import Batch, Engine
 from embedserve.model.postprocess import postprocess_embeddings, sigmoid
 from embedserve.protos import inference_pb2
@@ -105,8 +105,8 @@ def _i32(*values: int) -> bytes:
 @pytest.mark.parametrize("request_, detail", [
     (_raw_embed(b"", b""), "no sequences"),
     (_raw_embed(_i32(5, 6) + b"\x01", _i32(2)), "whole number"),
-    (_raw_embed(_i32(5, 6), _i32(3)), "sum to 3"),
-    (_raw_embed(_i32(5, 6), _i32(2, 0)), "empty"),
+    (_raw_embed(_i32(5, 6), _i32(3)), "add up to 3"),
+    (_raw_embed(_i32(5, 6), _i32(2, 0)), "needs at least one"),
     (_raw_embed(_i32(5, 250_002), _i32(2)), "outside the vocabulary"),
     (_raw_embed(_i32(5, -1), _i32(2)), "outside the vocabulary"),
     (_raw_embed(_i32(*([5] * 513)), _i32(513)), "at most 512"),
@@ -124,7 +124,7 @@ def test_invalid_requests_are_invalid_argument_and_break_nothing(bert_server, re
 
 
 def test_score_on_an_embedding_model_is_invalid_argument(bert_server):
-    request = inference_pb2.ScoreRequest(pairs=wire.pack_tokens(np.array([0, 5, 2]), np.array([3])))
+    request = inference_pb2.ScoreRequest(pairs=wire.pack_tokens(ragged.from_sequences([[0, 5, 2]])))
     assert _status(lambda: bert_server.stub.Score(request, timeout=10)) is grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -182,8 +182,8 @@ def test_score_pairs_with_segment_ids_equal_engine_step(reranker):
         pairs.append(np.concatenate([[101], q, [102], d, [102]]).astype(np.int32))
         types.append(np.concatenate([np.zeros(len(q) + 2), np.ones(len(d) + 1)]).astype(np.int32))
     expected = direct(engine, pairs, "score", types)
-    packed = wire.pack_tokens(np.concatenate(pairs), np.array([len(p) for p in pairs]),
-                              np.concatenate(types))
+    packed = wire.pack_tokens(ragged.from_lengths(np.concatenate(pairs), np.array([len(p) for p in pairs]),
+                                                  np.concatenate(types)))
     for apply_sigmoid in (False, True):
         response = server.stub.Score(inference_pb2.ScoreRequest(pairs=packed, sigmoid=apply_sigmoid),
                                      timeout=30)
@@ -192,7 +192,7 @@ def test_score_pairs_with_segment_ids_equal_engine_step(reranker):
         want = sigmoid(expected) if apply_sigmoid else expected
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # segment ids matter: without them the scores differ
-    no_types = wire.pack_tokens(np.concatenate(pairs), np.array([len(p) for p in pairs]))
+    no_types = wire.pack_tokens(ragged.from_sequences(pairs))
     plain = wire.tensor_to_array(server.stub.Score(inference_pb2.ScoreRequest(pairs=no_types)).scores)
     assert not np.allclose(plain, expected)
     embed = embed_request([[5, 6]])

@@ -1,7 +1,10 @@
 """The Tokenizer API: templates, XLM-R ids, batches, pairs, truncation, offsets, edge inputs.
 
-References: sentencepiece for ids, tokenizers (loading XLM-R's tokenizer.json) for the
-pair template and longest-first truncation; never our own earlier output.
+References: sentencepiece for ids, tokenizers (loading the same tokenizer.json) for the
+pair template and longest-first truncation; never our own earlier output. The files are
+the XLM-R tokenizer files the default-model builder writes (conftest xlmr_tokenizer_dir)
+and the English text is the Python documentation that ships with the interpreter, so
+this module needs no reference data from ../shared.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import shutil
 import numpy as np
 import pytest
 import tokenizers
-from conftest import shared_file
+from conftest import python_docs_text
 
 from embedserve.errors import InvalidInput
+from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, Tokenizer
+from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 
-ENGLISH = [line.strip() for line in shared_file("text/botchan.txt").read_text(encoding="utf-8").split("\n")
+DOCS_TEXT = python_docs_text()
+ENGLISH = [line.strip() for line in DOCS_TEXT.split("\n")
            if len(line.split()) > 3 and "  " not in line.strip()][:400]
 
 
@@ -26,24 +32,24 @@ def fairseq(sp_ids: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def xlmr(tmp_path_factory, tokenizer_cache_dir) -> Tokenizer:
+def xlmr(tmp_path_factory, tokenizer_cache_dir, xlmr_tokenizer_dir) -> Tokenizer:
     """from_model_dir on a directory holding only sentencepiece.bpe.model (XLM-R ids)."""
     directory = tmp_path_factory.mktemp("xlmr_sp_only")
-    shutil.copy(shared_file("xlmr/sentencepiece.bpe.model"), directory / "sentencepiece.bpe.model")
+    shutil.copy(xlmr_tokenizer_dir / "sentencepiece.bpe.model", directory / "sentencepiece.bpe.model")
     return Tokenizer.from_model_dir(directory, compat="sentencepiece", cache_dir=tokenizer_cache_dir)
 
 
 @pytest.fixture(scope="module")
-def hf_reference() -> tokenizers.Tokenizer:
-    return tokenizers.Tokenizer.from_file(str(shared_file("xlmr/tokenizer.json")))
+def hf_reference(xlmr_tokenizer_dir) -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(xlmr_tokenizer_dir / "tokenizer.json"))
 
 
-def test_xlmr_ids_and_single_template(xlmr, xlmr_sp_reference):
+def test_xlmr_ids_and_single_template(xlmr, default_sp_reference):
     assert (xlmr.vocab_size, xlmr.bos_id, xlmr.pad_id, xlmr.eos_id, xlmr.unk_id, xlmr.mask_id) == \
         (250002, 0, 1, 2, 3, 250001)
     assert [xlmr.id_to_piece(i) for i in (0, 1, 2, 3, 250001)] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     for text in ENGLISH[:50] + ["a\u0378b", "日本語"]:
-        assert xlmr.encode(text).tolist() == [0] + fairseq(xlmr_sp_reference.encode(text)) + [2]
+        assert xlmr.encode(text).tolist() == [0] + fairseq(default_sp_reference.encode(text)) + [2]
 
 
 def test_matches_tokenizers_json_on_english(xlmr, hf_reference):
@@ -52,10 +58,10 @@ def test_matches_tokenizers_json_on_english(xlmr, hf_reference):
         assert xlmr.encode(text).tolist() == hf_reference.encode(text).ids
 
 
-def test_special_token_text_is_plain_text(xlmr_sp_tokenizer, xlmr_sp_reference, xlmr):
+def test_special_token_text_is_plain_text(default_sp_tokenizer, default_sp_reference, xlmr):
     for text in ["<s>", "</s>", "<mask> x <pad>", "<unk>"]:
-        raw = xlmr_sp_tokenizer.encode(text, add_special_tokens=False).tolist()
-        assert raw == xlmr_sp_reference.encode(text)
+        raw = default_sp_tokenizer.encode(text, add_special_tokens=False).tolist()
+        assert raw == default_sp_reference.encode(text)
         assert not set(raw) & {1, 2}  # never the control ids
         assert not set(xlmr.encode(text).tolist()[1:-1]) & {0, 1, 2, 250001}
 
@@ -82,20 +88,20 @@ def test_not_a_string_is_invalid_input(xlmr):
         xlmr.encode_batch("one string, not a list")
 
 
-def test_ten_megabyte_string(xlmr_sp_tokenizer, xlmr_sp_reference):
+def test_ten_megabyte_string(default_sp_tokenizer, default_sp_reference):
     # Defined result in linear time: the pieces tile sentencepiece's normalized text
     # exactly, and the token count is within 0.1% of sentencepiece's. (Token-for-token
     # parity is not claimed at this length: float32 path-score ties, see the parity
     # tests.)
-    text = shared_file("text/botchan.txt").read_text(encoding="utf-8")
+    text = DOCS_TEXT
     big = (text * (10_000_000 // len(text) + 1))[:10_000_000]
-    ours = xlmr_sp_tokenizer.encode(big, add_special_tokens=False)
-    expected = xlmr_sp_reference.encode(big)
-    pieces = [xlmr_sp_tokenizer.id_to_piece(int(i)) for i in ours]
-    assert "".join(pieces) == xlmr_sp_reference.normalize(big)
+    ours = default_sp_tokenizer.encode(big, add_special_tokens=False)
+    expected = default_sp_reference.encode(big)
+    pieces = [default_sp_tokenizer.id_to_piece(int(i)) for i in ours]
+    assert "".join(pieces) == default_sp_reference.normalize(big)
     assert abs(len(ours) - len(expected)) <= len(expected) // 1000
     assert ours[:10_000].tolist() == expected[:10_000]
-    batch = xlmr_sp_tokenizer.encode_batch([big, "x"], add_special_tokens=False)
+    batch = default_sp_tokenizer.encode_batch([big, "x"], add_special_tokens=False)
     assert batch.sequence(0).tolist() == ours.tolist()
 
 
@@ -103,26 +109,22 @@ def test_batch_is_packed_and_equals_single(xlmr):
     texts = ENGLISH[:64] + ["", "ｶﾞｷﾞ ①", "👍🏽 " * 50]
     batch = xlmr.encode_batch(texts)
     assert isinstance(batch, EncodedBatch) and len(batch) == len(texts)
-    assert batch.ids.dtype == np.int32 and batch.cu_seqlens.dtype == np.int32
-    assert batch.cu_seqlens[-1] == len(batch.ids)
+    assert isinstance(batch, RaggedBatch)
+    assert batch.token_ids.dtype == np.int32 and batch.cu_seqlens.dtype == np.int32
+    assert batch.cu_seqlens[-1] == len(batch.token_ids)
     for i, text in enumerate(texts):
         assert batch.sequence(i).tolist() == xlmr.encode(text).tolist()
     assert not batch.truncated.any()
     assert batch.original_lengths.tolist() == batch.lengths.tolist()
 
 
-def test_large_batch_on_threads_equals_single(xlmr_sp_reference):
+def test_large_batch_on_threads_equals_single(default_sp_reference, xlmr_tokenizer_dir):
     # Enough bytes to be split across threads; three threads even on a 2-core machine.
-    tokenizer = Tokenizer(xlmr_sp_reference_spec(), threads=3)
+    tokenizer = Tokenizer(load_sentencepiece_model(xlmr_tokenizer_dir / "sentencepiece.bpe.model"), threads=3)
     texts = ENGLISH * 3 + [t[::-1] for t in ENGLISH]
     batch = tokenizer.encode_batch(texts, add_special_tokens=False)
     for i in range(0, len(texts), 17):
-        assert batch.sequence(i).tolist() == xlmr_sp_reference.encode(texts[i])
-
-
-def xlmr_sp_reference_spec():
-    from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
-    return load_sentencepiece_model(shared_file("xlmr/sentencepiece.bpe.model"))
+        assert batch.sequence(i).tolist() == default_sp_reference.encode(texts[i])
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])
@@ -159,8 +161,8 @@ def test_pair_template_matches_tokenizers(xlmr, hf_reference):
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])
-def test_pair_longest_first_truncation_matches_tokenizers(xlmr, direction):
-    reference = tokenizers.Tokenizer.from_file(str(shared_file("xlmr/tokenizer.json")))
+def test_pair_longest_first_truncation_matches_tokenizers(xlmr, direction, xlmr_tokenizer_dir):
+    reference = tokenizers.Tokenizer.from_file(str(xlmr_tokenizer_dir / "tokenizer.json"))
     pairs = [(ENGLISH[i], ENGLISH[i + 1] + " " + ENGLISH[i + 2]) for i in range(0, 60, 3)]
     pairs += [(b, a) for a, b in pairs] + [("short", ENGLISH[5]), ("", ENGLISH[6])]
     for max_length in (4, 7, 8, 13, 20, 33, 64):
@@ -182,7 +184,7 @@ def test_encode_pairs_one_query_many_docs(xlmr):
 def test_offsets_point_at_the_source_text(xlmr):
     texts = ENGLISH[:50]
     batch = xlmr.encode_batch(texts, return_offsets=True)
-    assert batch.offsets is not None and batch.offsets.shape == (len(batch.ids), 2)
+    assert batch.offsets is not None and batch.offsets.shape == (len(batch.token_ids), 2)
     for i, text in enumerate(texts):
         ids, offsets = batch.sequence(i), batch.sequence_offsets(i)
         assert offsets[0].tolist() == [0, 0] and offsets[-1].tolist() == [0, 0]  # specials

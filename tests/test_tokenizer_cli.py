@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import json
 
-from conftest import shared_file
-
 from embedserve.cli import main
 
 
-def test_tokenize_prints_ids_and_pieces(capsys, tokenizer_cache_dir, xlmr_sp_reference):
-    model = shared_file("xlmr/sentencepiece.bpe.model")
+def test_tokenize_prints_ids_and_pieces(capsys, tokenizer_cache_dir, xlmr_tokenizer_dir, default_sp_reference):
+    model = xlmr_tokenizer_dir / "sentencepiece.bpe.model"
     text = "Hello  wörld, ｶﾞ <s>"
     assert main(["tokenize", "--model", str(model), "--trie-cache-dir", str(tokenizer_cache_dir),
                  "--json", "--no-special", text]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ids"] == xlmr_sp_reference.encode(text)
-    assert out["pieces"] == xlmr_sp_reference.encode(text, out_type=str)
+    assert out["ids"] == default_sp_reference.encode(text)
+    assert out["pieces"] == default_sp_reference.encode(text, out_type=str)
 
     assert main(["tokenize", "--model", str(model), "--trie-cache-dir", str(tokenizer_cache_dir), text]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[1:] == [str(i) for i in [1] + xlmr_sp_reference.encode(text) + [2]]
-    assert lines[1].split()[1:] == ["<s>"] + xlmr_sp_reference.encode(text, out_type=str) + ["</s>"]
+    assert lines[0].split()[1:] == [str(i) for i in [1] + default_sp_reference.encode(text) + [2]]
+    assert lines[1].split()[1:] == ["<s>"] + default_sp_reference.encode(text, out_type=str) + ["</s>"]
 
 
 def test_tokenize_unsupported_file_exits_2(capsys, tmp_path):

@@ -10,6 +10,7 @@ replacement (``a_b``), so a missed word split changes the ids.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import tokenizers
@@ -21,8 +22,8 @@ TEXTS = ["a_b", "xa_b_a", "a_b a_b", "ab\tab", "ab\r\nab", "ae\u0301a_b", "a\u03
          "a\u00a0b", "ab  ba", "ＡＢ a_b", "x" * 40 + "_b"]
 
 
-def tiny_tokenizer_json(replacement: str) -> dict:
-    charsmap_step = json.loads(shared_file("xlmr/tokenizer.json").read_text(encoding="utf-8"))["normalizer"]
+def tiny_tokenizer_json(replacement: str, charsmap_source: Path) -> dict:
+    charsmap_step = json.loads(charsmap_source.read_text(encoding="utf-8"))["normalizer"]
     pieces = [["<unk>", 0.0], ["a_b", -0.5], [replacement + "a", -1.0], [replacement, -3.0], ["a", -2.0],
               ["b", -2.0], ["x", -2.0], ["e", -2.0], ["ab", -1.5]]
     return {
@@ -37,10 +38,13 @@ def tiny_tokenizer_json(replacement: str) -> dict:
     }
 
 
+@pytest.mark.parametrize("charsmap", ["project", "xlmr/tokenizer.json"])
 @pytest.mark.parametrize("replacement", ["_", "\u2581"])
-def test_ascii_runs_match_tokenizers(replacement, tmp_path):
+def test_ascii_runs_match_tokenizers(replacement, charsmap, tmp_path, xlmr_tokenizer_dir):
+    # The normalizer (charsmap) of the project-made XLM-R tokenizer.json, and of XLM-R's own.
+    source = xlmr_tokenizer_dir / "tokenizer.json" if charsmap == "project" else shared_file(charsmap)
     path = tmp_path / "tokenizer.json"
-    path.write_text(json.dumps(tiny_tokenizer_json(replacement)), encoding="utf-8")
+    path.write_text(json.dumps(tiny_tokenizer_json(replacement, source)), encoding="utf-8")
     ours = Tokenizer.from_file(path, cache_dir=None)
     reference = tokenizers.Tokenizer.from_file(str(path))
     got = {text: ours.encode(text).tolist() for text in TEXTS}

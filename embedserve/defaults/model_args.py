@@ -32,8 +32,10 @@ def model_dir_from_args(args: argparse.Namespace) -> Path:
     """``--model``, else the default model, built into ``--cache-dir`` on first use."""
     if args.model is not None:
         return args.model
-    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.build import default_model_path, ensure_default_model, is_current_build
 
-    print("embedserve: preparing the default model (built once on first use) ...",
-          file=sys.stderr, flush=True)
-    return ensure_default_model(args.cache_dir or default_cache_dir())
+    cache_dir = args.cache_dir or default_cache_dir()
+    if not is_current_build(default_model_path(cache_dir)):
+        print("embedserve: building the default model (once, on first use) ...",
+              file=sys.stderr, flush=True)
+    return ensure_default_model(cache_dir)

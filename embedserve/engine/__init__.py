@@ -6,7 +6,7 @@ per-request post-processing in ``embedserve.model.postprocess``.
 """
 
 from embedserve.engine.batch import Batch
-from embedserve.model.config import ModelInfo
+from embedserve.model.info import ModelInfo
 from embedserve.engine.engine import Engine
 from embedserve.engine.lazy import LazyTensor
 

@@ -12,14 +12,15 @@ LazyTensor with the exception; the engine keeps serving later steps.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from embedserve.engine.batch import Batch
-from embedserve.model.config import (EncoderConfig, ModelInfo, load_encoder_config,
-                                      load_sentence_transformer_meta)
+from embedserve.model.config import EncoderConfig, load_encoder_config
+from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
@@ -77,15 +78,7 @@ class Engine:
             raise ModelLoadError(f"model directory not found: {model_dir}")
         dtype_name = resolve_dtype(dtype, device)
         model = build_model(model_dir, DTYPES[dtype_name])
-        config = model.config
-        meta = load_sentence_transformer_meta(model_dir, config)
-        info = ModelInfo(
-            model_id=model_id or model_dir.name, architecture=config.architecture,
-            task=config.task, dimension=config.hidden_size if config.task == "embed" else 0,
-            max_positions=config.max_positions, vocab_size=config.vocab_size,
-            pooling=meta.pooling, normalize=meta.normalize, prompts=meta.prompts,
-            default_prompt_name=meta.default_prompt_name, device=device, dtype=dtype_name,
-            type_vocab_size=config.type_vocab_size)
+        info = replace(read_model_info(model_dir, model_id), device=device, dtype=dtype_name)
         if device.startswith("cuda"):
             from embedserve.engine.runners.cuda import CudaRunner
             runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,

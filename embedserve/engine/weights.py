@@ -3,7 +3,7 @@
 Owns: finding the weights in a model directory (``model.safetensors``, a
 sharded safetensors index, or ``pytorch_model.bin`` through
 ``torch.load(weights_only=True)`` only), translating HF names
-(``bert.encoder.layer.3.attention.self.query.weight``) into encoder.py's
+(``bert.encoder.layer.3.attention.self.query.weight``) into modules/bert.py's
 (``encoder.layers.3.qkv.weight``, Q/K/V fused), and checking every shape
 against the config. Every failure is a ModelLoadError naming the file or key.
 """

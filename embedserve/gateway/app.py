@@ -2,8 +2,9 @@
 
 Wires the pieces built elsewhere: reads the model directory (tokenizer,
 prompts), starts the replica pool and its health watches in the app's
-lifespan, installs the middleware and the error handlers once, and mounts
-the routers. Nothing here handles a request itself.
+lifespan, installs the middleware (``app.state.drain`` is the shutdown
+gate the entry point closes) and the error handlers once, and mounts the
+routers. Nothing here handles a request itself.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from fastapi_offline import FastAPIOffline
 
 from embedserve import __version__
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
+from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
-from embedserve.gateway.model_meta import load_model_meta
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.discovery import source_for
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.model.info import read_model_info
 from embedserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -40,10 +42,10 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     tokenizer loads here, so a bad model directory fails at start-up
     (``ModelLoadError``), not on a request.
     """
-    meta = load_model_meta(settings.model_dir)
+    model = read_model_info(settings.model_dir)
     tokenizer = Tokenizer.from_model_dir(settings.model_dir)
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    preprocessor = Preprocessor(tokenizer, meta, executor)
+    preprocessor = Preprocessor(tokenizer, model, executor)
     metrics = GatewayMetrics()
     replica_source = source or source_for(settings.upstreams)
 
@@ -52,7 +54,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
                            settings.health_backoff_min_s, settings.health_backoff_max_s,
                            settings.replica_ping_s, replica_token=settings.replica_token)
-        app.state.gateway = Gateway(settings, meta, preprocessor, pool, metrics)
+        app.state.gateway = Gateway(settings, model, preprocessor, pool, metrics)
         await pool.start()
         try:
             yield
@@ -64,6 +66,10 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     # CDN, so they work on a machine without internet access.
     app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
                   description="OpenAI- and TEI-compatible embedding and reranking API.")
+    # Added first, so it runs inside GatewayMiddleware: its 503s carry request ids and are counted.
+    drain = Drain(metrics.registry, settings.retry_after_s)
+    app.state.drain = drain
+    app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)

@@ -1,9 +1,11 @@
 """``embedserve gateway``: the HTTP gateway alone in front of ``--upstream`` replicas.
 
 Prints ``embedserve gateway listening on http://HOST:PORT`` once it accepts
-requests and stops cleanly on Ctrl-C or SIGTERM. The gateway's flags and
-settings are built here (``embedserve serve`` reuses them); flags and
-environment are read here only.
+requests. On Ctrl-C or SIGTERM it drains: new requests (and /ready) get 503
+at once while those admitted before the signal are answered normally, the
+listening socket staying open meanwhile; then it closes and exits 0 (or
+after ``--drain-timeout``). The gateway's flags and settings are built here
+(``embedserve serve`` reuses them); flags and environment are read here only.
 """
 
 from __future__ import annotations
@@ -13,19 +15,21 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.entrypoint import configure_logging, gateway_banner, stop_on_signals
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
+# Once every admitted request is answered, only 503s can still be in flight:
+# uvicorn needs little time to finish them and close the connections.
+_CLOSE_GRACE_S = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +77,10 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
                         help="seconds between pings to each replica and how long one may go "
                              "unanswered before the replica counts as hung and its calls are "
                              "retried elsewhere; 0 turns pings off (default: %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
+                        help="after SIGTERM, seconds that requests admitted before it may run "
+                             "while new ones get 503; then the process exits "
+                             "(default: %(default)s)")
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
@@ -86,16 +94,11 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple
         max_inflight_tokens=args.max_inflight_tokens,
         request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping,
-        replica_token=replica_token)
-
-
-def configure_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        drain_timeout_s=args.drain_timeout, replica_token=replica_token)
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    configure_logging(args)
+    configure_logging(args.log_level)
     upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
     if not upstreams:
         raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
@@ -104,38 +107,37 @@ def run_gateway(args: argparse.Namespace) -> int:
     return asyncio.run(serve_http(settings))
 
 
-@contextlib.contextmanager
-def stop_on_signals(callback: Callable[[], None]):
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, callback)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
 async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
-    """Serve the gateway until ``stop`` is set (or SIGINT/SIGTERM when None)."""
+    """Serve the gateway until ``stop`` is set (or SIGINT/SIGTERM when None), then drain.
+
+    Draining keeps the socket open and the server running, so requests
+    admitted before the stop are answered and later ones get a clean 503;
+    uvicorn's own shutdown starts only once the admitted requests are done
+    (or ``settings.drain_timeout_s`` ran out), and then has nothing to cut.
+    """
     from embedserve.gateway.app import create_app
 
     app = create_app(settings)
     sock = listening_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    banner = (f"embedserve gateway listening on http://{host}:{port} "
-              f"(replicas: {', '.join(settings.upstreams)})")
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=10), banner)
+                                    timeout_graceful_shutdown=_CLOSE_GRACE_S),
+                     gateway_banner(host, port, settings.upstreams))
     own_stop = stop is None
     stop = stop or asyncio.Event()
 
-    async def stop_when_told() -> None:
+    async def drain_when_told() -> None:
         await stop.wait()
+        drain = app.state.drain
+        drain.begin()
+        log.info("stopping: refusing new requests, %d admitted still running", drain.in_flight)
+        if not await drain.wait_idle(settings.drain_timeout_s):
+            log.warning("drain timeout (%.0f s): %d requests still running are cut off",
+                        settings.drain_timeout_s, drain.in_flight)
         server.should_exit = True
 
     with stop_on_signals(stop.set) if own_stop else contextlib.nullcontext():
-        watcher = asyncio.create_task(stop_when_told())
+        watcher = asyncio.create_task(drain_when_told())
         try:
             await server.serve(sockets=[sock])
         finally:

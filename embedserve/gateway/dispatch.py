@@ -24,24 +24,7 @@ from embedserve.gateway.chunking import plan_chunks
 from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
 from embedserve.gateway.replicas import Replica, ReplicaPool
 from embedserve.protos import inference_pb2
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A tokenized request: packed ids and where each sequence starts."""
-
-    ids: np.ndarray                       # int32 [T]
-    cu_seqlens: np.ndarray                # int32 [B+1]
-    token_type_ids: np.ndarray | None = None  # int32 [T]
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return wire.lengths_from_cu_seqlens(self.cu_seqlens)
-
-    def slice(self, start: int, stop: int) -> "Packed":
-        lo, hi = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
-        return Packed(self.ids[lo:hi], self.cu_seqlens[start:stop + 1] - lo,
-                      None if self.token_type_ids is None else self.token_type_ids[lo:hi])
+from embedserve.ragged import RaggedBatch
 
 
 @dataclass
@@ -65,7 +48,7 @@ class ChunkPolicy:
 MakeRequest = Callable[[inference_pb2.PackedTokens], object]
 
 
-async def run_chunks(pool: ReplicaPool, packed: Packed, policy: ChunkPolicy, rpc: str,
+async def run_chunks(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy, rpc: str,
                      make_request: MakeRequest, deadline: float, request_id: str,
                      timings: DispatchTimings, on_retry: Callable[[], None] | None = None) -> np.ndarray:
     """Send ``packed`` as chunks over ``rpc`` ("Embed" or "Score"); rows in input order.
@@ -89,11 +72,11 @@ async def run_chunks(pool: ReplicaPool, packed: Packed, policy: ChunkPolicy, rpc
     return np.concatenate([t.result() for t in tasks], axis=0)
 
 
-async def _run_chunk(pool: ReplicaPool, chunk: Packed, max_attempts: int, rpc: str,
+async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, rpc: str,
                      make_request: MakeRequest, deadline: float, request_id: str,
                      timings: DispatchTimings, on_retry: Callable[[], None] | None) -> np.ndarray:
-    tokens = int(chunk.ids.shape[0])
-    message = make_request(wire.pack_tokens(chunk.ids, chunk.lengths, chunk.token_type_ids))
+    tokens = chunk.num_tokens
+    message = make_request(wire.pack_tokens(chunk))
     tried: set[Replica] = set()
     last_error: EmbedServeError | None = None
     for attempt in range(max_attempts):
@@ -129,10 +112,10 @@ async def _run_chunk(pool: ReplicaPool, chunk: Packed, max_attempts: int, rpc: s
         timings.inference_s = max(timings.inference_s, reply.timings.compute_us / 1e6)
         tensor = reply.embeddings if rpc == "Embed" else reply.scores
         rows = wire.tensor_to_array(tensor, field=f"{rpc}.result").astype(np.float32, copy=False)
-        if rows.shape[0] != chunk.cu_seqlens.shape[0] - 1:
+        if rows.shape[0] != chunk.num_sequences:
             # Never let a wrong row count shift answers onto other inputs.
             raise EmbedServeError(f"replica {replica.address} answered {rows.shape[0]} rows "
-                                  f"for {chunk.cu_seqlens.shape[0] - 1} inputs")
+                                  f"for {chunk.num_sequences} inputs")
         return rows
     assert last_error is not None
     raise last_error

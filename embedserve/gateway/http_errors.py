@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,59 +28,72 @@ from embedserve.gateway.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
 
-# status, OpenAI error type, code. Most specific class first: lookup walks the
-# exception's MRO, so InputTooLong finds its own row before InvalidInput's.
-STATUS_BY_ERROR: dict[type[errors.EmbedServeError], tuple[int, str, str]] = {
-    errors.InputTooLong: (413, "invalid_request_error", "input_too_long"),
-    # OpenAI's answer for a model it does not have.
-    errors.ModelNotFound: (404, "invalid_request_error", "model_not_found"),
-    errors.InvalidInput: (400, "invalid_request_error", "invalid_input"),
-    errors.Overloaded: (429, "rate_limit_error", "overloaded"),
-    errors.Unavailable: (503, "service_unavailable", "unavailable"),
-    errors.DeadlineExceeded: (504, "timeout_error", "timeout"),
+
+@dataclass(frozen=True)
+class HttpStatus:
+    """What the gateway says with one HTTP status."""
+
+    type: str                   # OpenAI's error.type
+    description: str | None     # in every route's OpenAPI answers; None: not a route's answer
+
+
+# The one table of HTTP statuses the gateway answers errors with. Every error
+# body, from a handler, the middleware or a route, takes its type from here.
+HTTP_STATUSES: dict[int, HttpStatus] = {
+    400: HttpStatus("invalid_request_error", "Bad input (the field is named in error.param)"),
+    401: HttpStatus("authentication_error", "Missing or wrong API key"),
+    404: HttpStatus("invalid_request_error",
+                    "The requested model is not served here (code model_not_found)"),
+    405: HttpStatus("invalid_request_error", None),
+    413: HttpStatus("invalid_request_error",
+                    "Body too large, too many inputs, or an input too long with truncation off"),
+    415: HttpStatus("invalid_request_error", None),
+    422: HttpStatus("invalid_request_error", "Wrong type or shape of a field"),
+    429: HttpStatus("rate_limit_error", "In-flight token budget full; retry after Retry-After seconds"),
     # Nobody reads the answer; 499 is the de-facto "client closed request".
-    errors.Cancelled: (499, "cancelled", "cancelled"),
-    errors.ModelLoadError: (503, "service_unavailable", "model_unavailable"),
-    errors.EmbedServeError: (500, "server_error", "internal_error"),
+    499: HttpStatus("cancelled", None),
+    500: HttpStatus("server_error", "Unexpected error (no traceback is returned)"),
+    503: HttpStatus("service_unavailable", "No replica ready"),
+    504: HttpStatus("timeout_error", "Timed out"),
 }
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-    405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-    422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-    503: "service_unavailable", 504: "timeout_error",
+# The error tree's HTTP mapping: status and error.code. Most specific class
+# first: lookup walks the exception's MRO, so InputTooLong finds its own row
+# before InvalidInput's.
+STATUS_BY_ERROR: dict[type[errors.EmbedServeError], tuple[int, str]] = {
+    errors.InputTooLong: (413, "input_too_long"),
+    errors.ModelNotFound: (404, "model_not_found"),  # OpenAI's answer for a model it does not have
+    errors.InvalidInput: (400, "invalid_input"),
+    errors.Overloaded: (429, "overloaded"),
+    errors.Unavailable: (503, "unavailable"),
+    errors.DeadlineExceeded: (504, "timeout"),
+    errors.Cancelled: (499, "cancelled"),
+    errors.ModelLoadError: (503, "model_unavailable"),
+    errors.EmbedServeError: (500, "internal_error"),
 }
-
 
 # Declared on every route so the OpenAPI document tells clients (and the schema
 # fuzzer) every status the gateway can answer with, all in OpenAI's error shape.
 ERROR_RESPONSES: dict[int | str, dict] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in (
-        (400, "Bad input (the field is named in error.param)"),
-        (401, "Missing or wrong API key"),
-        (404, "The requested model is not served here (code model_not_found)"),
-        (413, "Body too large, too many inputs, or an input too long with truncation off"),
-        (422, "Wrong type or shape of a field"),
-        (429, "In-flight token budget full; retry after Retry-After seconds"),
-        (500, "Unexpected error (no traceback is returned)"),
-        (503, "No replica ready"),
-        (504, "Timed out"),
-    )
+    status: {"model": ErrorResponse, "description": entry.description}
+    for status, entry in HTTP_STATUSES.items() if entry.description is not None
 }
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape, its type read from ``HTTP_STATUSES``."""
+    entry = HTTP_STATUSES.get(status)
+    type_ = entry.type if entry else "server_error" if status >= 500 else "invalid_request_error"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    type_ = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
-def status_for(exc: errors.EmbedServeError) -> tuple[int, str, str]:
+def status_for(exc: errors.EmbedServeError) -> tuple[int, str]:
+    """(HTTP status, error.code) of ``exc``, through its class hierarchy."""
     for cls in type(exc).__mro__:
         if cls in STATUS_BY_ERROR:
             return STATUS_BY_ERROR[cls]
@@ -87,14 +101,13 @@ def status_for(exc: errors.EmbedServeError) -> tuple[int, str, str]:
 
 
 def embedserve_error_response(exc: errors.EmbedServeError) -> JSONResponse:
-    status, type_, code = status_for(exc)
-    param = getattr(exc, "field", None)
+    status, code = status_for(exc)
     headers = None
     if isinstance(exc, errors.Overloaded):
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
     if status >= 500 and type(exc) is errors.EmbedServeError:
         log.error("request failed: %s", exc.message)
-    return JSONResponse(error_body(exc.message, type_, param, code), status_code=status, headers=headers)
+    return error_response(status, exc.message, getattr(exc, "field", None), code, headers)
 
 
 def _validation_param(loc: tuple) -> str:

@@ -83,14 +83,14 @@ class GatewayMiddleware:
             # answered with a clean 500 that carries none.
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if not started_response[0]:
-                await _send_error(send_with_headers, 500, "internal server error", "server_error",
-                                  "internal_error")
+                await _send_error(send_with_headers, 500, "internal server error", "internal_error")
         finally:
             route = _route_label(scope)
             self.metrics.requests.labels(route, str(status_seen[0])).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
-    def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str, str | None] | None:
+    def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str | None] | None:
+        """(status, message, error.code) of a request refused before routing, or None."""
         if (self.api_key is not None and scope["path"] not in OPEN_PATHS
                 and not scope["path"].startswith(DOCS_ASSETS_PREFIX)):
             given = headers.get(b"authorization", b"").decode("latin-1")
@@ -98,20 +98,19 @@ class GatewayMiddleware:
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
                                                                     self.api_key.encode()):
                 return (401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
-                        "authentication_error", "invalid_api_key")
+                        "invalid_api_key")
         declared = headers.get(b"content-length")
         if declared is not None:
             try:
                 too_big = int(declared) > self.max_body_bytes
             except ValueError:
-                return 400, "malformed Content-Length", "invalid_request_error", None
+                return 400, "malformed Content-Length", None
             if too_big:
                 return self._too_large()
         return None
 
-    def _too_large(self) -> tuple[int, str, str, str]:
-        return (413, f"request body larger than {self.max_body_bytes} bytes",
-                "invalid_request_error", "body_too_large")
+    def _too_large(self) -> tuple[int, str, str]:
+        return 413, f"request body larger than {self.max_body_bytes} bytes", "body_too_large"
 
 
 def server_timing(timing: dict[str, float]) -> str:
@@ -132,8 +131,9 @@ def _route_label(scope: Scope) -> str:
     return getattr(route, "path", "unmatched")
 
 
-async def _send_error(send: Send, status: int, message: str, type_: str, code: str | None) -> None:
-    body = json.dumps(error_body(message, type_, None, code)).encode()
+async def _send_error(send: Send, status: int, message: str, code: str | None) -> None:
+    # Below the app, so no JSONResponse: the same body, sent as raw ASGI messages.
+    body = json.dumps(error_body(status, message, None, code)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

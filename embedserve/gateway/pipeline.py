@@ -16,31 +16,39 @@ from typing import TypeVar
 import numpy as np
 from starlette.requests import Request
 
+from embedserve import validate, wire
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound
 from embedserve.gateway.budget import TokenBudget
-from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, Packed, run_chunks
+from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
-from embedserve.gateway.model_meta import ModelMeta
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.replicas import ReplicaPool
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
+from embedserve.ragged import RaggedBatch
 
 T = TypeVar("T")
 
 
 class Gateway:
-    def __init__(self, settings: GatewaySettings, meta: ModelMeta, preprocessor: Preprocessor,
+    def __init__(self, settings: GatewaySettings, model: ModelInfo, preprocessor: Preprocessor,
                  pool: ReplicaPool, metrics: GatewayMetrics) -> None:
         self.settings = settings
-        self.meta = meta
+        self._described = model
         self.preprocessor = preprocessor
         self.pool = pool
         self.metrics = metrics
         self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model: the directory's description, a healthy replica's report over it."""
+        reply = self.pool.info()
+        return self._described if reply is None else wire.model_info_from_proto(reply, self._described)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -68,18 +76,16 @@ class Gateway:
     def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> int:
         if dimensions is None:
             return 0
-        if self.meta.dimension and dimensions > self.meta.dimension:
-            raise InvalidInput(f"{field} is {dimensions}; the model's embeddings have "
-                               f"{self.meta.dimension}", field=field)
+        validate.check_dimensions(dimensions, self._described.dimension, field)
         return dimensions
 
     def require_task(self, task: str) -> None:
-        if self.meta.task != task:
+        if self._described.task != task:
             what = "an embedding model" if task == "embed" else "a reranker (cross-encoder)"
-            raise InvalidInput(f"this route needs {what}; {self.meta.model_id} is not one",
+            raise InvalidInput(f"this route needs {what}; {self._described.model_id} is not one",
                                field="model")
 
-    async def embed(self, request: Request, packed: Packed, normalize: bool, dimensions: int,
+    async def embed(self, request: Request, packed: RaggedBatch, normalize: bool, dimensions: int,
                     route: str) -> np.ndarray:
         """Pooled vectors [B, d] for ``packed``, in input order."""
         def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedRequest:
@@ -88,15 +94,16 @@ class Gateway:
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
         return await self._dispatch(request, packed, "Embed", make, route)
 
-    async def score(self, request: Request, packed: Packed, sigmoid: bool, route: str) -> np.ndarray:
+    async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:
         """One score [B] per packed pair, in input order."""
         def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.ScoreRequest:
             return inference_pb2.ScoreRequest(pairs=tokens, sigmoid=sigmoid,
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
         return await self._dispatch(request, packed, "Score", make, route)
 
-    async def _dispatch(self, request: Request, packed: Packed, rpc: str, make, route: str) -> np.ndarray:
-        tokens = int(packed.ids.shape[0])
+    async def _dispatch(self, request: Request, packed: RaggedBatch, rpc: str, make,
+                        route: str) -> np.ndarray:
+        tokens = packed.num_tokens
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
@@ -111,7 +118,7 @@ class Gateway:
                 self.metrics.inflight_tokens.set(self.budget.in_use - tokens)
                 timing["queue"] = timings.queue_s
                 timing["inference"] = timings.inference_s
-        self.metrics.inputs.labels(route).inc(len(packed.cu_seqlens) - 1)
+        self.metrics.inputs.labels(route).inc(packed.num_sequences)
         self.metrics.tokens.labels(route).inc(tokens)
         return result
 

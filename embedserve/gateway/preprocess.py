@@ -15,19 +15,21 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-from embedserve.errors import InputTooLong, InvalidInput
-from embedserve.gateway.dispatch import Packed
-from embedserve.gateway.model_meta import ModelMeta
+from embedserve import ragged, validate
+from embedserve.errors import InvalidInput
+from embedserve.model.info import ModelInfo
+from embedserve.ragged import RaggedBatch
+from embedserve.tokenizer import EncodedBatch, Tokenizer
 
 
 class Preprocessor:
-    def __init__(self, tokenizer, meta: ModelMeta, executor: Executor) -> None:
+    def __init__(self, tokenizer: Tokenizer, model: ModelInfo, executor: Executor) -> None:
         self.tokenizer = tokenizer
-        self.meta = meta
+        self.model = model
         self._executor = executor
         # The single-sequence template, read off the tokenizer: encoding ""
         # gives just the specials (<s> </s> for XLM-R, [CLS] [SEP] for BERT).
-        specials = np.asarray(tokenizer.encode_batch([""]).ids, dtype=np.int32)
+        specials = tokenizer.encode_batch([""]).token_ids
         self._prefix, self._suffix = specials[:1], specials[1:]
 
     @property
@@ -41,70 +43,52 @@ class Preprocessor:
 
     async def encode_texts(self, texts: Sequence[str], prompt: str, truncate: bool,
                            direction: str, field: str, return_offsets: bool = False,
-                           add_special_tokens: bool = True, check_length: bool = True):
+                           add_special_tokens: bool = True, check_length: bool = True) -> EncodedBatch:
         """Tokenize ``prompt + text`` for each text; an EncodedBatch within limits."""
         check_texts(texts, field)
         prompted = [prompt + t for t in texts] if prompt else list(texts)
-        limit = self.meta.max_positions
+        limit = self.model.max_positions
         encoded = await self._run(self.tokenizer.encode_batch, prompted,
                                   max_length=limit if truncate else None,
                                   truncation=direction.lower() if truncate else None,
                                   add_special_tokens=add_special_tokens,
                                   return_offsets=return_offsets)
         if check_length and not truncate:
-            check_lengths(np.diff(encoded.cu_seqlens), limit, field)
+            validate.check_lengths(encoded.lengths, limit, field)
         return encoded
 
-    async def pack_texts(self, texts: Sequence[str], prompt: str, truncate: bool,
-                         direction: str, field: str) -> Packed:
-        encoded = await self.encode_texts(texts, prompt, truncate, direction, field)
-        return Packed(np.asarray(encoded.ids, dtype=np.int32), np.asarray(encoded.cu_seqlens, dtype=np.int32))
-
     def pack_ids(self, sequences: Sequence[Sequence[int]], truncate: bool, direction: str,
-                 field: str) -> Packed:
+                 field: str) -> RaggedBatch:
         """Raw token ids (no specials) -> sequences wrapped in the model's specials."""
-        limit = self.meta.max_positions
-        room = limit - len(self._prefix) - len(self._suffix)
-        parts: list[np.ndarray] = []
-        lengths = np.empty(len(sequences), dtype=np.int32)
-        for i, seq in enumerate(sequences):
-            try:
-                ids = np.asarray(seq, dtype=np.int64)
-            except OverflowError:  # an id beyond int64: out of the vocabulary, not a crash
-                raise InvalidInput(f"{field}[{i}] has a token id outside [0, {self.meta.vocab_size})",
-                                   field=f"{field}[{i}]") from None
+        raw = [_int64_ids(seq, i, self.model.vocab_size, field) for i, seq in enumerate(sequences)]
+        for i, ids in enumerate(raw):
             if ids.size == 0:
                 raise InvalidInput(f"{field}[{i}] is an empty list of token ids", field=f"{field}[{i}]")
-            if int(ids.min()) < 0 or int(ids.max()) >= self.meta.vocab_size:
-                raise InvalidInput(f"{field}[{i}] has a token id outside [0, {self.meta.vocab_size})",
-                                   field=f"{field}[{i}]")
-            if ids.size > room:
-                if not truncate:
-                    raise InputTooLong(f"{field}[{i}] has {ids.size + limit - room} tokens with special "
-                                       f"tokens; the limit is {limit} (set truncate to cut it)",
-                                       index=i, length=int(ids.size + limit - room), limit=limit,
-                                       field=f"{field}[{i}]")
-                ids = ids[:room] if direction.lower() == "right" else ids[-room:]
-            parts += [self._prefix, ids.astype(np.int32), self._suffix]
-            lengths[i] = ids.size + limit - room
-        cu = np.zeros(len(sequences) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=cu[1:])
-        return Packed(np.concatenate(parts), cu)
+        raw_lengths = np.array([ids.size for ids in raw], dtype=np.int64)
+        validate.check_token_ids(np.concatenate(raw), ragged.cu_seqlens_from_lengths(raw_lengths),
+                                 self.model.vocab_size, field)
+        specials = len(self._prefix) + len(self._suffix)
+        if not truncate:
+            validate.check_lengths(raw_lengths + specials, self.model.max_positions, field)
+        room = self.model.max_positions - specials
+        from_right = direction.lower() == "right"
+        kept = [ids if ids.size <= room else ids[:room] if from_right else ids[-room:] for ids in raw]
+        parts = [part for ids in kept for part in (self._prefix, ids.astype(np.int32), self._suffix)]
+        lengths = np.array([ids.size for ids in kept], dtype=np.int64) + specials
+        return ragged.from_lengths(np.concatenate(parts), lengths)
 
     async def pack_pairs(self, query: str, docs: Sequence[str], truncate: bool, direction: str,
-                         field: str) -> Packed:
+                         field: str) -> EncodedBatch:
         """``<s> query </s></s> doc </s>`` per document, for the reranker."""
         check_texts([query], "query")
         check_texts(docs, field)
-        limit = self.meta.max_positions
+        limit = self.model.max_positions
         encoded = await self._run(self.tokenizer.encode_pairs, query, list(docs),
                                   max_length=limit if truncate else None,
                                   truncation=direction.lower() if truncate else None)
         if not truncate:
-            check_lengths(np.diff(encoded.cu_seqlens), limit, field)
-        type_ids = getattr(encoded, "token_type_ids", None)
-        return Packed(np.asarray(encoded.ids, dtype=np.int32), np.asarray(encoded.cu_seqlens, dtype=np.int32),
-                      None if type_ids is None else np.asarray(type_ids, dtype=np.int32))
+            validate.check_lengths(encoded.lengths, limit, field)
+        return encoded
 
 
 def check_texts(texts: Sequence[str], field: str) -> None:
@@ -116,11 +100,9 @@ def check_texts(texts: Sequence[str], field: str) -> None:
             raise InvalidInput(f"{name} is an empty string", field=name)
 
 
-def check_lengths(lengths: np.ndarray, limit: int, field: str) -> None:
-    too_long = np.flatnonzero(lengths > limit)
-    if too_long.size:
-        i = int(too_long[0])
-        more = f" ({too_long.size} inputs are too long)" if too_long.size > 1 else ""
-        raise InputTooLong(f"{field}[{i}] has {int(lengths[i])} tokens; the limit is {limit} "
-                           f"(set truncate to cut it){more}", index=i, length=int(lengths[i]),
-                           limit=limit, field=f"{field}[{i}]")
+def _int64_ids(sequence: Sequence[int], index: int, vocab_size: int, field: str) -> np.ndarray:
+    try:
+        return np.asarray(sequence, dtype=np.int64)
+    except OverflowError:  # an id beyond int64: out of the vocabulary, not a crash
+        token_id = next(v for v in sequence if not -2**63 <= v < 2**63)
+        raise validate.outside_vocabulary(index, token_id, vocab_size, field) from None

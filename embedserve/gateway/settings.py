@@ -56,6 +56,10 @@ class GatewaySettings:
     # unanswered before the replica counts as hung and its calls are retried
     # elsewhere (0: no pings; a hung replica then holds calls to the deadline).
     replica_ping_s: float = 2.0
+    # After SIGTERM: how long requests admitted before it may run on while new
+    # ones get 503. The process exits once they are answered or this runs out;
+    # 25 s leaves room to close under Kubernetes' and compose's default 30 s grace.
+    drain_timeout_s: float = 25.0
     # Health-watch reconnect backoff bounds, in seconds.
     health_backoff_min_s: float = 0.1
     health_backoff_max_s: float = 2.0

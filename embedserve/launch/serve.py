@@ -2,24 +2,25 @@
 
 N local scheduler+engine processes (``--replicas``) and the gateway in front
 of them, in this process, building the default model on first use. Prints
-``embedserve gateway listening on http://HOST:PORT`` once it accepts requests
-and stops cleanly on Ctrl-C or SIGTERM (the gateway first, then the replicas
-drain).
+``embedserve gateway listening on http://HOST:PORT`` once it accepts requests.
+On Ctrl-C or SIGTERM the gateway drains first (new requests get 503, those
+admitted are answered), then the replicas drain, then it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
-from embedserve.gateway.cli import add_gateway_flags, configure_logging, gateway_settings, serve_http, stop_on_signals
-from embedserve.launch.cluster import replica_args, replica_env
 from embedserve.defaults.model_args import model_dir_from_args
+from embedserve.entrypoint import configure_logging, stop_on_signals
+from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http
+from embedserve.launch.commands import replica_env
+from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor
-from embedserve.scheduler.settings import REPLICA_DTYPES
+from embedserve.scheduler.cli import add_engine_flags, engine_flags
 from embedserve.scheduler.token_file import read_token_file, temporary_token_file
 
 log = logging.getLogger("embedserve.serve")
@@ -31,20 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--replicas", type=int, default=1,
                        help="scheduler+engine processes to start (default: %(default)s); on CPU "
                             "they share the cores, so more replicas add fault tolerance, not speed")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    serve.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
-                       help="replicas' compute dtype (default: float32 on CPU, bfloat16 on CUDA); "
-                            "bfloat16 on a CPU with AVX512-BF16/AMX is ~2x faster at cosine "
-                            ">= 0.999 vs float32")
-    serve.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                       help="CUDA only: replicas replay captured graphs per batch bucket; "
-                            "--no-cuda-graphs runs them eagerly (default: on)")
+    add_engine_flags(serve)
     add_gateway_flags(serve)
     serve.set_defaults(func=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    configure_logging(args)
+    configure_logging(args.log_level)
     if args.replicas < 1:
         raise SystemExit("--replicas must be at least 1")
     model_dir = model_dir_from_args(args)
@@ -58,24 +52,16 @@ async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
 
 
 async def _serve_with_token(args: argparse.Namespace, model_dir: Path, token_file: Path) -> int:
-    env = replica_env(args.replicas, args.device)
-    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device, env=env,
-                                   extra_args=(*replica_args(args.dtype, args.cuda_graphs),
-                                               "--replica-token-file", str(token_file)))
+    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device,
+                                   extra_args=(*engine_flags(args.dtype, args.cuda_graphs),
+                                               "--replica-token-file", str(token_file)),
+                                   env=replica_env(args.replicas, args.device))
     stop = asyncio.Event()
     with stop_on_signals(stop.set):
-        starting = asyncio.create_task(supervisor.start())
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await starting
-            return 0
-        stopped.cancel()
         try:
-            addresses = starting.result()
-            settings = gateway_settings(args, model_dir, addresses, read_token_file(token_file))
+            if not await first_or_stop(asyncio.ensure_future(supervisor.start()), stop):
+                return 0
+            settings = gateway_settings(args, model_dir, supervisor.addresses, read_token_file(token_file))
             return await serve_http(settings, stop)
         finally:
             await supervisor.stop()

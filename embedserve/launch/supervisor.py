@@ -1,73 +1,51 @@
 """Local scheduler replicas as child processes, kept alive until told to stop.
 
-Owns starting ``embedserve scheduler`` processes (port 0 at first, learned
-from the line each prints once it is SERVING), restarting one that exits
-unexpectedly on the same port (the gateway's health watch then puts it back
-in rotation), and stopping them all: SIGTERM (they drain), then SIGKILL
-after a grace period. Children also get SIGTERM if this process dies
-without cleaning up (Linux parent-death signal). Used by ``embedserve
-serve``; ``embedserve cluster`` can reuse it.
+Owns the replicas' life cycle: starting ``embedserve scheduler`` processes
+(port 0 at first, learned from the line each prints once it is SERVING),
+restarting one that exits unexpectedly on the same port (the gateway's
+health watch then puts it back in rotation), and stopping them all at once
+(they drain in parallel). Starting and stopping one child is
+``processes.py``'s job; the command line is ``commands.py``'s. Used by
+``embedserve serve`` and ``embedserve cluster``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
-import re
-import signal
-import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedserve.entrypoint import SCHEDULER_LISTENING
+from embedserve.launch.commands import scheduler_command
+from embedserve.launch.processes import ChildFailed, start_child, stop_child
+
 log = logging.getLogger(__name__)
-
-_LISTENING = re.compile(rb"listening on (\S+:\d+)")
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A pre-exec hook that asks Linux to SIGTERM the child when this process dies.
-
-    prctl is looked up here, in the parent: loading a library between fork and exec
-    (``ctypes.CDLL`` in the child) can deadlock on a loader lock that another thread of
-    the parent held at fork time. The hook itself only calls the resolved function.
-    """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return hook
 
 
 @dataclass
 class ReplicaProcess:
     index: int
-    args: list[str]
     port: int = 0
     process: asyncio.subprocess.Process | None = None
     address: str = ""
     restarts: int = 0
-    pump: asyncio.Task | None = field(default=None, repr=False)
+    output: asyncio.Task | None = field(default=None, repr=False)
 
 
 class ReplicaSupervisor:
     def __init__(self, model_dir: Path, replicas: int, device: str = "cpu", host: str = "127.0.0.1",
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None,
                  start_timeout_s: float = 300.0, stop_timeout_s: float = 30.0) -> None:
-        self._base = [sys.executable, "-m", "embedserve.cli", "scheduler", "--model", str(model_dir),
-                      "--device", device, "--host", host, *extra_args]
+        self._model_dir = model_dir
+        self._device = device
+        self._host = host
+        self._extra_args = extra_args
         self._env = env
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
-        self._pre_exec = _die_with_parent_hook()
-        self.replicas = [ReplicaProcess(i, self._base) for i in range(replicas)]
+        self.replicas = [ReplicaProcess(i) for i in range(replicas)]
         self._stopping = False
         self._keeper: asyncio.Task | None = None
 
@@ -86,40 +64,15 @@ class ReplicaSupervisor:
         return self.addresses
 
     async def _spawn(self, replica: ReplicaProcess) -> None:
-        command = [*replica.args, "--port", str(replica.port)]
-        replica.process = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, env=self._env, preexec_fn=self._pre_exec)
-        assert replica.process.stdout is not None
-        try:
-            address = await asyncio.wait_for(self._read_address(replica.process.stdout),
-                                             self._start_timeout_s)
-        except TimeoutError:
-            raise RuntimeError(f"replica {replica.index} did not start within "
-                               f"{self._start_timeout_s:.0f} s") from None
-        if address is None:
-            code = await replica.process.wait()
-            raise RuntimeError(f"replica {replica.index} exited with status {code} before serving")
-        replica.address = address
-        replica.port = int(address.rsplit(":", 1)[1])
-        # Keep draining its stdout so the pipe never fills and blocks it.
-        replica.pump = asyncio.create_task(self._forward(replica.process.stdout))
-        log.info("replica %d serving on %s (pid %d)", replica.index, address, replica.process.pid)
-
-    @staticmethod
-    async def _read_address(stdout: asyncio.StreamReader) -> str | None:
-        while line := await stdout.readline():
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
-            match = _LISTENING.search(line)
-            if match:
-                return match.group(1).decode()
-        return None
-
-    @staticmethod
-    async def _forward(stdout: asyncio.StreamReader) -> None:
-        while line := await stdout.readline():
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+        argv = scheduler_command(self._model_dir, self._host, replica.port, device=self._device,
+                                 extra=self._extra_args)
+        replica.process, match, replica.output = await start_child(
+            argv, SCHEDULER_LISTENING, name=f"replica {replica.index}", env=self._env,
+            timeout_s=self._start_timeout_s)
+        replica.address = match.group(1)
+        replica.port = int(replica.address.rsplit(":", 1)[1])
+        log.info("replica %d serving on %s (pid %d)", replica.index, replica.address,
+                 replica.process.pid)
 
     async def _keep_alive(self) -> None:
         """Restart a replica that exits while we are not stopping."""
@@ -135,27 +88,17 @@ class ReplicaSupervisor:
                 await asyncio.sleep(min(5.0, 0.5 * replica.restarts))
                 try:
                     await self._spawn(replica)
-                except (RuntimeError, OSError) as exc:
+                except (ChildFailed, OSError) as exc:
                     log.error("replica %d failed to restart: %s", replica.index, exc)
         await asyncio.gather(*(watch(r) for r in self.replicas))
 
     async def stop(self) -> None:
-        """SIGTERM every replica (they drain), SIGKILL those still running later."""
+        """SIGTERM every replica (they drain in parallel), SIGKILL those still running later."""
         self._stopping = True
         if self._keeper is not None:
             self._keeper.cancel()
-        running = [r.process for r in self.replicas
-                   if r.process is not None and r.process.returncode is None]
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        for process in running:
-            try:
-                await asyncio.wait_for(process.wait(), self._stop_timeout_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        running = [r.process for r in self.replicas if r.process is not None]
+        await asyncio.gather(*(stop_child(p, self._stop_timeout_s) for p in running))
         for replica in self.replicas:
-            if replica.pump is not None:
-                replica.pump.cancel()
+            if replica.output is not None:
+                replica.output.cancel()

@@ -8,7 +8,7 @@ into frozen dataclasses. Knows nothing about weights or execution.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,25 +54,6 @@ class EncoderConfig:
     def max_positions(self) -> int:
         """Longest sequence (specials included) the position table allows."""
         return self.max_position_embeddings - self.position_offset
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What callers (scheduler, gateway) need to know about a loaded model."""
-
-    model_id: str
-    architecture: str
-    task: str                      # "embed" or "score"
-    dimension: int                 # embedding width; 0 for a scorer
-    max_positions: int
-    vocab_size: int
-    pooling: str                   # "mean" or "cls"
-    normalize: bool                # the model's default (a Normalize module in modules.json)
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    type_vocab_size: int = 2       # segment ids accepted in Batch.token_type_ids
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from embedserve import validate
 from embedserve.errors import InvalidInput
 
 
@@ -23,9 +24,7 @@ def postprocess_embeddings(vectors: np.ndarray, normalize: bool,
     if vectors.ndim != 2:
         raise InvalidInput(f"expected [B, dim] vectors, got shape {vectors.shape}")
     if dimensions is not None:
-        if not 1 <= dimensions <= vectors.shape[1]:
-            raise InvalidInput(f"dimensions must lie in [1, {vectors.shape[1]}], got {dimensions}",
-                               field="dimensions")
+        validate.check_dimensions(dimensions, vectors.shape[1])
         vectors = vectors[:, :dimensions]
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if normalize:

@@ -9,7 +9,7 @@ steps running. Modules, one job each:
     policy.py    plan_batch: the pure FCFS token-budget rule
     pool.py      Call (one RPC's result handle), RequestPool (admission, queue)
     batcher.py   the engine loop: form, submit, route rows back, fail batches
-    service.py   the Inference servicer (decode, validate, post-process)
+    servicer.py  the Inference servicer (decode, validate, post-process)
     status.py    embedserve errors -> gRPC status codes, once
     metrics.py   Prometheus metrics in a per-server registry, /metrics endpoint
     server.py    SchedulerServer / create_server: start-up, warm-up, drain, stop

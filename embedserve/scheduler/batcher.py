@@ -17,12 +17,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
+from embedserve.model.info import ModelInfo
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 class StepEngine(Protocol):
     """What the scheduler needs of an engine (``embedserve.engine.Engine`` has it)."""
 
-    info: Any  # embedserve.engine.ModelInfo
+    info: ModelInfo
 
     def step(self, batch: Batch) -> LazyTensor: ...
 
@@ -69,14 +70,12 @@ def assemble_batch(runs: list[Run], task: Task) -> Batch:
     id_parts, type_parts, length_parts = [], [], []
     any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
     for run in runs:
-        tokens, offsets = run.call.tokens, run.call.offsets
-        start, stop = offsets[run.first_index], offsets[run.first_index + run.count]
-        id_parts.append(tokens.token_ids[start:stop])
-        length_parts.append(tokens.lengths[run.first_index:run.first_index + run.count])
+        part = run.call.tokens.slice(run.first_index, run.first_index + run.count)
+        id_parts.append(part.token_ids)
+        length_parts.append(part.lengths)
         if any_types:
-            types = tokens.token_type_ids
-            type_parts.append(types[start:stop] if types is not None
-                              else np.zeros(stop - start, dtype=np.int32))
+            type_parts.append(part.token_type_ids if part.token_type_ids is not None
+                              else np.zeros(part.num_tokens, dtype=np.int32))
     return Batch.from_lengths(np.concatenate(id_parts), np.concatenate(length_parts), task,
                               np.concatenate(type_parts) if any_types else None)
 

@@ -13,15 +13,16 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.entrypoint import configure_logging, scheduler_banner, stop_on_signals
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 log = logging.getLogger("embedserve.scheduler")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -36,13 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="gRPC port; 0 picks a free one (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
-                        help="engine dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                        help="CUDA only: capture a graph per (token, sequence) bucket and replay "
-                             "it, cutting per-step launch overhead at the cost of capture time "
-                             "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
+    add_engine_flags(parser)
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="token budget per engine step; larger batches amortize per-step "
                              "cost but make each step (and a short query behind it) slower "
@@ -64,6 +59,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype``, ``--cuda-graphs``: declared once for the scheduler and the
+    launchers that pass them on to their replicas (``engine_flags`` writes them back)."""
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
+                        help="engine compute dtype (default: float32 on CPU, bfloat16 on CUDA); "
+                             "bfloat16 on a CPU with AVX512-BF16/AMX is ~2x faster at cosine "
+                             ">= 0.999 vs float32")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA only: capture a graph per (token, sequence) bucket and replay "
+                             "it, cutting per-step launch overhead at the cost of capture time "
+                             "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
+
+
+def engine_flags(dtype: str | None, cuda_graphs: bool = True) -> tuple[str, ...]:
+    """The scheduler flags for ``dtype`` and ``cuda_graphs``; empty for the defaults."""
+    return (*(("--dtype", dtype) if dtype is not None else ()),
+            *(() if cuda_graphs else ("--no-cuda-graphs",)))
+
+
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
         model_dir=model_dir, host=args.host, port=args.port, metrics_port=args.metrics_port,
@@ -75,8 +90,7 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     settings = settings_from_args(args, model_dir_from_args(args))
     return asyncio.run(serve(settings))
 
@@ -91,16 +105,11 @@ async def serve(settings: SchedulerSettings) -> int:
     try:
         server, port = await create_server(settings, engine)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        metrics = f"{settings.host}:{server.metrics_port}" if server.metrics_port is not None \
-            else "off"
-        print(f"embedserve scheduler listening on {settings.host}:{port} metrics {metrics}",
-              flush=True)
-        await stop.wait()
-        log.info("signal received: draining (%d calls active)", server.service.active_calls)
-        await server.stop()
+        with stop_on_signals(stop.set):
+            print(scheduler_banner(settings.host, port, server.metrics_port), flush=True)
+            await stop.wait()
+            log.info("signal received: draining (%d calls active)", server.service.active_calls)
+            await server.stop()
         log.info("stopped")
     finally:
         engine.close()

@@ -2,7 +2,7 @@
 
 Owns admission (the bounded queue, in tokens), the FCFS queue of sequences,
 and each call's result handle. It does not talk to the engine or to gRPC:
-``batcher.py`` takes batches out of it and routes rows back; ``service.py``
+``batcher.py`` takes batches out of it and routes rows back; ``servicer.py``
 puts calls in and awaits them.
 
 Every call has one ``asyncio.Future`` resolved exactly once: with its rows,
@@ -24,7 +24,7 @@ import numpy as np
 from embedserve.engine.batch import Task
 from embedserve.errors import DeadlineExceeded, InvalidInput, Overloaded
 from embedserve.scheduler.policy import BatchPlan, plan_batch
-from embedserve.wire import Tokens
+from embedserve.ragged import RaggedBatch
 
 # Why a queued sequence is dropped instead of computed (a metrics label).
 CANCELLED = "cancelled"
@@ -35,11 +35,10 @@ FAILED = "failed"
 class Call:
     """One Embed or Score RPC: its tokens, its deadline, its result handle."""
 
-    def __init__(self, task: Task, tokens: Tokens, arrival: float,
+    def __init__(self, task: Task, tokens: RaggedBatch, arrival: float,
                  deadline: float | None = None) -> None:
         self.task = task
         self.tokens = tokens
-        self.offsets = tokens.offsets()      # where each sequence starts in tokens.token_ids
         self.arrival = arrival               # time.monotonic() seconds
         self.deadline = deadline             # absolute monotonic seconds, or None
         self.future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()

@@ -19,11 +19,12 @@ import grpc
 import numpy as np
 
 import embedserve
-from embedserve import wire
+from embedserve import validate, wire
 from embedserve.engine.batch import Task
+from embedserve.errors import InvalidInput, Unavailable
 from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
-from embedserve.errors import InputTooLong, InvalidInput, Unavailable
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.ragged import RaggedBatch
 from embedserve.scheduler.batcher import StepEngine
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
@@ -41,7 +42,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                  metrics: SchedulerMetrics) -> None:
         self._engine = engine
         self._info = engine.info
-        self._type_vocab_size = _type_vocab_size(engine)
         self._pool = pool
         self._settings = settings
         self._metrics = metrics
@@ -60,13 +60,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def Info(self, request: inference_pb2.InfoRequest,
                    context: Context) -> inference_pb2.InfoResponse:
-        info, s = self._info, self._settings
-        return inference_pb2.InfoResponse(
-            model_id=info.model_id, dimension=info.dimension if info.task == "embed" else 0,
-            max_positions=info.max_positions, max_batch_tokens=s.max_batch_tokens,
-            max_batch_sequences=s.max_batch_sequences, tasks=[info.task],
-            version=embedserve.__version__, device=str(info.device), dtype=str(info.dtype),
-            max_queue_tokens=s.max_queue_tokens)
+        s = self._settings
+        return wire.model_info_to_proto(self._info, max_batch_tokens=s.max_batch_tokens,
+                                        max_batch_sequences=s.max_batch_sequences,
+                                        max_queue_tokens=s.max_queue_tokens,
+                                        version=embedserve.__version__)
 
     async def wait_idle(self) -> None:
         """Return once no Embed/Score call is being served."""
@@ -76,9 +74,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                      context: Context) -> inference_pb2.EmbedResponse:
         tokens = self._decode(request.tokens, "embed", "tokens")
         dimensions = request.dimensions or None
-        if dimensions is not None and not 1 <= dimensions <= self._info.dimension:
-            raise InvalidInput(f"dimensions must lie in [1, {self._info.dimension}], "
-                               f"got {dimensions}", field="dimensions")
+        if dimensions is not None:
+            validate.check_dimensions(dimensions, self._info.dimension)
         if request.dtype not in (inference_pb2.DTYPE_FLOAT32, inference_pb2.DTYPE_FLOAT16):
             raise InvalidInput(f"unknown output dtype {request.dtype}", field="dtype")
         call, rows = await self._run(tokens, "embed", context)
@@ -96,33 +93,15 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                                            timings=self._timings(call),
                                            request_id=request.request_id)
 
-    def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> wire.Tokens:
-        """Wire checks (wire.py), then model checks: task, ids in vocabulary, lengths."""
-        if self._info.task != task:
-            raise InvalidInput(f"this replica serves {self._info.task!r} "
-                               f"({self._info.model_id}), not {task!r}")
+    def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> RaggedBatch:
+        """The wire's layout checks, then the model's (the engine's own, run per call here so
+        one bad call cannot fail a whole batch)."""
+        validate.check_task(task, self._info.task, self._info.model_id)
         tokens = wire.unpack_tokens(packed, field)
-        ids, vocab = tokens.token_ids, self._info.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            bad = int(np.flatnonzero((ids < 0) | (ids >= vocab))[0])
-            raise InvalidInput(f"{field}.token_ids[{bad}] = {int(ids[bad])} is outside the "
-                               f"vocabulary [0, {vocab})", field=f"{field}.token_ids")
-        too_long = np.flatnonzero(tokens.lengths > self._info.max_positions)
-        if too_long.size:
-            index = int(too_long[0])
-            length = int(tokens.lengths[index])
-            raise InputTooLong(f"sequence {index} has {length} tokens; the model takes at most "
-                               f"{self._info.max_positions}", index=index, length=length,
-                               limit=self._info.max_positions, field=f"{field}.lengths")
-        if tokens.token_type_ids is not None:
-            types = tokens.token_type_ids
-            if int(types.min()) < 0 or int(types.max()) >= self._type_vocab_size:
-                raise InvalidInput(f"{field}.token_type_ids must lie in "
-                                   f"[0, {self._type_vocab_size})",
-                                   field=f"{field}.token_type_ids")
+        validate.check_fits_model(tokens, self._info, field)
         return tokens
 
-    async def _run(self, tokens: wire.Tokens, task: Task,
+    async def _run(self, tokens: RaggedBatch, task: Task,
                    context: Context) -> tuple[Call, np.ndarray]:
         """Admit a call, wait for its rows; a caller who leaves marks it gone."""
         if not self.accepting:
@@ -192,8 +171,3 @@ def _deadline_passed(context: Context) -> bool:
     """Whether the handler was cancelled because its deadline passed (best effort)."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= _DEADLINE_SKEW_S
-
-
-def _type_vocab_size(engine: StepEngine) -> int:
-    """Segment ids the model accepts (checked per call so one bad call cannot fail a batch)."""
-    return max(1, int(engine.info.type_vocab_size))

@@ -1,7 +1,9 @@
-"""EncodedBatch: the packed result of encoding many texts (or pairs).
+"""EncodedBatch: the tokenizer's result for many texts (or pairs).
 
-One flat int32 id array plus ``cu_seqlens``, ready to go over the wire as bytes
-without a copy per sequence. Sequence i is ``ids[cu_seqlens[i]:cu_seqlens[i+1]]``.
+A ``RaggedBatch`` (flat int32 ids plus ``cu_seqlens``, ready to go over the
+wire as bytes without a copy per sequence) that also carries what only the
+tokenizer knows: which sequences were cut, their lengths before the cut, and
+optionally each token's character span.
 """
 
 from __future__ import annotations
@@ -10,24 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedserve.ragged import RaggedBatch
 
-@dataclass(frozen=True)
-class EncodedBatch:
-    ids: np.ndarray  # int32 [T], specials included
-    cu_seqlens: np.ndarray  # int32 [B + 1]
+
+@dataclass(frozen=True, kw_only=True)
+class EncodedBatch(RaggedBatch):
     truncated: np.ndarray  # bool [B]: tokens were cut to fit max_length
     original_lengths: np.ndarray  # int32 [B]: length (specials included) before truncation
     offsets: np.ndarray | None = None  # int32 [T, 2]: [start, end) characters; specials (0, 0)
 
     def __len__(self) -> int:
-        return int(self.cu_seqlens.shape[0] - 1)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.cu_seqlens)
-
-    def sequence(self, i: int) -> np.ndarray:
-        return self.ids[self.cu_seqlens[i]:self.cu_seqlens[i + 1]]
+        return self.num_sequences
 
     def sequence_offsets(self, i: int) -> np.ndarray:
         if self.offsets is None:

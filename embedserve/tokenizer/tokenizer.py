@@ -2,7 +2,7 @@
 
 Loads a SentencePiece ``.model`` (``model_proto``) or a Hugging Face
 ``tokenizer.json`` (``hf_json``) into a TokenizerSpec, builds (or loads from the
-cache) the trie, and runs the Numba kernels of ``encoder.py``/``packing.py``.
+cache) the trie, and runs the Numba kernels of ``kernels/encode.py`` and ``templates.py``.
 Two exactness modes, chosen by ``compat``: ``"hf"`` equals ``tokenizers`` loading the
 same tokenizer.json, ``"sentencepiece"`` equals ``sentencepiece`` loading the .model.
 
@@ -299,4 +299,5 @@ def _chunk_bounds(text_starts: np.ndarray, n_chunks: int) -> np.ndarray:
 
 def _batch(out, return_offsets: bool) -> EncodedBatch:
     ids, cu, truncated, original, offsets = out
-    return EncodedBatch(ids, cu, truncated, original, offsets if return_offsets else None)
+    return EncodedBatch(ids, cu, truncated=truncated, original_lengths=original,
+                        offsets=offsets if return_offsets else None)

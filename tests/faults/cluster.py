@@ -1,7 +1,7 @@
 """The cluster the fault suite breaks: one gateway and N replicas as processes.
 
 Each process is a real ``embedserve gateway`` / ``embedserve scheduler``
-started from the command lines in ``embedserve.launch.cluster`` (the same ones
+started from the command lines in ``embedserve.launch.commands`` (the same ones
 ``embedserve cluster`` runs), either on loopback ports or, in namespace mode,
 each on its own "host" (``tests.faults.netns``): the gateway then finds the
 replicas through DNS (``--upstream dns:replicas:PORT``) and a replica's link
@@ -11,10 +11,8 @@ itself: the suite kills, stops, restarts and watches each one on purpose.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,9 +24,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.faults.netns import REPLICAS_NAME, StarNetwork
-from embedserve.launch.cluster import free_port, gateway_command, replica_command
-
-_LISTENING = re.compile(r"listening on (\S+:\d+)")
+from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
+from embedserve.launch.commands import gateway_command, scheduler_command
+from embedserve.launch.processes import free_port, stop_popen
 _NS_GRPC_PORT, _NS_METRICS_PORT, _NS_HTTP_PORT = 50051, 9100, 8000
 
 
@@ -55,6 +53,7 @@ class Process:
 
     name: str
     argv: list[str]
+    listening: re.Pattern[str]    # the line it prints once it listens
     log_path: Path
     env: dict[str, str]
     ns: str | None = None
@@ -85,13 +84,13 @@ class Process:
             return None
 
     def wait_listening(self, timeout_s: float) -> str:
-        """Wait for this start's ``listening on HOST:PORT`` line; return the address."""
+        """Wait for this start's ``listening on ...`` line; return the address it names."""
         deadline = time.monotonic() + timeout_s
         marker = f"--- start {self.starts}:"
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
             current = text[text.rfind(marker):]
-            match = _LISTENING.search(current)
+            match = self.listening.search(current)
             if match:
                 return match.group(1)
             if not self.running():
@@ -101,16 +100,8 @@ class Process:
         raise RuntimeError(f"{self.name} did not listen within {timeout_s:.0f} s; see {self.log_path}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if not self.running():
-            return
-        assert self.popen is not None
-        with contextlib.suppress(ProcessLookupError):
-            self.popen.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
-            self.popen.send_signal(signal.SIGTERM)
-        if self.wait_exit(grace_s) is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.kill()
-            self.popen.wait(10)
+        if self.popen is not None:
+            stop_popen(self.popen, grace_s)
 
 
 @dataclass
@@ -148,10 +139,10 @@ class FaultCluster:
                 reach = self.network.addresses[f"replica{i}"]
             else:
                 host, port, metrics, reach = "127.0.0.1", free_port(), free_port(), "127.0.0.1"
-            argv = replica_command(self.model_dir, host=host, port=port, metrics_port=metrics,
-                                   extra=self.replica_flags)
+            argv = scheduler_command(self.model_dir, host=host, port=port, metrics_port=metrics,
+                                     extra=self.replica_flags)
             ns = self.network.replica_ns(i) if self.network else None
-            self.replica_procs.append(Process(f"replica{i}", self._wrap(ns, argv),
+            self.replica_procs.append(Process(f"replica{i}", self._wrap(ns, argv), SCHEDULER_LISTENING,
                                               self.log_dir / f"replica{i}.log", env, ns))
             self.metrics_urls.append(f"http://{reach}:{metrics}/metrics")
             addresses.append(f"{reach}:{port}")
@@ -164,7 +155,8 @@ class FaultCluster:
             self.gateway_url = f"http://127.0.0.1:{port}"
         argv = gateway_command(self.model_dir, upstream, host=host, port=port, extra=self.gateway_flags)
         ns = self.network.gateway_ns if self.network else None
-        self.gateway = Process("gateway", self._wrap(ns, argv), self.log_dir / "gateway.log", env, ns)
+        self.gateway = Process("gateway", self._wrap(ns, argv), GATEWAY_LISTENING,
+                               self.log_dir / "gateway.log", env, ns)
         try:
             for proc in self.replica_procs:
                 proc.start()

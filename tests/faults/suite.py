@@ -212,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model
     if model_dir is None:
         from embedserve.defaults.build import ensure_default_model
+        from embedserve.defaults.model_args import default_cache_dir
 
-        model_dir = ensure_default_model(Path(__file__).resolve().parent.parent / ".cache" / "models")
+        model_dir = ensure_default_model(default_cache_dir())
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="embedserve-faults-") as logs:
         mode, results = asyncio.run(run_suite(model_dir, Path(logs), args.mode, args.phase_seconds))

@@ -14,7 +14,7 @@ from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.forward import pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.errors import ModelLoadError
-from embedserve.model.config import ModelInfo
+from embedserve.model.info import ModelInfo
 
 # Chosen by measurement on CPU (BENCHMARKS.md, engine section).
 DEFAULT_CPU_ATTENTION = "per_sequence"

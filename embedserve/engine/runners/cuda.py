@@ -7,9 +7,10 @@ the result is copied device-to-host asynchronously into a pinned buffer, and
 a CUDA event marks completion (EventLazyTensor). Steps are issued in order on
 one stream, so several may be in flight.
 
-Only the CaptureBackend here touches torch.cuda graphs; the policy lives in
-graphs/cache.py and is tested on CPU with a fake backend. This module itself
-needs a GPU: bench/gpu_engine.py checks it (replay vs eager equality, latency).
+Only CudaGraphBackend here touches torch.cuda graphs; it is the CaptureBackend
+that graphs/cache.py's policy drives, and that policy is tested on CPU with a
+fake backend. This module itself needs a GPU: bench/gpu_engine.py checks it
+(replay vs eager equality, latency).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedserve.engine.batch import Batch
+from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs, input_size
-from embedserve.model.config import ModelInfo
-from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.batch import check_batch
 from embedserve.engine.graphs.cache import GraphCache
 from embedserve.engine.graphs.shapes import BucketKey, bucket_for
 from embedserve.engine.lazy import EventLazyTensor, FutureLazyTensor, LazyTensor
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.model.info import ModelInfo
 
 
 class CudaGraphBackend:

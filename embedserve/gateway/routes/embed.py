@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from embedserve.errors import InvalidInput
-from embedserve.gateway.dispatch import Packed
-from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
+from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
 
@@ -29,7 +29,7 @@ def json_response(payload: object) -> Response:
 
 
 async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name: str | None,
-                truncate: bool, direction: str) -> Packed:
+                truncate: bool, direction: str) -> RaggedBatch:
     """One of the accepted input forms -> packed ids, counted and checked."""
     if isinstance(raw, str):
         raw = [raw]
@@ -37,8 +37,8 @@ async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name
         raise InvalidInput(f"{field} must not be empty", field=field)
     gateway.check_count(len(raw), field)
     if isinstance(raw[0], str):
-        prompt = gateway.meta.prompt(prompt_name, "input_type" if field == "input" else "prompt_name")
-        return await timed(request, "tokenize", gateway.preprocessor.pack_texts(
+        prompt = gateway.model.prompt(prompt_name, "input_type" if field == "input" else "prompt_name")
+        return await timed(request, "tokenize", gateway.preprocessor.encode_texts(
             raw, prompt, truncate, direction, field))
     if prompt_name is not None:
         raise InvalidInput("a prompt cannot be applied to token ids; send text instead",
@@ -56,13 +56,13 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
     packed = await _pack(gateway, request, body.input, "input", body.input_type, body.truncate, "right")
-    vectors = await gateway.embed(request, packed, gateway.meta.normalize, dimensions, "/v1/embeddings")
+    vectors = await gateway.embed(request, packed, gateway.model.normalize, dimensions, "/v1/embeddings")
     if body.encoding_format == "base64":
         little = vectors.astype("<f4", copy=False)
         items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
     else:
         items = vectors.tolist()
-    tokens = int(packed.ids.shape[0])
+    tokens = packed.num_tokens
     return json_response({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],

@@ -37,21 +37,20 @@ async def ready(request: Request) -> Response:
 @router.get("/info", tags=["ops"], summary="The served model and the replicas")
 async def info(request: Request) -> dict:
     gateway: Gateway = request.app.state.gateway
-    meta, settings = gateway.meta, gateway.settings
-    replica_info = gateway.pool.info()
+    model, settings = gateway.model, gateway.settings
     return {
         "model_id": gateway.model_id,
         "served_model_names": list(gateway.served_names),
-        "model_type": "reranker" if meta.task == "score" else "embedding",
-        "dimension": meta.dimension,
-        "max_input_length": meta.max_positions,
+        "model_type": "reranker" if model.task == "score" else "embedding",
+        "dimension": model.dimension,
+        "max_input_length": model.max_positions,
         "max_client_batch_size": settings.max_inputs,
         "max_inflight_tokens": settings.max_inflight_tokens,
-        "normalize": meta.normalize,
-        "prompts": meta.prompts,
-        "default_prompt_name": meta.default_prompt_name,
-        "device": replica_info.device if replica_info else None,
-        "model_dtype": replica_info.dtype if replica_info else None,
+        "normalize": model.normalize,
+        "prompts": model.prompts,
+        "default_prompt_name": model.default_prompt_name,
+        "device": model.device,
+        "model_dtype": model.dtype,
         "version": __version__,
         "replicas": [{"address": r.address, "healthy": r.healthy,
                       "outstanding_tokens": r.outstanding_tokens} for r in gateway.pool.replicas],

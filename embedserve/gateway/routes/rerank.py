@@ -25,7 +25,7 @@ async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str
     packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
         query, docs, truncate, direction, field))
     scores = await gateway.score(request, packed, sigmoid, route)
-    return scores, int(packed.ids.shape[0])
+    return scores, packed.num_tokens
 
 
 def _ranked(scores) -> list[int]:

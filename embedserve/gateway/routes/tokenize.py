@@ -26,14 +26,14 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     gateway.check_count(len(texts), "inputs")
-    prompt = gateway.meta.prompt(body.prompt_name, "prompt_name")
+    prompt = gateway.model.prompt(body.prompt_name, "prompt_name")
     prompted = [prompt + t for t in texts]
     encoded = await timed(request, "tokenize", gateway.preprocessor.encode_texts(
         texts, prompt, truncate=False, direction="right", field="inputs", return_offsets=True,
         add_special_tokens=body.add_special_tokens, check_length=False))
     tokenizer = gateway.preprocessor.tokenizer
     head, tail = gateway.preprocessor.template_sizes if body.add_special_tokens else (0, 0)
-    ids = np.asarray(encoded.ids).tolist()
+    ids = encoded.token_ids.tolist()
     offsets = np.asarray(encoded.offsets).tolist()
     cu = np.asarray(encoded.cu_seqlens).tolist()
     out = []

@@ -9,7 +9,7 @@ its own normalizer (a jitted function passed as an argument instead would make
 Numba's on-disk cache miss on every start).
 
 Output is "raw": token ids without specials, plus, when asked, each token's
-[start, end) in characters of the input. Templates and truncation are ``packing.py``'s
+[start, end) in characters of the input. Templates and truncation are ``templates.py``'s
 job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. Parallelism over texts is the
 caller's (threads: every kernel here releases the GIL).

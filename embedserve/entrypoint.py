@@ -1,0 +1,53 @@
+"""What every embedserve process does alike at its entry point.
+
+Owns the log line format, the stop signals (SIGTERM and SIGINT, handled on
+the event loop), and the one line each server role prints once it listens,
+together with the pattern a parent process reads that line back with. The
+line and its pattern sit side by side so they cannot drift apart. Knows
+nothing about what the processes serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import signal
+from collections.abc import Callable, Iterator
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# ``embedserve scheduler listening on HOST:PORT metrics HOST:PORT`` ("metrics off"
+# without a metrics port). Group 1: the gRPC address; group 2: metrics or "off".
+SCHEDULER_LISTENING = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+)")
+# ``embedserve gateway listening on http://HOST:PORT (replicas: ...)``. Group 1: the URL.
+GATEWAY_LISTENING = re.compile(r"embedserve gateway listening on (http://\S+:\d+)")
+
+
+def configure_logging(level: str = "info") -> None:
+    """The log format every process uses, at ``level`` (a name: info, warning, ...)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+
+
+def scheduler_banner(host: str, port: int, metrics_port: int | None) -> str:
+    metrics = f"{host}:{metrics_port}" if metrics_port is not None else "off"
+    return f"embedserve scheduler listening on {host}:{port} metrics {metrics}"
+
+
+def gateway_banner(host: str, port: int, upstreams: tuple[str, ...]) -> str:
+    return f"embedserve gateway listening on http://{host}:{port} (replicas: {', '.join(upstreams)})"
+
+
+@contextlib.contextmanager
+def stop_on_signals(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` on the running loop at each SIGTERM or SIGINT while inside the block."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, callback)
+    try:
+        yield
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)

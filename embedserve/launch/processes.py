@@ -1,0 +1,158 @@
+"""Child processes of the launchers: start one, learn its address, stop it.
+
+Owns the mechanics every launcher shares: a port free right now, starting a
+child that dies with its parent (Linux parent-death signal) in its own
+process group, reading the line it prints once it listens (forwarding its
+output to ours), stopping it with SIGTERM and then SIGKILL after a grace
+period, and "wait for this or for a stop signal, whichever comes first".
+Knows nothing about which command a child runs (``commands.py``) or what it
+serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A child exited, or stayed silent too long, before printing that it listens."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (bound and released), for a child that must know it in advance.
+
+    Another process could take it before the child binds; that shows up as the
+    child's start failing, not as a silent collision.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def die_with_parent_hook() -> Callable[[], None] | None:
+    """A pre-exec hook that asks Linux to SIGTERM the child when this process dies.
+
+    prctl is looked up here, in the parent: loading a library between fork and exec
+    (``ctypes.CDLL`` in the child) can deadlock on a loader lock that another thread of
+    the parent held at fork time. The hook itself only calls the resolved function.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
+
+
+async def start_child(argv: Sequence[str], listening: re.Pattern[str], *, name: str,
+                      env: Mapping[str, str] | None = None, timeout_s: float = 300.0,
+                      ) -> tuple[asyncio.subprocess.Process, re.Match[str], asyncio.Task[None]]:
+    """Start ``argv`` and wait for the line matching ``listening``.
+
+    Returns the process, the match, and the task that keeps forwarding the
+    child's output to ours (so its pipe never fills). The child runs in its
+    own process group: a Ctrl-C in the terminal reaches only this process,
+    which then stops its children in order (the gateway drains before the
+    replicas do). Raises ``ChildFailed`` (after killing the child) when it
+    exits or stays silent for ``timeout_s`` first.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=None,
+        env=None if env is None else dict(env), preexec_fn=die_with_parent_hook(),
+        start_new_session=True)
+    assert process.stdout is not None
+    try:
+        match = await asyncio.wait_for(_read_until(process.stdout, listening), timeout_s)
+    except TimeoutError:
+        await stop_child(process, grace_s=0)
+        raise ChildFailed(f"{name} did not start within {timeout_s:.0f} s") from None
+    except BaseException:
+        await stop_child(process, grace_s=0)
+        raise
+    if match is None:
+        code = await process.wait()
+        raise ChildFailed(f"{name} exited with status {code} before listening")
+    return process, match, asyncio.create_task(_forward(process.stdout))
+
+
+async def _read_until(stdout: asyncio.StreamReader, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    while line := await stdout.readline():
+        _echo(line)
+        match = pattern.search(line.decode(errors="replace"))
+        if match:
+            return match
+    return None
+
+
+async def _forward(stdout: asyncio.StreamReader) -> None:
+    while line := await stdout.readline():
+        _echo(line)
+
+
+def _echo(line: bytes) -> None:
+    sys.stdout.buffer.write(line)
+    sys.stdout.flush()
+
+
+async def stop_child(process: asyncio.subprocess.Process, grace_s: float) -> int:
+    """SIGTERM (a server drains), then SIGKILL after ``grace_s``; the exit status."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGCONT)   # a stopped process cannot handle SIGTERM
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+    return await process.wait()
+
+
+def stop_popen(process: subprocess.Popen, grace_s: float) -> int:
+    """``stop_child`` for a ``subprocess.Popen`` (test and benchmark harnesses)."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+    return process.wait()
+
+
+async def first_or_stop(work: asyncio.Future[T], stop: asyncio.Event) -> bool:
+    """Wait for ``work`` or ``stop``; True when ``work`` finished first (its error re-raised).
+
+    When ``stop`` comes first, ``work`` is cancelled and awaited, so whatever
+    it started is cleaned up by its own handlers before this returns False.
+    """
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return False
+    work.result()  # re-raises the work's error
+    return True

@@ -1,0 +1,64 @@
+"""ModelInfo: the one description of a served model, read without its weights.
+
+Owns the facts every tier needs about a model: what it does (task,
+architecture), its limits (positions, vocabulary, segment ids), its output
+(dimension, pooling, default normalization) and its named prompts. The
+gateway reads it from the model directory (no torch); the engine reads the
+same and adds where the weights live (``device``, ``dtype``); the scheduler
+reports it over gRPC (the proto conversion is ``embedserve.wire``'s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from embedserve.errors import InvalidInput
+from embedserve.model.config import load_encoder_config, load_sentence_transformer_meta
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    architecture: str
+    task: str                      # "embed" or "score"
+    dimension: int                 # embedding width; 0 for a scorer
+    max_positions: int             # longest sequence, specials included
+    vocab_size: int
+    pooling: str                   # "mean" or "cls"
+    normalize: bool                # the model's default (a Normalize module in modules.json)
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    type_vocab_size: int = 2       # segment ids accepted in token_type_ids
+    # Where the weights live; None while only the directory has been read
+    # (the gateway, before a replica reports them).
+    device: str | None = None
+    dtype: str | None = None
+
+    def prompt(self, name: str | None, field_name: str) -> str:
+        """The prefix for prompt ``name`` (None: the model's default, if any)."""
+        if name is None:
+            name = self.default_prompt_name
+            if name is None:
+                return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise InvalidInput(f"{field_name}: unknown prompt {name!r}; this model has: {known}",
+                               field=field_name)
+        return self.prompts[name]
+
+
+def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
+    """Read ``model_dir`` (config and sentence-transformers metadata, no weights).
+
+    Raises ``ModelLoadError`` when the directory is unusable. ``model_id``
+    defaults to the directory's name.
+    """
+    config = load_encoder_config(model_dir)
+    meta = load_sentence_transformer_meta(model_dir, config)
+    return ModelInfo(
+        model_id=model_id or model_dir.name, architecture=config.architecture, task=config.task,
+        dimension=config.hidden_size if config.task == "embed" else 0,
+        max_positions=config.max_positions, vocab_size=config.vocab_size,
+        pooling=meta.pooling, normalize=meta.normalize, prompts=dict(meta.prompts),
+        default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size)
