@@ -91,8 +91,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(error_body(DRAINING_MESSAGE, "service_unavailable", None,
-                                     "draining")).encode()
+        body = json.dumps(error_body(503, DRAINING_MESSAGE, None, "draining")).encode()
         # Connection: close, so a client's next request opens a new connection
         # and meets a closed port, never a keep-alive connection cut mid-request.
         headers = [(b"content-type", b"application/json"),
