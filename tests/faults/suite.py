@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.suite.report import write_section
+
 from tests.faults.cluster import FaultCluster, Process
 from tests.faults.load import Expected, LoadGenerator, reference_vectors
 from tests.faults.report import PhaseResult, render_report, render_table
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mode: {mode}\n{render_table(results)}")
     if args.write is not None:
         command = " ".join(["python -m tests.faults.suite", *(argv if argv is not None else sys.argv[1:])])
-        args.write.write_text(render_report(mode, command, results, load_before))
+        # Only the fault section: the file holds other reports too (the compose run).
+        write_section(args.write, "faults", render_report(mode, command, results, load_before))
     bad = sum(r.outcomes.wrong + r.outcomes.lost for r in results)
     return 1 if bad else 0
 
