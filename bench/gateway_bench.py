@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,22 +30,12 @@ import numpy as np
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
+from embedserve.launch.processes import popen_listening
 from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_SOURCE = ROOT.parent / "shared" / "data" / "text" / "botchan.txt"
-
-
-def start(command: list[str], pattern: re.Pattern[str]) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = pattern.search(line)
-        if match:
-            threading.Thread(target=process.stdout.read, daemon=True).start()
-            return process, match.group(1)
-    raise RuntimeError(f"{command[3]} exited before it was ready")
 
 
 def text_of_tokens(tokenizer: Tokenizer, words: list[str], target: int) -> str:
@@ -82,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     python = [sys.executable, "-m", "embedserve.cli"]
-    scheduler, replica = start([*python, "scheduler", "--model", str(model_dir), "--port", "0"],
-                               SCHEDULER_LISTENING)
-    gateway, url = start([*python, "gateway", "--upstream", replica, "--model", str(model_dir),
-                          "--port", "0", "--log-level", "warning"], GATEWAY_LISTENING)
+    scheduler, banner = popen_listening([*python, "scheduler", "--model", str(model_dir), "--port", "0"],
+                                        SCHEDULER_LISTENING)
+    replica = banner.group(1)
+    gateway, banner = popen_listening([*python, "gateway", "--upstream", replica, "--model", str(model_dir),
+                                       "--port", "0", "--log-level", "warning"], GATEWAY_LISTENING)
+    url = banner.group(1)
     engine = Engine.load(model_dir, device="cpu")
     batch = Batch.from_sequences([ids])
     http_ms: list[float] = []

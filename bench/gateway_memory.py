@@ -13,12 +13,9 @@ from /proc once it listens, once the replica is ready, and after
 from __future__ import annotations
 
 import argparse
-import re
 import os
 import random
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +23,7 @@ import httpx
 
 from embedserve.defaults.model_args import default_cache_dir
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
-from embedserve.launch.processes import stop_popen
+from embedserve.launch.processes import popen_listening, stop_popen
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "bread flour water salt yeast oven hours rise bake crust crumb").split()
 
@@ -36,19 +33,6 @@ def resident_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def start(argv: list[str], listening: re.Pattern[str], env: dict[str, str],
-          cwd: str | None) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=cwd)
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = listening.search(line)
-        if match:
-            threading.Thread(target=process.stdout.read, daemon=True).start()
-            return process, match.group(1)
-    raise RuntimeError(f"{' '.join(argv[3:5])} exited before listening")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,11 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
     cli = [sys.executable, "-m", "embedserve.cli"]
-    replica, address = start([*cli, "scheduler", "--model", str(model), "--port", "0"], SCHEDULER_LISTENING, env, cwd)
+    replica, banner = popen_listening([*cli, "scheduler", "--model", str(model), "--port", "0"],
+                                      SCHEDULER_LISTENING, env=env, cwd=cwd)
+    address = banner.group(1)
     gateway = None
     try:
-        gateway, url = start([*cli, "gateway", "--model", str(model), "--upstream", address, "--port", "0"],
-                             GATEWAY_LISTENING, env, cwd)
+        gateway, banner = popen_listening([*cli, "gateway", "--model", str(model), "--upstream", address,
+                                           "--port", "0"], GATEWAY_LISTENING, env=env, cwd=cwd)
+        url = banner.group(1)
         listening = resident_mb(gateway.pid)
         base = url
         deadline = time.monotonic() + 120

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -122,6 +123,25 @@ async def stop_child(process: asyncio.subprocess.Process, grace_s: float) -> int
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
     return await process.wait()
+
+
+def popen_listening(argv: Sequence[str], listening: re.Pattern[str], *,
+                    env: Mapping[str, str] | None = None,
+                    cwd: str | None = None) -> tuple[subprocess.Popen, re.Match[str]]:
+    """``start_child`` for synchronous harnesses: a ``subprocess.Popen`` and its banner's match.
+
+    The child's output is drained by a daemon thread afterwards, so its pipe never fills.
+    """
+    process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=None if env is None else dict(env), cwd=cwd)
+    assert process.stdout is not None
+    for line in process.stdout:
+        match = listening.search(line)
+        if match:
+            threading.Thread(target=process.stdout.read, daemon=True).start()
+            return process, match
+    process.wait()
+    raise ChildFailed(f"{' '.join(argv)} exited with status {process.returncode} before listening")
 
 
 def stop_popen(process: subprocess.Popen, grace_s: float) -> int:

@@ -1,7 +1,7 @@
 """One scheduler replica: the grpc.aio server, its health, reflection, metrics and life cycle.
 
 Owns start-up (bind, warm the engine, then report SERVING), draining and
-shutdown. It wires together the pieces that do the work: ``service.py``
+shutdown. It wires together the pieces that do the work: ``servicer.py``
 (the handlers), ``pool.py`` (the queue), ``batcher.py`` (the engine loop),
 ``metrics.py``. Signals are the entry point's business (``cli.py``); this
 module exposes ``drain()`` / ``stop()`` for it and for tests.

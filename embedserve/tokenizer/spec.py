@@ -26,7 +26,7 @@ Each stage is a Numba function writing into caller-owned scratch:
      ``normalize_sp.sp_params(spec, charsmap_units)`` /
      ``normalize_hf.hf_params(spec, charsmap_units)``; the layout is private to each
      normalizer module. Both functions must return a tuple of two Python/int64 ints.
-     Wiring (T1, encoder.py/tokenizer.py): ``encoder.encode_raw`` calls
+     Wiring (kernels/encode.py, tokenizer.py): ``encode.encode_raw`` calls
      ``normalize_hf_into`` when ``spec.compat == "hf"``; ``Tokenizer.__init__`` calls
      ``hf_params``; ``Tokenizer.from_file(".json")`` calls ``hf_json.load_tokenizer_json``;
      ``from_file(".model", compat="hf")`` calls ``hf_json.spec_for_hf_compat(spec)``
