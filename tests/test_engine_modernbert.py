@@ -204,3 +204,30 @@ def test_unsupported_configs_are_refused_at_load(change: dict, words: str, tmp_p
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ModelLoadError, match=words):
         load_encoder_config(tmp_path)
+
+
+@pytest.mark.parametrize("window", [0, 1, 2, 8, 33, 128, 1000])
+def test_banded_sliding_window_equals_the_dense_mask(window: int) -> None:
+    """The blocked, banded computation against one SDPA with HF's dense rule
+    (same sequence and |i - j| <= window // 2), on packed batches with a CUDA
+    bucket's padding tokens (position 0 each) at the end."""
+    from embedserve.engine.modules.modernbert import sliding_window_from_positions
+
+    rng = np.random.default_rng(window)
+    for lengths, padding in (([1], 0), ([5, 40, 1, 17], 0), ([200, 3, 90], 11), ([7] * 9, 3)):
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        seq_ids = np.concatenate([np.repeat(np.arange(len(lengths)), lengths),
+                                  len(lengths) + np.arange(padding)])       # padding: alone each
+        positions = np.concatenate([np.arange(n) for n in lengths] + [np.zeros(padding, dtype=int)])
+        tokens = len(positions)
+        q, k, v = (torch.from_numpy(rng.standard_normal((tokens, 2, 8)).astype(np.float32))
+                   for _ in range(3))
+        index = np.arange(tokens)
+        dense = ((seq_ids[:, None] == seq_ids[None, :])
+                 & (np.abs(index[:, None] - index[None, :]) <= window // 2))
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=torch.from_numpy(dense)[None]).transpose(0, 1)
+        got = sliding_window_from_positions(torch.from_numpy(positions), window)(q, k, v)
+        assert got.shape == expected.shape and cu[-1] + padding == tokens
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -64,8 +64,9 @@ def sliding_window_from_positions(position_ids: torch.Tensor, window: int) -> At
     static shapes for a fixed T).
     """
     half = window // 2
-    block = max(2 * half, 16)
     tokens = position_ids.shape[0]
+    # Blocks as wide as the window, or as the whole batch when that is smaller.
+    block = max(16, min(2 * half, -(-tokens // 16) * 16))
     blocks = -(-tokens // block)
     tail = blocks * block - tokens
     span = block + 2 * half
