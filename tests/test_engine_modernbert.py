@@ -231,3 +231,13 @@ def test_banded_sliding_window_equals_the_dense_mask(window: int) -> None:
         got = sliding_window_from_positions(torch.from_numpy(positions), window)(q, k, v)
         assert got.shape == expected.shape and cu[-1] + padding == tokens
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_stays_close_to_float32_transformers(embed_dir: Path) -> None:
+    """bf16 weights and activations (RoPE rotated in float32, as transformers does)."""
+    sequences = _sequences(seed=2)
+    with Engine.load(embed_dir, dtype="bfloat16") as engine:
+        assert engine.info.dtype == "bfloat16"
+        pooled = engine.step(Batch.from_sequences(sequences)).wait()
+    for i, reference in enumerate(_reference_states(embed_dir, sequences)):
+        assert _cosine(pooled[i], _pool(reference, "mean")) >= 0.999, len(sequences[i])
