@@ -79,15 +79,33 @@ def modernbert_config(global_every: int = 3, local_attention: int = 8, **overrid
 
 
 def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: bool = True,
-                          global_every: int = 3, seed: int = 0) -> Path:
-    """Save a random ModernBertModel with a BPE tokenizer and ST metadata into ``directory``."""
+                          global_every: int = 3, seed: int = 0,
+                          xlmr_tokenizer_dir: Path | None = None) -> Path:
+    """Save a random ModernBertModel with a BPE tokenizer and ST metadata into ``directory``.
+
+    With ``xlmr_tokenizer_dir``, XLM-R's SentencePiece tokenizer files are copied
+    instead (and the vocabulary is XLM-R's 250,002): a tokenizer every checkout loads.
+    """
+    import shutil
+
     import torch
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
-    build_bpe_tokenizer(directory)
+    overrides = {}
+    if xlmr_tokenizer_dir is None:
+        build_bpe_tokenizer(directory)
+    else:
+        for name in ("tokenizer.json", "sentencepiece.bpe.model"):
+            shutil.copy(xlmr_tokenizer_dir / name, directory / name)
+        (directory / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+            "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+            "mask_token": "<mask>", "model_max_length": 128}))
+        overrides = dict(vocab_size=250_002, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                         cls_token_id=0, sep_token_id=2)
     torch.manual_seed(seed)
-    model = transformers.ModernBertModel(modernbert_config(global_every)).eval()
+    model = transformers.ModernBertModel(modernbert_config(global_every, **overrides)).eval()
     with torch.no_grad():
         # Non-trivial norm weights, so a missing or misplaced norm shows.
         for name, param in model.named_parameters():

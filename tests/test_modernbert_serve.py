@@ -4,8 +4,8 @@ sliding-window attention, mean pooling + Normalize, end to end.
 The whole stack as one process tree (gateway + one replica) on port 0; the
 official ``openai`` client and plain httpx ask for embeddings, which must
 equal sentence-transformers' on the same directory. ModernBERT's tokenizer is
-a byte-level BPE ``tokenizer.json``: the test skips (saying why) when this
-checkout's tokenizer cannot load one.
+a byte-level BPE ``tokenizer.json``: that variant skips (saying why) when this
+checkout's tokenizer cannot load one; the SentencePiece variant always runs.
 """
 
 from __future__ import annotations
@@ -27,15 +27,20 @@ TEXTS = CORPUS + ["short", "ünïcödé and emoji 🙂 go through byte-level BPE
                   "a " * 30 + "long one, far past the local window"]
 
 
-@pytest.fixture(scope="module")
-def modernbert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = build_tiny_modernbert(tmp_path_factory.mktemp("modernbert_serve"), "mean", True, 3)
+@pytest.fixture(scope="module", params=["bpe", "sentencepiece"])
+def modernbert_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ModernBERT's own kind of tokenizer (byte-level BPE), and XLM-R's SentencePiece
+    files, which every checkout's tokenizer loads (so the served ModernBERT path is
+    tested even where BPE is not)."""
+    xlmr = request.getfixturevalue("xlmr_tokenizer_dir") if request.param == "sentencepiece" else None
+    directory = build_tiny_modernbert(tmp_path_factory.mktemp(f"modernbert_serve_{request.param}"),
+                                      "mean", True, 3, xlmr_tokenizer_dir=xlmr)
     from embedserve.tokenizer.tokenizer import Tokenizer
 
     try:
         Tokenizer.from_model_dir(directory)
     except Exception as error:  # noqa: BLE001 - the reason goes into the skip message
-        pytest.skip(f"this checkout's tokenizer cannot load a BPE tokenizer.json: {error}")
+        pytest.skip(f"this checkout's tokenizer cannot load {request.param}'s tokenizer.json: {error}")
     return directory
 
 
@@ -72,8 +77,11 @@ def test_openai_embeddings_equal_sentence_transformers(modernbert_dir: Path, ser
     np.testing.assert_allclose(single.json()["data"][0]["embedding"], got[-1], atol=1e-5)
 
 
-def test_too_long_input_is_a_clear_400(server_url: str) -> None:
+def test_too_long_input_is_a_clear_413(server_url: str) -> None:
+    """Past the model's max_position_embeddings (128 here; RoPE has no table to overflow,
+    the limit is the model's own)."""
     reply = httpx.post(server_url + "/v1/embeddings",
                        json={"input": "word " * 500, "model": "tiny-modernbert"}, timeout=60)
-    assert reply.status_code == 400, reply.text
-    assert "128" in reply.text
+    assert reply.status_code == 413, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "input_too_long" and "at most 128" in error["message"]
