@@ -20,109 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from conftest import python_docs_text
+from trained_tokenizers import (MULTILINGUAL, gpt2_bpe, docs_lines, lowercase_metaspace_bpe, qwen3_bpe,
+                                unigram_byte_fallback, unigram_metaspace)
 from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer import HfTokenizer, Tokenizer, TokenizerBackend, load_tokenizer, load_tokenizer_file
 from embedserve.tokenizer.load import native_backend_for
 
-QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-MULTILINGUAL = [
-    "Hello, world!", "  leading and trailing spaces  ", "tabs\tand\nnewlines\r\n", "",
-    "Ünïcödé façade — naïve café", "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ １２３", "Straße ǅ ﬁ ligature",
-    "日本語のテキストです。", "中文文本，包括标点。", "한국어 텍스트", "Русский текст, ёлки",
-    "العربية نص", "עברית", "हिन्दी पाठ", "ไทยข้อความ", "emoji 👍🏽 👨‍👩‍👧 🇫🇷 ✨",
-    "e\u0301 combining a\u0308", "x" * 300, "def f(x):\n    return x ** 2  # comment",
-    "<|endoftext|> looks special but is text", "[CLS] [SEP] <s> </s>", "\u200b\ufeffzero width",
-]
-
-
-def _lines(limit: int | None = None) -> list[str]:
-    lines = [line for line in python_docs_text().split("\n") if line.strip()]
-    return lines[:limit] if limit else lines
-
-
-def _save(tokenizer: tokenizers.Tokenizer, path: Path) -> Path:
-    tokenizer.save(str(path))
-    return path
-
-
-def _gpt2_bpe(path: Path) -> Path:
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=True)
-    tok.train_from_iterator(_lines(), trainers.BpeTrainer(
-        vocab_size=3000, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return _save(tok, path)
-
-
-def _qwen3_bpe(path: Path) -> Path:
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(tokenizers.Regex(QWEN_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(_lines(), trainers.BpeTrainer(
-        vocab_size=3000, special_tokens=["<|endoftext|>", "<|im_start|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    eos = tok.token_to_id("<|endoftext|>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
-        special_tokens=[("<|endoftext|>", eos)])
-    return _save(tok, path)
-
-
-def _unigram_byte_fallback(path: Path) -> Path:
-    tok = tokenizers.Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(_lines(), trainers.UnigramTrainer(
-        vocab_size=1500, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False))
-    doc = json.loads(tok.to_str())
-    known = {piece for piece, _ in doc["model"]["vocab"]}
-    doc["model"]["vocab"] += [[f"<0x{b:02X}>", 0.0] for b in range(256) if f"<0x{b:02X}>" not in known]
-    doc["model"]["byte_fallback"] = True
-    path.write_text(json.dumps(doc, ensure_ascii=False))
-    tok = tokenizers.Tokenizer.from_file(str(path))
-    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
-    return _save(tok, path)
-
-
-def _lowercase_metaspace_bpe(path: Path) -> Path:
-    tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(_lines(), trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]"], show_progress=False))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return _save(tok, path)
-
-
-def _unigram_metaspace(path: Path, lowercase: bool) -> Path:
-    tok = tokenizers.Tokenizer(models.Unigram())
-    if lowercase:
-        tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(_lines(2000), trainers.UnigramTrainer(
-        vocab_size=800, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False))
-    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
-    return _save(tok, path)
-
-
-BUILDERS = {"gpt2": _gpt2_bpe, "qwen3": _qwen3_bpe, "unigram_byte_fallback": _unigram_byte_fallback,
-            "lowercase_metaspace_bpe": _lowercase_metaspace_bpe}
+BUILDERS = {"gpt2": gpt2_bpe, "qwen3": qwen3_bpe, "unigram_byte_fallback": unigram_byte_fallback,
+            "lowercase_metaspace_bpe": lowercase_metaspace_bpe}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
@@ -141,7 +47,7 @@ def pair(trained, tmp_path_factory):
 
 
 def _texts() -> list[str]:
-    return _lines()[::37] + MULTILINGUAL
+    return docs_lines()[::37] + MULTILINGUAL
 
 
 def _assert_matches(batch, encodings, offsets: bool = True) -> None:
@@ -266,7 +172,7 @@ def test_single_specials_are_the_template(pair):
 
 
 def test_qwen3_template_appends_endoftext(tmp_path):
-    ours = load_tokenizer_file(_qwen3_bpe(tmp_path / "tokenizer.json"))
+    ours = load_tokenizer_file(qwen3_bpe(tmp_path / "tokenizer.json"))
     eos = ours.id_to_piece(int(ours.encode("text")[-1]))
     assert eos == "<|endoftext|>"
     prefix, suffix = ours.single_specials
@@ -275,7 +181,7 @@ def test_qwen3_template_appends_endoftext(tmp_path):
 
 # ---- the dispatch -------------------------------------------------------------------
 def test_a_supported_unigram_runs_natively_and_exactly(tmp_path):
-    path = _unigram_metaspace(tmp_path / "tokenizer.json", lowercase=False)
+    path = unigram_metaspace(tmp_path / "tokenizer.json", lowercase=False)
     ours = load_tokenizer_file(path, cache_dir=tmp_path / "trie")
     assert isinstance(ours, Tokenizer) and ours.backend == "native-unigram"
     assert native_backend_for(json.loads(path.read_text()))[0] == "native-unigram"
@@ -294,7 +200,7 @@ def test_a_supported_unigram_runs_natively_and_exactly(tmp_path):
 
 
 def test_a_unigram_the_native_loader_refuses_falls_back(tmp_path, caplog):
-    path = _unigram_metaspace(tmp_path / "tokenizer.json", lowercase=True)
+    path = unigram_metaspace(tmp_path / "tokenizer.json", lowercase=True)
     assert native_backend_for(json.loads(path.read_text()))[0] == "native-unigram"
     with caplog.at_level("INFO", logger="embedserve.tokenizer.load"):
         ours = load_tokenizer_file(path, cache_dir=tmp_path / "trie")
