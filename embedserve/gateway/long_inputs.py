@@ -178,11 +178,9 @@ def pool_windows(vectors: np.ndarray, windows: Windows) -> np.ndarray:
         raise ValueError(f"{vectors.shape[0]} vectors for {windows.batch.num_sequences} windows")
     if not windows.split:
         return np.asarray(vectors, dtype=np.float32)
-    starts = windows.window_cu[:-1]
-    weights = windows.weights.astype(np.float64)
-    sums = np.add.reduceat(vectors.astype(np.float64) * weights[:, None], starts, axis=0)
-    totals = np.add.reduceat(weights, starts)
-    pooled = (sums / np.maximum(totals, 1.0)[:, None]).astype(np.float32)
-    single = np.diff(windows.window_cu) == 1
-    pooled[single] = vectors[starts[single]]
+    cu = windows.window_cu
+    pooled = np.array(vectors[cu[:-1]], dtype=np.float32)   # inputs of one window: as they are
+    for i in np.flatnonzero(np.diff(cu) > 1).tolist():
+        weights = windows.weights[cu[i]:cu[i + 1]].astype(np.float64)
+        pooled[i] = weights @ vectors[cu[i]:cu[i + 1]].astype(np.float64) / weights.sum()
     return pooled
