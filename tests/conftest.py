@@ -81,15 +81,17 @@ def _write_st_metadata(directory: Path, pooling: str, normalize: bool,
             {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
 
 
-def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, seed: int = 0,
+                     max_position_embeddings: int | None = None) -> Path:
     """Save a random tiny ``architecture`` (a transformers class name) into ``directory``,
-    with the XLM-R tokenizer files from ``tokenizer_dir``."""
+    with the XLM-R tokenizer files from ``tokenizer_dir``. ``max_position_embeddings``:
+    a small position table makes long inputs cheap (default: the family's 514 or 512)."""
     import torch
     import transformers
 
     family = "xlm-roberta" if architecture.startswith("XLMRoberta") else "bert"
     config_class = transformers.XLMRobertaConfig if family == "xlm-roberta" else transformers.BertConfig
-    positions = 514 if family == "xlm-roberta" else 512
+    positions = max_position_embeddings or (514 if family == "xlm-roberta" else 512)
     config = config_class(**TINY_SIZES, max_position_embeddings=positions, num_labels=1,
                           pad_token_id=1, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(seed)

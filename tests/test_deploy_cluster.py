@@ -88,8 +88,10 @@ async def _send(url: str, expected, requests: int) -> dict[str, int]:  # noqa: A
 def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_model_dir: Path,
                                                                       probe_reference) -> None:
     port = free_port()
+    # --auto-truncate is a gateway flag: cluster passes it on to its gateway process.
     cluster = ClusterProcess([sys.executable, "-m", "embedserve.cli", "cluster", "--replicas", "2",
-                              "--model", str(default_model_dir), "--port", str(port)])
+                              "--model", str(default_model_dir), "--port", str(port),
+                              "--auto-truncate", "left"])
     url = f"http://127.0.0.1:{port}"
     try:
         cluster.wait_for(lambda line: line.startswith(_READY), timeout_s=240)
@@ -101,6 +103,11 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
                           "examples": 0}
         # Least-outstanding balancing spread the calls over both replicas.
         assert all(_calls_ok(metrics) > 0 for _, metrics in replicas)
+        # Without the flag this input would be refused with 413; the gateway cuts it instead.
+        long_input = httpx.post(f"{url}/v1/embeddings", json={"input": "word " * 700},
+                                timeout=60, trust_env=False)
+        assert long_input.status_code == 200, long_input.text
+        assert long_input.json()["usage"]["prompt_tokens"] == 512
 
         # The container healthchecks' probe agrees with the live processes.
         assert _healthprobe(f"{url}/ready") == 0

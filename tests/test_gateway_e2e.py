@@ -272,7 +272,11 @@ BAD_REQUESTS = [
     ("/v1/embeddings", b'{"input": "x", "dimensions": "64"}', 422, "dimensions"),
     ("/v1/embeddings", b'{"input": "x", "dimensions": 385}', 400, "dimensions"),
     ("/embed", b'{"inputs": "x", "prompt_name": "nope"}', 400, "prompt_name"),
-    ("/embed", b'{"inputs": "x", "truncate": "yes"}', 422, "truncate"),
+    # A string names a long-input policy (gateway/long_inputs.py): an unknown one is 400.
+    ("/embed", b'{"inputs": "x", "truncate": "yes"}', 400, "truncate"),
+    ("/embed", b'{"inputs": "x", "truncate": 5}', 422, "truncate"),
+    ("/v1/embeddings", b'{"input": "x", "chunk_overlap": "3"}', 422, "chunk_overlap"),
+    ("/v1/embeddings", b'{"input": "x", "chunk_overlap": 510}', 400, "chunk_overlap"),
     ("/embed", b'{"inputs": "x", "truncation_direction": "up"}', 422, "truncation_direction"),
     ("/rerank", b'{"query": "q", "texts": ["a"]}', 400, "model"),
     ("/tokenize", b'{"inputs": 5}', 422, "inputs"),

@@ -45,7 +45,8 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     model = read_model_info(settings.model_dir)
     tokenizer = load_tokenizer(settings.model_dir)
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    preprocessor = Preprocessor(tokenizer, model, executor)
+    preprocessor = Preprocessor(tokenizer, model, executor, settings.auto_truncate,
+                                settings.chunk_overlap)
     metrics = GatewayMetrics()
     replica_source = source or source_for(settings.upstreams)
 

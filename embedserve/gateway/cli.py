@@ -22,6 +22,7 @@ import uvicorn
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.entrypoint import configure_logging, gateway_banner, stop_on_signals
+from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
@@ -66,6 +67,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
                         help="tokens admitted at once across requests; beyond it requests get "
                              "429 + Retry-After. Bounds memory and queueing (default: %(default)s)")
+    add_long_input_flags(parser)
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds before a request is answered 504 (default: %(default)s)")
     parser.add_argument("--chunk-sequences", type=int, default=d.chunk_max_sequences,
@@ -84,6 +86,34 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
+def add_long_input_flags(parser: argparse.ArgumentParser) -> None:
+    """``--auto-truncate`` and ``--chunk-overlap``: also ``embedserve cluster``'s, passed on."""
+    d = _DEFAULTS
+    parser.add_argument("--auto-truncate", nargs="?", const="right", default=d.auto_truncate,
+                        choices=SERVER_POLICIES, metavar="POLICY",
+                        help="inputs longer than the model's window, unless a request's "
+                             "'truncate' says otherwise: refuse (413), right or left (cut from "
+                             "that end, special tokens kept), chunk (embed windows of the model's "
+                             "length, pool them weighted by their tokens); the bare flag means "
+                             "right, as TEI's (default: %(default)s)")
+    parser.add_argument("--chunk-overlap", type=_non_negative, default=d.chunk_overlap,
+                        metavar="TOKENS",
+                        help="tokens consecutive windows of one input share under "
+                             "--auto-truncate chunk (request: chunk_overlap) (default: %(default)s)")
+
+
+def long_input_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of ``add_long_input_flags`` as argv, for a gateway started as a child."""
+    return ("--auto-truncate", args.auto_truncate, "--chunk-overlap", str(args.chunk_overlap))
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...],
                      replica_token: str | None = None) -> GatewaySettings:
     return GatewaySettings(
@@ -92,6 +122,7 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,
+        auto_truncate=args.auto_truncate, chunk_overlap=args.chunk_overlap,
         request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping,
         drain_timeout_s=args.drain_timeout, replica_token=replica_token)

@@ -4,7 +4,9 @@ Owns applying a prompt template, running the tokenizer off the event loop
 (in a small executor; the Numba encoder releases the GIL), adding the
 model's special tokens around raw token ids, and the length rules: cut on
 request (``truncate`` and its direction) or refuse with ``InputTooLong``
-naming the input index and its length. Knows nothing about replicas.
+naming the input index and its length, or cut into windows to be pooled
+(the rules are ``long_inputs``'s, the server's default held here). Knows
+nothing about replicas.
 """
 
 from __future__ import annotations
@@ -17,24 +19,47 @@ import numpy as np
 
 from embedserve import ragged, validate
 from embedserve.errors import InvalidInput
+from embedserve.gateway import long_inputs
+from embedserve.gateway.long_inputs import LongInputPolicy, Windows
 from embedserve.model.info import ModelInfo
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, TokenizerBackend
 
 
 class Preprocessor:
-    def __init__(self, tokenizer: TokenizerBackend, model: ModelInfo, executor: Executor) -> None:
+    def __init__(self, tokenizer: TokenizerBackend, model: ModelInfo, executor: Executor,
+                 auto_truncate: str = "refuse", chunk_overlap: int = 0) -> None:
+        """``auto_truncate``/``chunk_overlap``: the server's long-input policy (its flags);
+        ValueError when they do not fit this model, so a bad flag fails at start-up."""
         self.tokenizer = tokenizer
         self.model = model
         self._executor = executor
         # The single-sequence template's specials: <s> / </s> for XLM-R, [CLS] / [SEP]
         # for BERT, none / <|endoftext|> for Qwen3-Embedding.
         self._prefix, self._suffix = tokenizer.single_specials
+        self.long_input_default = long_inputs.server_policy(auto_truncate, chunk_overlap,
+                                                            self.window_room)
 
     @property
     def template_sizes(self) -> tuple[int, int]:
         """Special tokens the single-sequence template puts before and after the text."""
         return len(self._prefix), len(self._suffix)
+
+    @property
+    def window_room(self) -> int:
+        """Content tokens one sequence of the model holds besides the template's specials."""
+        return self.model.max_positions - len(self._prefix) - len(self._suffix)
+
+    def long_input_policy(self, truncate: bool | str | None, direction: str | None,
+                          overlap: int | None) -> LongInputPolicy:
+        """A request's long-input fields over the server's default (400 naming a bad one)."""
+        return long_inputs.resolve_policy(self.long_input_default, truncate, direction, overlap,
+                                          self.window_room)
+
+    def cut_windows(self, packed: RaggedBatch, overlap: int) -> Windows:
+        """``packed`` (specials included) as windows of the model's length."""
+        return long_inputs.cut_windows(packed, len(self._prefix), len(self._suffix),
+                                       self.model.max_positions, overlap)
 
     async def _run(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
@@ -57,8 +82,12 @@ class Preprocessor:
         return encoded
 
     def pack_ids(self, sequences: Sequence[Sequence[int]], truncate: bool, direction: str,
-                 field: str) -> RaggedBatch:
-        """Raw token ids (no specials) -> sequences wrapped in the model's specials."""
+                 field: str, check_length: bool = True) -> RaggedBatch:
+        """Raw token ids (no specials) -> sequences wrapped in the model's specials.
+
+        Too long: cut when ``truncate``, else refused when ``check_length``,
+        else kept whole (to be cut into windows).
+        """
         raw = [_int64_ids(seq, i, self.model.vocab_size, field) for i, seq in enumerate(sequences)]
         for i, ids in enumerate(raw):
             if ids.size == 0:
@@ -67,11 +96,12 @@ class Preprocessor:
         validate.check_token_ids(np.concatenate(raw), ragged.cu_seqlens_from_lengths(raw_lengths),
                                  self.model.vocab_size, field)
         specials = len(self._prefix) + len(self._suffix)
-        if not truncate:
+        if check_length and not truncate:
             validate.check_lengths(raw_lengths + specials, self.model.max_positions, field)
-        room = self.model.max_positions - specials
+        room = self.window_room
         from_right = direction.lower() == "right"
-        kept = [ids if ids.size <= room else ids[:room] if from_right else ids[-room:] for ids in raw]
+        kept = [ids if not truncate or ids.size <= room else ids[:room] if from_right else ids[-room:]
+                for ids in raw]
         parts = [part for ids in kept for part in (self._prefix, ids.astype(np.int32), self._suffix)]
         lengths = np.array([ids.size for ids in kept], dtype=np.int64) + specials
         return ragged.from_lengths(np.concatenate(parts), lengths)

@@ -23,6 +23,24 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# What the embedding routes do with an input longer than the model's window
+# (gateway/long_inputs.py). Strings are checked there, so that an unknown one
+# is a 400 naming the field and listing the accepted values.
+Truncate = Union[StrictBool, StrictStr, None]
+Direction = Literal["left", "right", "Left", "Right"]
+_TRUNCATE_DOC = (
+    "Inputs longer than the model's window. Omitted: the server's --auto-truncate (default "
+    "refuse). false or 'NONE'/'refuse': 413 input_too_long. true: cut to the window, special "
+    "tokens kept, from truncation_direction's end. 'END'/'right', 'START'/'left': cut from that "
+    "end (Cohere's values). 'chunk': embed every window of the model's length (chunk_overlap "
+    "tokens shared) and pool them weighted by their tokens; usage counts every token embedded. "
+    "Strings are case-insensitive (TEI and Jina send a boolean, Cohere a string).")
+_DIRECTION_DOC = ("Which end truncate=true cuts (TEI's field). Omitted: the server's direction "
+                  "when it truncates by default, else right.")
+_OVERLAP_DOC = ("embedserve extension: content tokens consecutive windows share under "
+                "truncate='chunk', in [0, window - 1]. Omitted: the server's --chunk-overlap.")
+
+
 # -- OpenAI ------------------------------------------------------------------
 
 class EmbeddingsRequest(_Request):
@@ -34,9 +52,9 @@ class EmbeddingsRequest(_Request):
     user: StrictStr | None = None
     input_type: Literal["query", "passage"] | None = Field(
         None, description="embedserve extension: apply the model's prompt of this name.")
-    truncate: StrictBool = Field(
-        False, description="embedserve extension: cut inputs longer than the model's limit "
-                           "(from the right) instead of refusing them with 413.")
+    truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
+    truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
+    chunk_overlap: StrictInt | None = Field(None, description=_OVERLAP_DOC)
 
 
 class EmbeddingObject(BaseModel):
@@ -71,14 +89,12 @@ class ModelList(BaseModel):
 
 # -- TEI ---------------------------------------------------------------------
 
-Direction = Literal["left", "right", "Left", "Right"]
-
-
 class EmbedRequest(_Request):
     inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
     normalize: StrictBool = True
-    truncate: StrictBool = False
-    truncation_direction: Direction = "right"
+    truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
+    truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
+    chunk_overlap: StrictInt | None = Field(None, description=_OVERLAP_DOC)
     prompt_name: StrictStr | None = None
     dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
 

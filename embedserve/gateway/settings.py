@@ -32,6 +32,14 @@ class GatewaySettings:
     # Request bodies above this get 413 before they are parsed. Large enough
     # for a 10 MB string sent with truncate=true.
     max_body_bytes: int = 32 * 1024 * 1024
+    # Inputs longer than the model's window, unless a request's ``truncate``
+    # says otherwise (``--auto-truncate``, TEI's flag): "refuse" (413),
+    # "right" / "left" (cut to the window, specials kept) or "chunk" (embed
+    # windows of the model's length, pool them weighted by their tokens).
+    auto_truncate: str = "refuse"
+    # Content tokens consecutive windows share under "chunk": context across a
+    # cut, at the price of embedding those tokens twice (request: chunk_overlap).
+    chunk_overlap: int = 0
     # Tokens admitted into dispatch at once across all requests; a request that
     # does not fit gets 429 + Retry-After instead of waiting in memory.
     max_inflight_tokens: int = 4 * 1024 * 1024

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, stop_on_signals
+from embedserve.gateway.cli import add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.healthprobe import probe
 from embedserve.launch.commands import gateway_command, replica_env
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
     parser.add_argument("--api-key", default=None, help="Bearer key the gateway requires")
+    add_long_input_flags(parser)
     parser.add_argument("--drain-timeout", type=float, default=GatewaySettings.drain_timeout_s,
                         help="after SIGTERM, seconds the gateway lets admitted requests run "
                              "while new ones get 503 (default: %(default)s)")
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("embedserve cluster: --replicas must be at least 1", file=sys.stderr)
         return 2
-    gateway_args = ("--api-key", args.api_key) if args.api_key else ()
+    gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args))
     settings = ClusterSettings(model_dir=model_dir_from_args(args), replicas=args.replicas,
                                device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                                host=args.host, port=args.port, gateway_args=gateway_args,

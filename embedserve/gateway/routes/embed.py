@@ -3,8 +3,10 @@
 Owns translating those JSON shapes into ``Gateway.embed`` calls and the
 answers back, byte-for-byte in each API's shape (OpenAI: ``data`` objects
 with ``float`` lists or little-endian float32 base64, plus ``usage``; TEI: a
-bare list of vectors). Responses are serialized directly rather than through
-pydantic: thousands of vectors would otherwise cost more than the inference.
+bare list of vectors), and running an input longer than the model's window
+under the request's long-input policy (``long_inputs``). Responses are
+serialized directly rather than through pydantic: thousands of vectors
+would otherwise cost more than the inference.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from embedserve.errors import InvalidInput
+from embedserve.gateway.long_inputs import LongInputPolicy, pool_windows
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
+from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
@@ -29,22 +33,42 @@ def json_response(payload: object) -> Response:
 
 
 async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name: str | None,
-                truncate: bool, direction: str) -> RaggedBatch:
-    """One of the accepted input forms -> packed ids, counted and checked."""
+                policy: LongInputPolicy) -> RaggedBatch:
+    """One of the accepted input forms -> packed ids, counted and checked against ``policy``."""
     if isinstance(raw, str):
         raw = [raw]
     if len(raw) == 0:
         raise InvalidInput(f"{field} must not be empty", field=field)
     gateway.check_count(len(raw), field)
+    truncate = policy.mode == "truncate"
+    refuse = policy.mode == "refuse"
     if isinstance(raw[0], str):
         prompt = gateway.model.prompt(prompt_name, "input_type" if field == "input" else "prompt_name")
         return await timed(request, "tokenize", gateway.preprocessor.encode_texts(
-            raw, prompt, truncate, direction, field))
+            raw, prompt, truncate, policy.direction, field, check_length=refuse))
     if prompt_name is not None:
         raise InvalidInput("a prompt cannot be applied to token ids; send text instead",
                            field="input_type" if field == "input" else "prompt_name")
     sequences = [raw] if isinstance(raw[0], int) else raw
-    return gateway.preprocessor.pack_ids(sequences, truncate, direction, field)
+    return gateway.preprocessor.pack_ids(sequences, truncate, policy.direction, field,
+                                         check_length=refuse)
+
+
+async def _embed(gateway: Gateway, request: Request, packed: RaggedBatch, policy: LongInputPolicy,
+                 normalize: bool, dimensions: int, route: str) -> tuple[np.ndarray, int]:
+    """Vectors [B, d] for ``packed`` under ``policy``, and the tokens embedded for them.
+
+    An input cut into windows needs its windows' raw vectors (full width, not
+    normalized): they are pooled here, then cut to ``dimensions`` and
+    normalized, the order sentence-transformers' ``truncate_dim`` uses.
+    """
+    if policy.mode == "chunk":
+        windows = gateway.preprocessor.cut_windows(packed, policy.overlap)
+        if windows.split:
+            raw = await gateway.embed(request, windows.batch, False, 0, route)
+            vectors = postprocess_embeddings(pool_windows(raw, windows), normalize, dimensions or None)
+            return vectors, windows.batch.num_tokens
+    return await gateway.embed(request, packed, normalize, dimensions, route), packed.num_tokens
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
@@ -54,15 +78,17 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     model = gateway.check_model(body.model)
     gateway.require_task("embed")
     dimensions = gateway.check_dimensions(body.dimensions)
-    # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
-    packed = await _pack(gateway, request, body.input, "input", body.input_type, body.truncate, "right")
-    vectors = await gateway.embed(request, packed, gateway.model.normalize, dimensions, "/v1/embeddings")
+    # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
+    policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
+                                                    body.chunk_overlap)
+    packed = await _pack(gateway, request, body.input, "input", body.input_type, policy)
+    vectors, tokens = await _embed(gateway, request, packed, policy, gateway.model.normalize,
+                                   dimensions, "/v1/embeddings")
     if body.encoding_format == "base64":
         little = vectors.astype("<f4", copy=False)
         items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
     else:
         items = vectors.tolist()
-    tokens = packed.num_tokens
     return json_response({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
@@ -77,7 +103,8 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
     gateway.require_task("embed")
     dimensions = gateway.check_dimensions(body.dimensions)
-    packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, body.truncate,
-                         body.truncation_direction)
-    vectors = await gateway.embed(request, packed, body.normalize, dimensions, "/embed")
+    policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
+                                                    body.chunk_overlap)
+    packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, policy)
+    vectors, _ = await _embed(gateway, request, packed, policy, body.normalize, dimensions, "/embed")
     return json_response(np.asarray(vectors).tolist())
