@@ -69,11 +69,12 @@ def bucket_attention(model: EncoderModel, key: BucketKey, seq_ids: torch.Tensor,
     with L = min(Tb, max_positions): few long sequences favour the first, many
     sequences in a big bucket the second (and keep memory bounded).
     """
+    kind = model.attention_kind
     longest = min(key.tokens, model.config.max_positions)
     if key.tokens ** 2 <= (key.sequences + 1) * longest ** 2:
-        return block_diagonal_from_seq_ids(seq_ids)
+        return block_diagonal_from_seq_ids(seq_ids, kind.causal, kind.window)
     offsets = positions - model.config.position_offset
-    return padded_from_ids(seq_ids, offsets, lengths, longest)
+    return padded_from_ids(seq_ids, offsets, lengths, longest, kind.causal, kind.window)
 
 
 def bucket_forward(model: EncoderModel, flat: torch.Tensor, key: BucketKey, pooling: str) -> torch.Tensor:

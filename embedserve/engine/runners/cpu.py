@@ -56,8 +56,10 @@ class CpuRunner:
         types = (torch.zeros_like(token_ids) if batch.token_type_ids is None
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
+        kind = self._model.attention_kind
+        attend = self._attention(layout, causal=kind.causal, window=kind.window)
         out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
-                             layout.lengths_tensor, starts, self._attention(layout), self._info.pooling)
+                             layout.lengths_tensor, starts, attend, self._info.pooling)
         return out.numpy()
 
     def stats(self) -> dict[str, float]:
