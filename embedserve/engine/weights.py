@@ -5,7 +5,9 @@ sharded safetensors index, or ``pytorch_model.bin`` through
 ``torch.load(weights_only=True)`` only), translating HF names
 (``bert.encoder.layer.3.attention.self.query.weight``) into modules/bert.py's
 (``encoder.layers.3.qkv.weight``, Q/K/V fused), and checking every shape
-against the config. Every failure is a ModelLoadError naming the file or key.
+against the config (``load_state``, for every family; other families' names
+are mapped by their own module, e.g. decoder_names.py). Every failure is a
+ModelLoadError naming the file or key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+
+from torch import nn
 
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.errors import ModelLoadError
@@ -111,8 +115,12 @@ def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, tor
 
 
 def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy mapped tensors into ``model``; every parameter must be present and fit."""
-    mapped = map_hf_names(tensors, model.config.family)
+    """Copy an encoder checkpoint's tensors into ``model`` (BERT / XLM-R names)."""
+    load_state(model, map_hf_names(tensors, model.config.family))
+
+
+def load_state(model: nn.Module, mapped: dict[str, torch.Tensor]) -> None:
+    """Copy tensors already named as ``model``'s; every parameter must be present and fit."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(mapped))
     if missing:

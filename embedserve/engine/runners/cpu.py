@@ -10,8 +10,7 @@ import torch
 from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
-from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.modules.forward import pooled_forward
+from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
@@ -23,7 +22,7 @@ DEFAULT_CPU_ATTENTION = "per_sequence"
 class CpuRunner:
     """Runs steps on one dedicated worker thread, in submission order."""
 
-    def __init__(self, model: EncoderModel, info: ModelInfo, attention: str | None = None) -> None:
+    def __init__(self, model: Model, info: ModelInfo, attention: str | None = None) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
