@@ -170,3 +170,23 @@ def test_cuda_graph_bucket_forward_equals_unpadded(variant: str, pooling: str, d
             assert got.shape[0] == key.sequences + 1
             assert np.abs(got[:len(lengths)].numpy() - expected).max() <= 1e-5
             assert not got[len(lengths):key.sequences].any()        # padding rows pool to zeros
+
+
+def test_config_without_architectures_falls_back_on_model_type(decoder_dirs, tmp_path: Path) -> None:
+    import shutil
+
+    model_dir = shutil.copytree(decoder_dirs("qwen2"), tmp_path / "m")
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["architectures"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    assert read_model_info(model_dir).architecture == "Qwen2Model"
+
+
+def test_two_pooling_modes_at_once_are_refused(decoder_dirs, tmp_path: Path) -> None:
+    import shutil
+
+    model_dir = shutil.copytree(decoder_dirs("qwen3"), tmp_path / "m")
+    pooling = model_dir / "1_Pooling" / "config.json"
+    pooling.write_text(json.dumps({"pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": True}))
+    with pytest.raises(ModelLoadError, match="unsupported pooling"):
+        read_model_info(model_dir)
