@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-
 from torch import nn
 
 from embedserve.engine.modules.bert import EncoderModel

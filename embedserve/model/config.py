@@ -140,6 +140,8 @@ MODEL_TYPES: dict[str, str] = {
     "bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "XLMRobertaModel",
     **DECODER_MODEL_TYPES,
 }
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
     """Read ``model_dir/config.json`` with the parser of its architecture."""
     raw = read_json(model_dir / "config.json")
