@@ -111,10 +111,11 @@ def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None 
     default = AttentionKind(causal, window)
 
     def slice_masks(kind: AttentionKind) -> dict[int, torch.Tensor]:
-        # One [L, L] mask per distinct length; full and plain causal need none.
-        if kind.is_full or (kind.causal and kind.window is None):
+        # One [L, L] mask per distinct length the window cuts into (L - 1 > window);
+        # other slices run full or plain causal SDPA (is_causal), with no mask at all.
+        if kind.window is None:
             return {}
-        lengths = {end - start for start, end in bounds}
+        lengths = {end - start for start, end in bounds if end - start - 1 > kind.window}
         device = layout.seq_ids_tensor.device
         return {n: allowed_pairs(torch.arange(n, device=device), torch.arange(n, device=device), kind)
                 for n in lengths}
@@ -126,13 +127,12 @@ def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None 
         # q, k, v: [T, heads, hd]; each slice -> [1, heads, L, hd] for SDPA
         kind = kind or default
         by_length = masks(kind)
-        is_causal = kind.causal and kind.window is None
         out = torch.empty_like(q)
         for start, end in bounds:
             qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
             mask = by_length.get(end - start)
             out[start:end] = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=mask, is_causal=is_causal and mask is None)[0].transpose(0, 1)
+                qs, ks, vs, attn_mask=mask, is_causal=kind.causal and mask is None)[0].transpose(0, 1)
         return out
 
     return attend
