@@ -190,3 +190,40 @@ def test_two_pooling_modes_at_once_are_refused(decoder_dirs, tmp_path: Path) -> 
     pooling.write_text(json.dumps({"pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": True}))
     with pytest.raises(ModelLoadError, match="unsupported pooling"):
         read_model_info(model_dir)
+
+
+# config.json fields as the hub's checkpoints spell them (rope_theta / rope_scaling at the
+# top level, null where unused), at their real sizes; parsed only, no weights.
+HUB_CONFIGS = {
+    "Qwen3-Embedding-0.6B": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=3072, num_hidden_layers=28,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000, rope_scaling=None,
+        sliding_window=None, use_sliding_window=False, max_window_layers=28, tie_word_embeddings=True,
+        attention_bias=False, hidden_act="silu", vocab_size=151669),
+    "gte-Qwen2-1.5B-instruct": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960, num_hidden_layers=28, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, sliding_window=131072, use_sliding_window=False,
+        max_window_layers=21, hidden_act="silu", vocab_size=151646),
+    "e5-mistral-7b-instruct": dict(
+        architectures=["MistralModel"], model_type="mistral", hidden_size=4096, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=14336, num_hidden_layers=32, max_position_embeddings=32768,
+        rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=4096, hidden_act="silu", vocab_size=32000),
+}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("Qwen3-Embedding-0.6B", dict(family="qwen3", head_dim=128, num_kv_heads=8, qk_norm=True, qkv_bias=False,
+                                  rope_theta=1e6, causal=True, attention_window=None)),
+    ("gte-Qwen2-1.5B-instruct", dict(family="qwen2", head_dim=128, num_kv_heads=2, qk_norm=False, qkv_bias=True,
+                                     out_bias=False, causal=True, attention_window=None)),
+    ("e5-mistral-7b-instruct", dict(family="mistral", head_dim=128, qkv_bias=False, causal=True,
+                                    attention_window=4095)),
+])
+def test_hub_shaped_configs_parse(name: str, expected: dict, tmp_path: Path) -> None:
+    from embedserve.model.config import load_model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS[name]))
+    config = load_model_config(tmp_path)
+    assert {key: getattr(config, key) for key in expected} == expected
