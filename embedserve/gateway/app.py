@@ -29,7 +29,7 @@ from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.model.info import read_model_info
-from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     (``ModelLoadError``), not on a request.
     """
     model = read_model_info(settings.model_dir)
-    tokenizer = Tokenizer.from_model_dir(settings.model_dir)
+    tokenizer = load_tokenizer(settings.model_dir)
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
     preprocessor = Preprocessor(tokenizer, model, executor)
     metrics = GatewayMetrics()

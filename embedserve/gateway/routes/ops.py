@@ -49,6 +49,7 @@ async def info(request: Request) -> dict:
         "normalize": model.normalize,
         "prompts": model.prompts,
         "default_prompt_name": model.default_prompt_name,
+        "tokenizer_backend": gateway.preprocessor.tokenizer.backend,
         "device": model.device,
         "model_dtype": model.dtype,
         "version": __version__,
