@@ -4,9 +4,8 @@ Shared by the decoder parity, sentence-transformers and end-to-end tests: each
 variant mirrors a real checkpoint's shape choices (grouped-query attention,
 Qwen3's explicit head_dim != hidden / heads, Qwen2's q/k/v biases, tied or
 untied embeddings, bare ``*Model`` vs ``*ForCausalLM`` weight names) at toy
-sizes. Optionally a byte-level BPE tokenizer.json trained here with
-``tokenizers``, whose post-processor appends ``<|endoftext|>`` like
-Qwen3-Embedding's.
+sizes. Optionally the Qwen3-Embedding-shaped byte-level BPE tokenizer.json of
+trained_tokenizers.py, whose post-processor appends ``<|endoftext|>``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
-VOCAB_SIZE = 512
+VOCAB_SIZE = 3072                  # covers trained_tokenizers.qwen3_bpe's 3,000 ids
 HIDDEN = 64
 EOS = "<|endoftext|>"
 QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
@@ -69,24 +68,12 @@ def write_st_metadata(directory: Path, pooling: str, normalize: bool,
                                                                      "do_lower_case": False}))
 
 
-def train_tokenizer(directory: Path) -> None:
-    """A byte-level BPE tokenizer.json (+ tokenizer_config.json) that appends EOS, like Qwen3-Embedding's."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def write_tokenizer(directory: Path) -> None:
+    """Qwen3-Embedding's tokenizer shape (trained_tokenizers.qwen3_bpe: byte-level BPE whose
+    post-processor appends EOS) plus the tokenizer_config.json transformers reads."""
+    from trained_tokenizers import qwen3_bpe
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - 8, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["The quick brown fox jumps over the lazy dog.", "Embeddings map text to vectors.",
-              "Given a web search query, retrieve relevant passages that answer the query.",
-              "Qwen3 appends an end-of-text token; its last state is the embedding.",
-              "Instruct: Query: What is the capital of France? Paris is the capital."] * 20
-    tokenizer.train_from_iterator(corpus, trainer)
-    eos_id = tokenizer.token_to_id(EOS)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A:0 {EOS}:0", pair=f"$A:0 {EOS}:0 $B:1 {EOS}:1", special_tokens=[(EOS, eos_id)])
-    tokenizer.save(str(directory / "tokenizer.json"))
+    qwen3_bpe(directory / "tokenizer.json")
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
         "model_max_length": 512, "padding_side": "left"}))
@@ -109,7 +96,7 @@ def build_decoder_dir(directory: Path, variant: str, pooling: str = "lasttoken",
     model.save_pretrained(directory, safe_serialization=True)
     write_st_metadata(directory, pooling, normalize, {"query": QUERY_PROMPT, "document": ""})
     if tokenizer:
-        train_tokenizer(directory)
+        write_tokenizer(directory)
     return directory
 
 

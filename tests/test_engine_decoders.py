@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from decoder_models import VARIANTS, build_decoder_dir, hf_reference_model
+from decoder_models import VARIANTS, VOCAB_SIZE, build_decoder_dir, hf_reference_model
 from embedserve.engine import Batch, Engine
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.errors import ModelLoadError
@@ -69,7 +69,7 @@ def decoder_dirs(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_packed_batch_matches_transformers_one_at_a_time(variant: str, pooling: str, decoder_dirs) -> None:
     model_dir = decoder_dirs(variant, pooling)
-    sequences = random_sequences(LENGTHS, 512, seed=len(variant))
+    sequences = random_sequences(LENGTHS, VOCAB_SIZE, seed=len(variant))
     with Engine.load(model_dir) as engine:
         assert (engine.info.pooling, engine.info.normalize) == (pooling, True)
         ours = engine.step(Batch.from_sequences(sequences)).wait()
@@ -83,7 +83,7 @@ def test_is_causal_false_runs_bidirectional_like_transformers(variant: str, pool
     """``"is_causal": false`` in config.json: every token sees its whole sequence."""
     model_dir = decoder_dirs(variant, pooling, causal=False)
     assert json.loads((model_dir / "config.json").read_text())["is_causal"] is False
-    sequences = random_sequences(LENGTHS, 512, seed=7)
+    sequences = random_sequences(LENGTHS, VOCAB_SIZE, seed=7)
     with Engine.load(model_dir) as engine:
         assert engine.model.attention_kind.causal is False
         ours = engine.step(Batch.from_sequences(sequences)).wait()
@@ -99,7 +99,7 @@ def test_is_causal_false_runs_bidirectional_like_transformers(variant: str, pool
 def test_every_attention_layout_keeps_causality_and_window(variant: str, attention: str,
                                                             decoder_dirs) -> None:
     model_dir = decoder_dirs(variant, "mean")
-    sequences = random_sequences([40, 1, 17, 64, 5], 512, seed=3)
+    sequences = random_sequences([40, 1, 17, 64, 5], VOCAB_SIZE, seed=3)
     with Engine.load(model_dir, attention=attention) as engine:
         ours = engine.step(Batch.from_sequences(sequences)).wait()
     assert_close(ours, reference(model_dir, sequences, "mean"))
@@ -161,7 +161,7 @@ def test_cuda_graph_bucket_forward_equals_unpadded(variant: str, pooling: str, d
     with Engine.load(decoder_dirs(variant, pooling)) as engine:
         # [512, 512, 3] (bucket 1280 x 4) takes the padded-rows layout, the rest block-diagonal
         for lengths in ([3, 50, 7], [300, 5, 1, 1, 12], [1], [512, 512, 3], [40] * 9):
-            batch = Batch.from_sequences(random_sequences(lengths, 512, seed=len(lengths)))
+            batch = Batch.from_sequences(random_sequences(lengths, VOCAB_SIZE, seed=len(lengths)))
             expected = engine.step(batch).wait()
             key = bucket_for(batch.num_tokens, batch.num_sequences)
             flat = torch.from_numpy(bucket_inputs(batch, key, engine.config.position_offset))
