@@ -15,6 +15,7 @@ BENCHMARKS = {
     "tokenizer": "bench.tokenizer_bench",
     "engine": "bench.engine_bench",
     "modernbert": "bench.modernbert_bench",
+    "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",
     "suite": "bench.suite.cli",

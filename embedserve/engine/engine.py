@@ -19,30 +19,29 @@ from typing import Any
 import torch
 
 from embedserve.engine.batch import Batch
-from embedserve.model.config import EncoderConfig, load_encoder_config
-from embedserve.model.modernbert_config import ModernBertConfig
+from embedserve.model.config import ModelConfig, load_model_config
 from embedserve.model.info import ModelInfo, read_model_info
+from embedserve.engine.families import FAMILIES
 from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.modules.modernbert import ModernBertModel
+from embedserve.engine.modules.forward import Model
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
-from embedserve.engine.weights import load_weights, read_checkpoint
+from embedserve.engine.weights import load_state, read_checkpoint
 from embedserve.engine.runners.cpu import CpuRunner
 from embedserve.errors import ModelLoadError, Unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# encoder family -> the module that runs it
-MODEL_CLASSES = {"bert": EncoderModel, "xlm-roberta": EncoderModel, "modernbert": ModernBertModel}
 
 
-def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> EncoderModel | ModernBertModel:
-    """Config + weights -> an EncoderModel (or ModernBertModel) in eval mode on the CPU."""
-    config = load_encoder_config(model_dir)
+def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
+    """Config + weights -> its family's model in eval mode on the CPU."""
+    config = load_model_config(model_dir)
+    family = FAMILIES[config.family]
     tensors = read_checkpoint(model_dir)
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.family](config)
+        model = family.model(config)
     model = model.to_empty(device="cpu")
-    load_weights(model, tensors)
+    load_state(model, family.map_names(tensors))
     return model.to(dtype).eval().requires_grad_(False)
 
 
@@ -57,7 +56,7 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
 class Engine:
     """A loaded model and the machinery that runs its steps."""
 
-    def __init__(self, model: EncoderModel | ModernBertModel, info: ModelInfo, runner: Any) -> None:
+    def __init__(self, model: Model, info: ModelInfo, runner: Any) -> None:
         self.model = model
         self.info = info
         self._runner = runner
@@ -89,14 +88,14 @@ class Engine:
                                      use_graphs=cuda_graphs)
         elif device == "cpu":
             if fused_layers and isinstance(model, EncoderModel):
-                fuse_layers(model)        # the BERT layer shape only; ModernBERT runs plain
+                fuse_layers(model)          # the BERT family's oneDNN path; the others run plain modules
             runner = CpuRunner(model, info, attention)
         else:
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         return cls(model, info, runner)
 
     @property
-    def config(self) -> EncoderConfig | ModernBertConfig:
+    def config(self) -> ModelConfig:
         return self.model.config
 
     def step(self, batch: Batch) -> LazyTensor:

@@ -6,8 +6,9 @@ sharded safetensors index, or ``pytorch_model.bin`` through
 (``bert.encoder.layer.3.attention.self.query.weight``) into modules/bert.py's
 (``encoder.layers.3.qkv.weight``, Q/K/V fused) and ModernBERT's
 (``layers.3.attn.Wqkv.weight`` -> modules/modernbert.py's ``layers.3.qkv.weight``),
-and checking every shape
-against the config. Every failure is a ModelLoadError naming the file or key.
+and checking every shape against the config (``load_state``, for every family;
+the decoders' names are mapped by decoder_names.py). Every failure is a
+ModelLoadError naming the file or key.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch import nn
 
 from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.errors import ModelLoadError
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
@@ -144,9 +145,13 @@ def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, tor
     return mapped
 
 
-def load_weights(model: EncoderModel | ModernBertModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy mapped tensors into ``model``; every parameter must be present and fit."""
-    mapped = map_hf_names(tensors, model.config.family)
+def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy an encoder checkpoint's tensors into ``model`` (BERT / XLM-R names)."""
+    load_state(model, map_hf_names(tensors, model.config.family))
+
+
+def load_state(model: nn.Module, mapped: dict[str, torch.Tensor]) -> None:
+    """Copy tensors already named as ``model``'s; every parameter must be present and fit."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(mapped))
     if missing:

@@ -3,30 +3,51 @@
 Owns reading ``config.json`` and the sentence-transformers metadata
 (``modules.json``, ``1_Pooling/config.json``, ``config_sentence_transformers.json``)
 into frozen dataclasses. Knows nothing about weights or execution.
+
+Families are a registry: ``ARCHITECTURES`` maps each architecture name to the
+parser that turns its ``config.json`` into that family's config dataclass
+(this module's ``EncoderConfig`` for BERT / XLM-R, decoder_config.py's
+``DecoderConfig`` for Qwen3 / Qwen2 / Llama / Mistral). A new family lives in
+its own module and joins with one line in ``ARCHITECTURES`` (and
+``MODEL_TYPES`` when hub files may omit ``architectures``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
 from embedserve.model import modernbert_config
-from embedserve.model.modernbert_config import ModernBertConfig
+from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
 Family = Literal["bert", "xlm-roberta"]
 
-# architecture name -> (encoder family, task). The closed set this engine runs.
-SUPPORTED_ARCHITECTURES: dict[str, tuple[Family, str]] = {
+# architecture name -> (encoder family, task).
+ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
     "BertModel": ("bert", "embed"),
     "XLMRobertaModel": ("xlm-roberta", "embed"),
     "BertForSequenceClassification": ("bert", "score"),
     "XLMRobertaForSequenceClassification": ("xlm-roberta", "score"),
 }
-_MODEL_TYPE_FAMILY: dict[str, Family] = {"bert": "bert", "xlm-roberta": "xlm-roberta",
-                                         "roberta": "xlm-roberta"}
+
+
+class ModelConfig(Protocol):
+    """What every family's config says, whatever else it holds."""
+
+    architecture: str
+    family: str
+    task: str                      # "embed" or "score"
+    vocab_size: int
+    hidden_size: int
+    type_vocab_size: int           # segment ids accepted (1: segment 0 only)
+    position_offset: int           # first position id
+
+    @property
+    def max_positions(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,26 +96,9 @@ def read_json(path: Path) -> Any:
         raise ModelLoadError(f"unreadable JSON in {path}: {exc}") from None
 
 
-def load_encoder_config(model_dir: Path) -> EncoderConfig | ModernBertConfig:
-    raw = read_json(model_dir / "config.json")
-    architectures = raw.get("architectures") or []
-    if not architectures and raw.get("model_type") == "modernbert":
-        architectures = ["ModernBertModel"]
-    if architectures and architectures[0] in modernbert_config.ARCHITECTURES:
-        return modernbert_config.parse_modernbert_config(raw, architectures[0],
-                                                         f"{model_dir}/config.json")
-    if not architectures:
-        # Some hub files omit it; fall back on model_type for plain encoders.
-        family = _MODEL_TYPE_FAMILY.get(raw.get("model_type", ""))
-        if family is None:
-            raise ModelLoadError(f"{model_dir}/config.json names no architecture")
-        architectures = ["BertModel" if family == "bert" else "XLMRobertaModel"]
-    architecture = architectures[0]
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        supported = sorted([*SUPPORTED_ARCHITECTURES, *modernbert_config.ARCHITECTURES])
-        raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: "
-                             f"{', '.join(supported)}")
-    family, task = SUPPORTED_ARCHITECTURES[architecture]
+def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfig:
+    """``config.json`` of a BERT / XLM-R encoder or reranker -> EncoderConfig."""
+    family, task = ENCODER_ARCHITECTURES_TASKS[architecture]
     position_type = raw.get("position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ModelLoadError(f"unsupported position_embedding_type {position_type!r}")
@@ -119,14 +123,52 @@ def load_encoder_config(model_dir: Path) -> EncoderConfig | ModernBertConfig:
             num_labels=num_labels,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{model_dir}/config.json: bad or missing field {exc}") from None
+        raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
     if config.hidden_size % config.num_heads:
         raise ModelLoadError("hidden_size is not a multiple of num_attention_heads")
     return config
 
 
-def load_sentence_transformer_meta(model_dir: Path,
-                                   config: EncoderConfig | ModernBertConfig) -> SentenceTransformerMeta:
+ConfigParser = Callable[[dict[str, Any], str], ModelConfig]
+
+# The closed set of architectures this engine runs: name -> its family's parser.
+ARCHITECTURES: dict[str, ConfigParser] = {
+    **{name: parse_encoder_config for name in ENCODER_ARCHITECTURES_TASKS},
+    **DECODER_ARCHITECTURES,
+    **{name: modernbert_config.parse_registered for name in modernbert_config.ARCHITECTURES},
+}
+# model_type -> architecture, for hub files that omit ``architectures``.
+MODEL_TYPES: dict[str, str] = {
+    "bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "XLMRobertaModel",
+    **DECODER_MODEL_TYPES,
+    "modernbert": "ModernBertModel",
+}
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """Read ``model_dir/config.json`` with the parser of its architecture."""
+    raw = read_json(model_dir / "config.json")
+    architectures = raw.get("architectures") or []
+    if not architectures:
+        architecture = MODEL_TYPES.get(raw.get("model_type", ""))
+        if architecture is None:
+            raise ModelLoadError(f"{model_dir}/config.json names no architecture")
+        architectures = [architecture]
+    architecture = architectures[0]
+    if architecture not in ARCHITECTURES:
+        raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: "
+                             f"{', '.join(sorted(ARCHITECTURES))}")
+    try:
+        return ARCHITECTURES[architecture](raw, architecture)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{model_dir}: {exc}") from None
+
+
+# The old name: every family's config now, not only encoders'.
+load_encoder_config = load_model_config
+
+
+def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> SentenceTransformerMeta:
     """Pooling, normalization and prompts; defaults when the metadata is absent.
 
     Without ``modules.json`` an embedder pools by mean and does not normalize
@@ -153,11 +195,16 @@ def load_sentence_transformer_meta(model_dir: Path,
     return SentenceTransformerMeta(pooling, normalize, prompts, default_prompt_name)
 
 
+# 1_Pooling/config.json flag -> our pooling name
+POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                 "pooling_mode_lasttoken": "lasttoken"}
+
+
 def _read_pooling(path: Path) -> str:
+    """The one pooling mode the file turns on (cls, mean or lasttoken)."""
     raw = read_json(path)
-    if raw.get("pooling_mode_cls_token"):
-        return "cls"
-    if raw.get("pooling_mode_mean_tokens"):
-        return "mean"
     modes = [k for k, v in raw.items() if k.startswith("pooling_mode") and v]
-    raise ModelLoadError(f"unsupported pooling {modes} in {path}; supported: mean, cls")
+    if len(modes) == 1 and modes[0] in POOLING_MODES:
+        return POOLING_MODES[modes[0]]
+    raise ModelLoadError(f"unsupported pooling {modes} in {path}; supported: one of "
+                         f"{', '.join(POOLING_MODES.values())}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedserve.errors import InvalidInput
-from embedserve.model.config import load_encoder_config, load_sentence_transformer_meta
+from embedserve.model.config import load_model_config, load_sentence_transformer_meta
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ModelInfo:
     dimension: int                 # embedding width; 0 for a scorer
     max_positions: int             # longest sequence, specials included
     vocab_size: int
-    pooling: str                   # "mean" or "cls"
+    pooling: str                   # "mean", "cls" or "lasttoken"
     normalize: bool                # the model's default (a Normalize module in modules.json)
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
@@ -54,7 +54,7 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
     Raises ``ModelLoadError`` when the directory is unusable. ``model_id``
     defaults to the directory's name.
     """
-    config = load_encoder_config(model_dir)
+    config = load_model_config(model_dir)
     meta = load_sentence_transformer_meta(model_dir, config)
     return ModelInfo(
         model_id=model_id or model_dir.name, architecture=config.architecture, task=config.task,

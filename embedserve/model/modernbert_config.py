@@ -89,6 +89,11 @@ def _rope_thetas(raw: dict[str, Any]) -> tuple[float, float]:
     return global_theta, float(local_theta)
 
 
+def parse_registered(raw: dict[str, Any], architecture: str) -> ModernBertConfig:
+    """The registry's parser signature (model/config.py names the file in errors)."""
+    return parse_modernbert_config(raw, architecture, "config.json")
+
+
 def parse_modernbert_config(raw: dict[str, Any], architecture: str, where: str) -> ModernBertConfig:
     """``raw`` is config.json's content; ``where`` names it in errors."""
     hidden_act = raw.get("hidden_activation", "gelu")

@@ -21,10 +21,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedserve.engine.modules.attention import block_diagonal_from_seq_ids, padded_from_ids
+from embedserve.engine.modules.attention import Attend, block_diagonal_from_seq_ids, padded_from_ids
 from embedserve.engine.batch import Batch
-from embedserve.engine.modules.bert import Attend, EncoderModel
-from embedserve.engine.modules.forward import pooled_forward
+from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.graphs.shapes import BucketKey
 from embedserve.engine.modules.layout import layout_arrays
 
@@ -61,7 +60,7 @@ def split(flat: np.ndarray | torch.Tensor, key: BucketKey) -> tuple:
             flat[4 * t:4 * t + r], flat[4 * t + r:4 * t + 2 * r])
 
 
-def bucket_attention(model: EncoderModel, key: BucketKey, seq_ids: torch.Tensor,
+def bucket_attention(model: Model, key: BucketKey, seq_ids: torch.Tensor,
                      positions: torch.Tensor, lengths: torch.Tensor) -> Attend:
     """The cheaper static-shape layout for this bucket.
 
@@ -69,14 +68,15 @@ def bucket_attention(model: EncoderModel, key: BucketKey, seq_ids: torch.Tensor,
     with L = min(Tb, max_positions): few long sequences favour the first, many
     sequences in a big bucket the second (and keep memory bounded).
     """
+    kind = model.attention_kind
     longest = min(key.tokens, model.config.max_positions)
     if key.tokens ** 2 <= (key.sequences + 1) * longest ** 2:
-        return block_diagonal_from_seq_ids(seq_ids)
+        return block_diagonal_from_seq_ids(seq_ids, kind.causal, kind.window)
     offsets = positions - model.config.position_offset
-    return padded_from_ids(seq_ids, offsets, lengths, longest)
+    return padded_from_ids(seq_ids, offsets, lengths, longest, kind.causal, kind.window)
 
 
-def bucket_forward(model: EncoderModel, flat: torch.Tensor, key: BucketKey, pooling: str) -> torch.Tensor:
+def bucket_forward(model: Model, flat: torch.Tensor, key: BucketKey, pooling: str) -> torch.Tensor:
     """Forward over padded inputs -> [Bb + 1, hidden] or [Bb + 1] (dump row last)."""
     ids, positions, types, seq_ids, lengths, starts = split(flat, key)
     attend = bucket_attention(model, key, seq_ids, positions, lengths)

@@ -18,10 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embedserve.engine.modules.attention import BIDIRECTIONAL, Attend, AttentionKind
 from embedserve.model.config import EncoderConfig
-
-# (q, k, v) each [T, heads, head_dim] -> context [T, heads, head_dim]
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -110,6 +108,8 @@ class ClassificationHead(nn.Module):
 
 class EncoderModel(nn.Module):
     """An encoder plus, for rerankers, its classification head."""
+
+    attention_kind: AttentionKind = BIDIRECTIONAL
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from embedserve.engine.modules.bert import Attend, EncoderModel
-from embedserve.engine.modules.pooling import mean_pool
+from embedserve.engine.modules.attention import Attend
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.decoder import DecoderModel
+from embedserve.engine.modules.pooling import last_token_pool, mean_pool
+
+Model = EncoderModel | DecoderModel
 
 
-def pooled_forward(model: EncoderModel, token_ids: torch.Tensor, position_ids: torch.Tensor,
+def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Tensor,
                    token_type_ids: torch.Tensor, seq_ids: torch.Tensor, lengths: torch.Tensor,
                    starts: torch.Tensor, attend: Attend, pooling: str) -> torch.Tensor:
     """token_ids etc. [T]; lengths, starts [R] -> float32 [R, hidden] or logits [R].
@@ -27,4 +31,6 @@ def pooled_forward(model: EncoderModel, token_ids: torch.Tensor, position_ids: t
         return model.score(hidden[starts]).float()                       # [R]
     if pooling == "cls":
         return hidden[starts].float()                                    # [R, hidden]
+    if pooling == "lasttoken":
+        return last_token_pool(hidden, starts, lengths)                  # [R, hidden]
     return mean_pool(hidden, seq_ids, lengths, rows)                     # [R, hidden]

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embedserve.engine.modules.attention import BIDIRECTIONAL, AttentionKind
 from embedserve.engine.modules.bert import Attend, activation
 from embedserve.model.modernbert_config import GLOBAL, LOCAL, ModernBertConfig
 
@@ -140,6 +141,9 @@ class ModernBertModel(nn.Module):
     """
 
     head: nn.Module | None = None          # an embedder: no classification head
+
+    # Global layers use the layout the runner builds; local layers band their own window.
+    attention_kind: AttentionKind = BIDIRECTIONAL
 
     def __init__(self, config: ModernBertConfig) -> None:
         super().__init__()

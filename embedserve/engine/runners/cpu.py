@@ -10,8 +10,7 @@ import torch
 from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
-from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.modules.forward import pooled_forward
+from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
@@ -23,7 +22,7 @@ DEFAULT_CPU_ATTENTION = "per_sequence"
 class CpuRunner:
     """Runs steps on one dedicated worker thread, in submission order."""
 
-    def __init__(self, model: EncoderModel, info: ModelInfo, attention: str | None = None) -> None:
+    def __init__(self, model: Model, info: ModelInfo, attention: str | None = None) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
@@ -56,8 +55,10 @@ class CpuRunner:
         types = (torch.zeros_like(token_ids) if batch.token_type_ids is None
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
+        kind = self._model.attention_kind
+        attend = self._attention(layout, causal=kind.causal, window=kind.window)
         out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
-                             layout.lengths_tensor, starts, self._attention(layout), self._info.pooling)
+                             layout.lengths_tensor, starts, attend, self._info.pooling)
         return out.numpy()
 
     def stats(self) -> dict[str, float]:

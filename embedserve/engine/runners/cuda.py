@@ -26,7 +26,7 @@ from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs, inpu
 from embedserve.engine.graphs.cache import GraphCache
 from embedserve.engine.graphs.shapes import BucketKey, bucket_for
 from embedserve.engine.lazy import EventLazyTensor, FutureLazyTensor, LazyTensor
-from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.forward import Model
 from embedserve.model.info import ModelInfo
 
 
@@ -38,7 +38,7 @@ class CudaGraphBackend:
     one memory pool, which is safe because replays are serialized on a stream.
     """
 
-    def __init__(self, model: EncoderModel, pooling: str, stream: Any) -> None:
+    def __init__(self, model: Model, pooling: str, stream: Any) -> None:
         self._model = model
         self._pooling = pooling
         self._stream = stream
@@ -69,7 +69,7 @@ class CudaGraphBackend:
 
 
 class CudaRunner:
-    def __init__(self, model: EncoderModel, info: ModelInfo, max_graphs: int = 64,
+    def __init__(self, model: Model, info: ModelInfo, max_graphs: int = 64,
                  max_graph_tokens: int = 8192, max_graph_sequences: int = 256,
                  use_graphs: bool = True) -> None:
         self._model = model

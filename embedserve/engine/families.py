@@ -1,0 +1,37 @@
+"""Which module class and which checkpoint-name mapping serve each model family.
+
+Owns the engine side of the family registry (model/config.py owns the config
+side): ``FAMILIES[config.family]`` builds the model from its config and maps
+a checkpoint's Hugging Face names onto it. A new family joins with one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from embedserve.engine.decoder_names import map_decoder_names
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.decoder import DecoderModel
+from embedserve.engine.modules.modernbert import ModernBertModel
+from embedserve.engine.weights import map_hf_names
+
+
+@dataclass(frozen=True)
+class FamilyRuntime:
+    model: Callable[[Any], nn.Module]                                      # config -> module
+    map_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]  # HF names -> ours
+
+
+FAMILIES: dict[str, FamilyRuntime] = {
+    "bert": FamilyRuntime(EncoderModel, partial(map_hf_names, family="bert")),
+    "xlm-roberta": FamilyRuntime(EncoderModel, partial(map_hf_names, family="xlm-roberta")),
+    "modernbert": FamilyRuntime(ModernBertModel, partial(map_hf_names, family="modernbert")),
+    **{family: FamilyRuntime(DecoderModel, map_decoder_names)
+       for family in ("qwen3", "qwen2", "llama", "mistral")},
+}
