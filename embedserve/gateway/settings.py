@@ -12,16 +12,35 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
-    # Model directory read for the tokenizer and the sentence-transformers
-    # metadata (prompts, normalization); the weights stay with the replicas.
+class ServedModel:
+    """One model the gateway routes to: where to read it, its replicas, its names."""
+
     model_dir: Path
-    # host:port of each scheduler replica.
     upstreams: tuple[str, ...]
-    # Names a request's ``model`` may use: the first is the one answers carry,
-    # the rest are aliases. Empty: the model directory's own name (a symlink
-    # such as /models/default is followed to the directory it names).
     served_model_names: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the canonical one first."""
+        return self.served_model_names or (self.model_dir.resolve().name,)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    # The first (default) model. Its directory is read for the tokenizer and
+    # the sentence-transformers metadata (prompts, normalization); the weights
+    # stay with the replicas.
+    model_dir: Path
+    # host:port of each scheduler replica of the first model.
+    upstreams: tuple[str, ...]
+    # Names a request's ``model`` may use for the first model: the first is
+    # the one answers carry, the rest are aliases. Empty: the model
+    # directory's own name (a symlink such as /models/default is followed to
+    # the directory it names).
+    served_model_names: tuple[str, ...] = ()
+    # Further models served beside the first, each with its own replicas,
+    # tokenizer, token budget and names; requests pick one by ``model``.
+    additional_models: tuple[ServedModel, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     # Bearer key required on the API routes; None turns authentication off.
@@ -32,8 +51,10 @@ class GatewaySettings:
     # Request bodies above this get 413 before they are parsed. Large enough
     # for a 10 MB string sent with truncate=true.
     max_body_bytes: int = 32 * 1024 * 1024
-    # Tokens admitted into dispatch at once across all requests; a request that
-    # does not fit gets 429 + Retry-After instead of waiting in memory.
+    # Tokens admitted into dispatch at once across all requests, per served
+    # model (each model has its own budget, so a flood of reranking cannot
+    # starve embedding); a request that does not fit gets 429 + Retry-After
+    # instead of waiting in memory.
     max_inflight_tokens: int = 4 * 1024 * 1024
     # Seconds to wait after a 429 before retrying (the Retry-After header).
     retry_after_s: int = 1
@@ -67,3 +88,9 @@ class GatewaySettings:
     # (scheduler/auth.py); None: replicas that require one refuse the
     # gateway. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
+
+    @property
+    def models(self) -> tuple[ServedModel, ...]:
+        """Every served model, the first (default) one first."""
+        first = ServedModel(self.model_dir, self.upstreams, self.served_model_names)
+        return (first, *self.additional_models)

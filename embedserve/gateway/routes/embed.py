@@ -50,9 +50,7 @@ async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
              summary="Create embeddings (OpenAI-compatible)")
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    model = gateway.check_model(body.model)
-    gateway.require_task("embed")
+    gateway, model = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
     packed = await _pack(gateway, request, body.input, "input", body.input_type, body.truncate, "right")
@@ -74,8 +72,7 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
 @router.post("/embed", response_model=list[list[float]], tags=["TEI"],
              summary="Embed inputs (text-embeddings-inference-compatible)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    gateway.require_task("embed")
+    gateway, _ = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, body.truncate,
                          body.truncation_direction)
