@@ -32,7 +32,7 @@ from embedserve.gateway.discovery import source_for
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.routing import ModelRouter
-from embedserve.gateway.settings import GatewaySettings, ServedModel
+from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import Tokenizer
 
@@ -63,7 +63,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     if source is not None:
         sources[0] = source
     names = [served.names for served in settings.models]
-    ModelRouter.check_names(names)
+    check_distinct_names(names)
 
     def gateway_for(served: ServedModel, replica_source: ReplicaSource) -> Gateway:
         model, preprocessor = read[served.model_dir.resolve()]

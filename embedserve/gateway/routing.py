@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from embedserve.errors import InvalidInput, ModelNotFound
 from embedserve.gateway.pipeline import TASK_NAMES, Gateway
+from embedserve.gateway.settings import check_distinct_names
 
 
 class ModelRouter:
@@ -28,19 +29,8 @@ class ModelRouter:
         if not gateways:
             raise ValueError("a gateway serves at least one model")
         self.gateways = tuple(gateways)
-        self.check_names([g.served_names for g in self.gateways])
+        check_distinct_names([g.served_names for g in self.gateways])
         self._by_name = {name: g for g in self.gateways for name in g.served_names}
-
-    @staticmethod
-    def check_names(names: Sequence[Sequence[str]]) -> None:
-        """ValueError when two models answer to one name (``names``: each model's)."""
-        taken: set[str] = set()
-        for model_names in names:
-            clash = taken.intersection(model_names)
-            if clash:
-                raise ValueError(f"two models are served under the name {sorted(clash)[0]!r}; "
-                                 "give each its own names (--model DIR:name=NAME)")
-            taken.update(model_names)
 
     @property
     def served_names(self) -> tuple[str, ...]:

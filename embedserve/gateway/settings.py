@@ -7,6 +7,7 @@ from flags (see ``cli.py``) and tests build it directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,3 +95,14 @@ class GatewaySettings:
         """Every served model, the first (default) one first."""
         first = ServedModel(self.model_dir, self.upstreams, self.served_model_names)
         return (first, *self.additional_models)
+
+
+def check_distinct_names(names: Sequence[Sequence[str]]) -> None:
+    """ValueError when two served models answer to one name (``names``: each model's)."""
+    taken: set[str] = set()
+    for model_names in names:
+        clash = taken.intersection(model_names)
+        if clash:
+            raise ValueError(f"two models are served under the name {sorted(clash)[0]!r}; "
+                             "give each its own names (--model DIR:name=NAME)")
+        taken.update(model_names)
