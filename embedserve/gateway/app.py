@@ -4,9 +4,9 @@ Wires the pieces built elsewhere: reads each served model's directory
 (tokenizer, prompts; a directory served twice is read once), gives each
 model its own replica pool (started with its health watches in the app's
 lifespan), token budget and names, and puts them behind one
-``ModelRouter`` (``app.state.router``); installs the middleware (``app.state.drain`` is the shutdown
-gate the entry point closes) and the error handlers once, and mounts the
-routers. Nothing here handles a request itself.
+``ModelRouter`` (``app.state.router``); installs the middleware
+(``app.state.drain`` is the shutdown gate the entry point closes) and the
+error handlers once, and mounts the routers. Nothing here handles a request itself.
 """
 
 from __future__ import annotations
@@ -59,11 +59,9 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         if key not in read:
             model = read_model_info(served.model_dir)
             read[key] = model, Preprocessor(Tokenizer.from_model_dir(served.model_dir), model, executor)
-    sources = [source_for(served.upstreams) for served in settings.models]
-    if source is not None:
-        sources[0] = source
-    names = [served.names for served in settings.models]
-    check_distinct_names(names)
+    sources = [source if i == 0 and source is not None else source_for(served.upstreams)
+               for i, served in enumerate(settings.models)]
+    check_distinct_names([served.names for served in settings.models])
 
     def gateway_for(served: ServedModel, replica_source: ReplicaSource) -> Gateway:
         model, preprocessor = read[served.model_dir.resolve()]
