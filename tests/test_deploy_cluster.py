@@ -6,6 +6,11 @@ healthcheck probe (``python -m embedserve.healthprobe``) reports the live
 gateway and replica healthy and closed ports unhealthy; a replica
 killed with SIGKILL is restarted on its port and serves again; SIGTERM stops
 the whole tree with status 0 and leaves no process behind.
+
+A second run serves two models (a tiny BERT embedder and a tiny XLM-R
+cross-encoder, one replica each): each route's answers match transformers
+for its own model, and the reranker's replica, killed, is restarted by its
+model's supervisor while the embedder's keeps running.
 """
 
 from __future__ import annotations
