@@ -72,8 +72,9 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
     parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                         help="larger request bodies get 413 before parsing (default: %(default)s)")
     parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
-                        help="tokens admitted at once across requests; beyond it requests get "
-                             "429 + Retry-After. Bounds memory and queueing (default: %(default)s)")
+                        help="tokens admitted at once across requests, per served model; beyond "
+                             "it requests get 429 + Retry-After. Bounds memory and queueing "
+                             "(default: %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds before a request is answered 504 (default: %(default)s)")
     parser.add_argument("--chunk-sequences", type=int, default=d.chunk_max_sequences,
