@@ -70,6 +70,22 @@ def test_malformed_model_specs_are_refused(text: str, message: str) -> None:
         parse_model_spec(text)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{a}:upstream=127.0.0.1:1", "--model", "{b}"], "give each its replicas"),
+    (["--model", "{a}:upstream=127.0.0.1:1:name=x", "--model", "{b}:upstream=127.0.0.1:2:name=x"],
+     "two models are served under the name 'x'"),
+    (["--model", "{a}:name=x", "--served-model-name", "y", "--upstream", "127.0.0.1:1"],
+     "--served-model-name names a single model"),
+    (["--model", "{a}:replicas=2", "--upstream", "127.0.0.1:1"], "replicas= is for embedserve serve"),
+])
+def test_gateway_refuses_ambiguous_model_flags(args: list[str], message: str, tiny_bert_dir: Path,
+                                               tiny_reranker_dir: Path) -> None:
+    argv = [arg.format(a=tiny_bert_dir, b=tiny_reranker_dir) for arg in args]
+    result = subprocess.run([sys.executable, "-m", "embedserve.cli", "gateway", "--port", "0", *argv],
+                            capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
 # -- the two-model deployment and its one-model references ----------------------
 
 def _env() -> dict[str, str]:
