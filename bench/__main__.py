@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "tokenizer": "bench.tokenizer_bench",
     "engine": "bench.engine_bench",
+    "modernbert": "bench.modernbert_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",
     "suite": "bench.suite.cli",

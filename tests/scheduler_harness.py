@@ -35,6 +35,7 @@ class RecordingEngine:
         self._engine = engine
         self.info = engine.info
         self.stepped: list[tuple[int, ...]] = []   # every sequence stepped, in order
+        self.batches: list = []                     # every Batch stepped, in order
         self.steps = 0
         self.gate = threading.Event()
         self.gate.set()
@@ -47,6 +48,7 @@ class RecordingEngine:
         self.stepped.extend(tuple(batch.token_ids[cu[i]:cu[i + 1]].tolist())
                             for i in range(batch.num_sequences))
         self.steps += 1
+        self.batches.append(batch)
         failure, self.fail_next = self.fail_next, None
         return FutureLazyTensor(self._executor.submit(self._run, batch, failure))
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.errors import EmbedServeError
-from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR, Tokenizer
+from embedserve.tokenizer.load import load_tokenizer, load_tokenizer_file
+from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     model = model_dir_from_args(args)
     try:
         if model.is_dir():
-            tokenizer = Tokenizer.from_model_dir(model, compat=args.compat or "hf", cache_dir=args.trie_cache_dir)
+            tokenizer = load_tokenizer(model, compat=args.compat or "hf", cache_dir=args.trie_cache_dir)
         else:
-            tokenizer = Tokenizer.from_file(model, compat=args.compat, cache_dir=args.trie_cache_dir)
+            tokenizer = load_tokenizer_file(model, compat=args.compat, cache_dir=args.trie_cache_dir)
         batch = tokenizer.encode_batch([args.text], add_special_tokens=not args.no_special,
                                        return_offsets=args.offsets)
     except EmbedServeError as exc:

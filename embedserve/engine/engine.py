@@ -20,8 +20,10 @@ import torch
 
 from embedserve.engine.batch import Batch
 from embedserve.model.config import EncoderConfig, load_encoder_config
+from embedserve.model.modernbert_config import ModernBertConfig
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
 from embedserve.engine.weights import load_weights, read_checkpoint
@@ -29,14 +31,16 @@ from embedserve.engine.runners.cpu import CpuRunner
 from embedserve.errors import ModelLoadError, Unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# encoder family -> the module that runs it
+MODEL_CLASSES = {"bert": EncoderModel, "xlm-roberta": EncoderModel, "modernbert": ModernBertModel}
 
 
-def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> EncoderModel:
-    """Config + weights -> an EncoderModel in eval mode on the CPU."""
+def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> EncoderModel | ModernBertModel:
+    """Config + weights -> an EncoderModel (or ModernBertModel) in eval mode on the CPU."""
     config = load_encoder_config(model_dir)
     tensors = read_checkpoint(model_dir)
     with torch.device("meta"):
-        model = EncoderModel(config)
+        model = MODEL_CLASSES[config.family](config)
     model = model.to_empty(device="cpu")
     load_weights(model, tensors)
     return model.to(dtype).eval().requires_grad_(False)
@@ -53,7 +57,7 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
 class Engine:
     """A loaded model and the machinery that runs its steps."""
 
-    def __init__(self, model: EncoderModel, info: ModelInfo, runner: Any) -> None:
+    def __init__(self, model: EncoderModel | ModernBertModel, info: ModelInfo, runner: Any) -> None:
         self.model = model
         self.info = info
         self._runner = runner
@@ -84,15 +88,15 @@ class Engine:
             runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
                                      use_graphs=cuda_graphs)
         elif device == "cpu":
-            if fused_layers:
-                fuse_layers(model)
+            if fused_layers and isinstance(model, EncoderModel):
+                fuse_layers(model)        # the BERT layer shape only; ModernBERT runs plain
             runner = CpuRunner(model, info, attention)
         else:
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         return cls(model, info, runner)
 
     @property
-    def config(self) -> EncoderConfig:
+    def config(self) -> EncoderConfig | ModernBertConfig:
         return self.model.config
 
     def step(self, batch: Batch) -> LazyTensor:

@@ -4,7 +4,9 @@ Owns: finding the weights in a model directory (``model.safetensors``, a
 sharded safetensors index, or ``pytorch_model.bin`` through
 ``torch.load(weights_only=True)`` only), translating HF names
 (``bert.encoder.layer.3.attention.self.query.weight``) into modules/bert.py's
-(``encoder.layers.3.qkv.weight``, Q/K/V fused), and checking every shape
+(``encoder.layers.3.qkv.weight``, Q/K/V fused) and ModernBERT's
+(``layers.3.attn.Wqkv.weight`` -> modules/modernbert.py's ``layers.3.qkv.weight``),
+and checking every shape
 against the config. Every failure is a ModelLoadError naming the file or key.
 """
 
@@ -20,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.errors import ModelLoadError
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
@@ -40,6 +43,21 @@ _EMBEDDING_NAMES = {
 _HEAD_NAMES = {
     "bert": {"pooler.dense": "head.dense", "classifier": "head.out_proj"},
     "xlm-roberta": {"classifier.dense": "head.dense", "classifier.out_proj": "head.out_proj"},
+}
+
+_MODERNBERT_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_MODERNBERT_LAYER_NAMES = {
+    "attn_norm": "attn_norm",        # absent in layer 0 (an Identity there)
+    "attn.Wqkv": "qkv",
+    "attn.Wo": "attn_out",
+    "mlp_norm": "mlp_norm",
+    "mlp.Wi": "mlp_in",
+    "mlp.Wo": "mlp_out",
+}
+_MODERNBERT_NAMES = {
+    "embeddings.tok_embeddings": "embeddings.word",
+    "embeddings.norm": "embeddings.norm",
+    "final_norm": "final_norm",
 }
 
 
@@ -82,8 +100,24 @@ def _rename_param(name: str) -> str:
     return name.replace(".gamma", ".weight").replace(".beta", ".bias")
 
 
+def map_modernbert_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF ModernBertModel names -> ModernBertModel state-dict names (unknown keys,
+    e.g. a masked-LM head, dropped)."""
+    mapped: dict[str, torch.Tensor] = {}
+    for raw_name, tensor in tensors.items():
+        stem, _, param = _strip_prefix(raw_name).rpartition(".")
+        layer = _MODERNBERT_LAYER.match(stem)
+        if layer and layer.group(2) in _MODERNBERT_LAYER_NAMES:
+            mapped[f"layers.{layer.group(1)}.{_MODERNBERT_LAYER_NAMES[layer.group(2)]}.{param}"] = tensor
+        elif stem in _MODERNBERT_NAMES:
+            mapped[f"{_MODERNBERT_NAMES[stem]}.{param}"] = tensor
+    return mapped
+
+
 def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
     """HF checkpoint names -> EncoderModel state-dict names (unknown keys dropped)."""
+    if family == "modernbert":
+        return map_modernbert_names(tensors)
     mapped: dict[str, torch.Tensor] = {}
     qkv_parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     head_names = _HEAD_NAMES[family]
@@ -110,7 +144,7 @@ def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, tor
     return mapped
 
 
-def load_weights(model: EncoderModel, tensors: dict[str, torch.Tensor]) -> None:
+def load_weights(model: EncoderModel | ModernBertModel, tensors: dict[str, torch.Tensor]) -> None:
     """Copy mapped tensors into ``model``; every parameter must be present and fit."""
     mapped = map_hf_names(tensors, model.config.family)
     expected = model.state_dict()

@@ -34,7 +34,7 @@ from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.model.info import ModelInfo, read_model_info
-from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         key = served.model_dir.resolve()
         if key not in read:
             model = read_model_info(served.model_dir)
-            read[key] = model, Preprocessor(Tokenizer.from_model_dir(served.model_dir), model, executor)
+            read[key] = model, Preprocessor(load_tokenizer(served.model_dir), model, executor)
     sources = [source if i == 0 and source is not None else source_for(served.upstreams)
                for i, served in enumerate(settings.models)]
     check_distinct_names([served.names for served in settings.models])

@@ -19,18 +19,17 @@ from embedserve import ragged, validate
 from embedserve.errors import InvalidInput
 from embedserve.model.info import ModelInfo
 from embedserve.ragged import RaggedBatch
-from embedserve.tokenizer import EncodedBatch, Tokenizer
+from embedserve.tokenizer import EncodedBatch, TokenizerBackend
 
 
 class Preprocessor:
-    def __init__(self, tokenizer: Tokenizer, model: ModelInfo, executor: Executor) -> None:
+    def __init__(self, tokenizer: TokenizerBackend, model: ModelInfo, executor: Executor) -> None:
         self.tokenizer = tokenizer
         self.model = model
         self._executor = executor
-        # The single-sequence template, read off the tokenizer: encoding ""
-        # gives just the specials (<s> </s> for XLM-R, [CLS] [SEP] for BERT).
-        specials = tokenizer.encode_batch([""]).token_ids
-        self._prefix, self._suffix = specials[:1], specials[1:]
+        # The single-sequence template's specials: <s> / </s> for XLM-R, [CLS] / [SEP]
+        # for BERT, none / <|endoftext|> for Qwen3-Embedding.
+        self._prefix, self._suffix = tokenizer.single_specials
 
     @property
     def template_sizes(self) -> tuple[int, int]:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from embedserve.errors import ModelLoadError
+from embedserve.model import modernbert_config
+from embedserve.model.modernbert_config import ModernBertConfig
 
 Family = Literal["bert", "xlm-roberta"]
 
@@ -73,9 +75,14 @@ def read_json(path: Path) -> Any:
         raise ModelLoadError(f"unreadable JSON in {path}: {exc}") from None
 
 
-def load_encoder_config(model_dir: Path) -> EncoderConfig:
+def load_encoder_config(model_dir: Path) -> EncoderConfig | ModernBertConfig:
     raw = read_json(model_dir / "config.json")
     architectures = raw.get("architectures") or []
+    if not architectures and raw.get("model_type") == "modernbert":
+        architectures = ["ModernBertModel"]
+    if architectures and architectures[0] in modernbert_config.ARCHITECTURES:
+        return modernbert_config.parse_modernbert_config(raw, architectures[0],
+                                                         f"{model_dir}/config.json")
     if not architectures:
         # Some hub files omit it; fall back on model_type for plain encoders.
         family = _MODEL_TYPE_FAMILY.get(raw.get("model_type", ""))
@@ -84,8 +91,9 @@ def load_encoder_config(model_dir: Path) -> EncoderConfig:
         architectures = ["BertModel" if family == "bert" else "XLMRobertaModel"]
     architecture = architectures[0]
     if architecture not in SUPPORTED_ARCHITECTURES:
+        supported = sorted([*SUPPORTED_ARCHITECTURES, *modernbert_config.ARCHITECTURES])
         raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: "
-                             f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+                             f"{', '.join(supported)}")
     family, task = SUPPORTED_ARCHITECTURES[architecture]
     position_type = raw.get("position_embedding_type", "absolute")
     if position_type != "absolute":
@@ -117,7 +125,8 @@ def load_encoder_config(model_dir: Path) -> EncoderConfig:
     return config
 
 
-def load_sentence_transformer_meta(model_dir: Path, config: EncoderConfig) -> SentenceTransformerMeta:
+def load_sentence_transformer_meta(model_dir: Path,
+                                   config: EncoderConfig | ModernBertConfig) -> SentenceTransformerMeta:
     """Pooling, normalization and prompts; defaults when the metadata is absent.
 
     Without ``modules.json`` an embedder pools by mean and does not normalize

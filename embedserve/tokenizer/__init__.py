@@ -1,14 +1,21 @@
-"""Exact SentencePiece-Unigram tokenization for XLM-R-family models, in Numba.
+"""Tokenization: exact SentencePiece-Unigram in Numba, and ``tokenizers`` for the rest.
 
-``Tokenizer.from_file`` / ``Tokenizer.from_model_dir`` load a ``.model`` or
-``tokenizer.json``; ``encode``, ``encode_batch``, ``encode_pair`` and ``encode_pairs``
-return int32 ids (batches as an :class:`EncodedBatch`, a ``RaggedBatch`` with the
-tokenizer's extras). Stages: spec.py (what a tokenizer is), formats/ (model_proto.py /
-hf_json.py loaders, charsmap.py), kernels/ (normalize_sp.py / normalize_hf.py, trie.py,
-viterbi.py, encode.py), templates.py (specials, truncation), tokenizer.py.
+``load.load_tokenizer`` / ``load.load_tokenizer_file`` pick the implementation for a
+model directory or file and return a ``backend.TokenizerBackend``: the native
+:class:`Tokenizer` (a ``.model`` or a Unigram ``tokenizer.json``) or :class:`HfTokenizer`
+(any other tokenizer.json, run by the ``tokenizers`` library). ``encode``,
+``encode_batch``, ``encode_pair`` and ``encode_pairs`` return int32 ids (batches as an
+:class:`EncodedBatch`, a ``RaggedBatch`` with the tokenizer's extras). Native stages:
+spec.py (what a tokenizer is), formats/ (model_proto.py / hf_json.py loaders,
+charsmap.py), kernels/ (normalize_sp.py / normalize_hf.py, trie.py, viterbi.py,
+encode.py), templates.py (specials, truncation), tokenizer.py.
 """
 
+from embedserve.tokenizer.backend import TokenizerBackend
 from embedserve.tokenizer.encoded import EncodedBatch
+from embedserve.tokenizer.hf_tokenizer import HfTokenizer
+from embedserve.tokenizer.load import load_tokenizer, load_tokenizer_file
 from embedserve.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["EncodedBatch", "Tokenizer"]
+__all__ = ["EncodedBatch", "HfTokenizer", "Tokenizer", "TokenizerBackend", "load_tokenizer",
+           "load_tokenizer_file"]

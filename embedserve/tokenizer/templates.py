@@ -17,9 +17,21 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from embedserve.errors import InvalidInput
 from embedserve.tokenizer.kernel_cache import cached_njit
 
 NO_LIMIT = -1
+
+
+def truncation_limit(max_length: int | None, truncation: str | None) -> tuple[int, bool]:
+    """(max_length or NO_LIMIT, cut from the left) for the encode API's arguments, checked."""
+    if truncation is None:
+        return NO_LIMIT, False
+    if truncation not in ("right", "left"):
+        raise InvalidInput(f"truncation must be 'right', 'left' or None, got {truncation!r}", "truncation")
+    if max_length is None or max_length < 0:
+        raise InvalidInput("truncation needs a max_length >= 0", "max_length")
+    return int(max_length), truncation == "left"
 
 
 @nb.njit(inline="always")

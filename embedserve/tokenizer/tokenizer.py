@@ -18,22 +18,21 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer.formats.charsmap import parse_charsmap
+from embedserve.tokenizer.backend import Truncation
 from embedserve.tokenizer.encoded import EncodedBatch
 from embedserve.tokenizer.kernels.encode import Model, compiled_for, encode_run, encode_with_template, new_scratch
 from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.kernels.normalize_sp import sp_params
-from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single
+from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
-Truncation = Literal["right", "left"] | None
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _EMPTY = np.zeros(0, np.int32)
 # Below this many input bytes per thread a batch is encoded on the calling thread:
@@ -55,7 +54,9 @@ def to_utf8(text: str) -> bytes:
 
 
 class Tokenizer:
-    """An exact Unigram encoder over a loaded TokenizerSpec."""
+    """An exact Unigram encoder over a loaded TokenizerSpec (a ``backend.TokenizerBackend``)."""
+
+    backend = "native-unigram"
 
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
                  threads: int | None = None) -> None:
@@ -134,6 +135,11 @@ class Tokenizer:
     unk_id = property(lambda self: self.spec.unk_id)
     mask_id = property(lambda self: self.spec.mask_id)
 
+    @property
+    def single_specials(self) -> tuple[np.ndarray, np.ndarray]:
+        """int32 ids the single-sequence template puts before and after a text."""
+        return self._single[0], self._single[1]
+
     def id_to_piece(self, token_id: int) -> str:
         if not 0 <= token_id < self.vocab_size:
             raise InvalidInput(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -159,7 +165,7 @@ class Tokenizer:
                      truncation: Truncation = None, add_special_tokens: bool = True,
                      return_offsets: bool = False) -> EncodedBatch:
         """Encode many texts in parallel (all cores, GIL released) into one packed batch."""
-        limit, from_left = _truncation(max_length, truncation)
+        limit, from_left = truncation_limit(max_length, truncation)
         prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
         if limit != NO_LIMIT and limit < len(prefix) + len(suffix):
             raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
@@ -176,7 +182,7 @@ class Tokenizer:
                      truncation: Truncation = None, add_special_tokens: bool = True,
                      return_offsets: bool = False) -> EncodedBatch:
         """One query against many docs (rerank): pair i is (query, docs[i])."""
-        limit, from_left = _truncation(max_length, truncation)
+        limit, from_left = truncation_limit(max_length, truncation)
         prefix, middle, suffix = self._pair if add_special_tokens else (_EMPTY, _EMPTY, _EMPTY)
         if limit != NO_LIMIT and limit < len(prefix) + len(middle) + len(suffix):
             raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
@@ -275,16 +281,6 @@ def _split_template(template: tuple[TemplateItem, ...], slots: tuple[str, ...], 
     if tuple(seen) != slots:
         raise ModelLoadError(f"{source}: template {template!r}: expected sequence slots {slots}")
     return tuple(np.asarray(p, np.int32) for p in parts)
-
-
-def _truncation(max_length: int | None, truncation: Truncation) -> tuple[int, bool]:
-    if truncation is None:
-        return NO_LIMIT, False
-    if truncation not in ("right", "left"):
-        raise InvalidInput(f"truncation must be 'right', 'left' or None, got {truncation!r}", "truncation")
-    if max_length is None or max_length < 0:
-        raise InvalidInput("truncation needs a max_length >= 0", "max_length")
-    return int(max_length), truncation == "left"
 
 
 def _chunk_bounds(text_starts: np.ndarray, n_chunks: int) -> np.ndarray:

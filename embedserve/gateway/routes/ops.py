@@ -53,6 +53,7 @@ def _model_info(gateway: Gateway) -> dict:
         "normalize": model.normalize,
         "prompts": model.prompts,
         "default_prompt_name": model.default_prompt_name,
+        "tokenizer_backend": gateway.preprocessor.tokenizer.backend,
         "device": model.device,
         "model_dtype": model.dtype,
         "version": __version__,
