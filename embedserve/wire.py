@@ -86,6 +86,23 @@ def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInf
                    device=reply.device or None, dtype=reply.dtype or None)
 
 
+def model_mismatch(reply: inference_pb2.InfoResponse, described: ModelInfo) -> str:
+    """Why a replica's report says it serves another model than ``described`` ("": it does not).
+
+    Compares what both sides know (task, width, length limit); two models
+    alike in all three pass, so this catches mis-wiring, not every swap.
+    """
+    if reply.tasks and described.task not in reply.tasks:
+        return f"it serves {'/'.join(reply.tasks)}, not {described.task} ({described.model_id})"
+    if reply.dimension != described.dimension:
+        return (f"its model is {reply.dimension} wide, {described.model_id} is "
+                f"{described.dimension}")
+    if reply.max_positions and reply.max_positions != described.max_positions:
+        return (f"its model takes {reply.max_positions} positions, {described.model_id} takes "
+                f"{described.max_positions}")
+    return ""
+
+
 def array_to_tensor(array: np.ndarray, dtype: int | str = "float32") -> inference_pb2.Tensor:
     """A float array -> Tensor in the wire dtype (``DTYPE_*`` value or its name)."""
     wire_dtype = _DTYPE_NAMES[dtype] if isinstance(dtype, str) else dtype

@@ -6,6 +6,11 @@ healthcheck probe (``python -m embedserve.healthprobe``) reports the live
 gateway and replica healthy and closed ports unhealthy; a replica
 killed with SIGKILL is restarted on its port and serves again; SIGTERM stops
 the whole tree with status 0 and leaves no process behind.
+
+A second run serves two models (a tiny BERT embedder and a tiny XLM-R
+cross-encoder, one replica each): each route's answers match transformers
+for its own model, and the reranker's replica, killed, is restarted by its
+model's supervisor while the embedder's keeps running.
 """
 
 from __future__ import annotations
@@ -130,6 +135,97 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
         assert _calls_ok(restarted_metrics) > 0, "the restarted replica never got a call"
 
         # SIGTERM stops everything with status 0.
+        tree = [cluster.popen.pid, *children(cluster.popen.pid)]
+        cluster.popen.send_signal(signal.SIGTERM)
+        assert cluster.popen.wait(90) == 0, "".join(cluster.lines[-40:])
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in tree)
+    finally:
+        if cluster.popen.poll() is None:
+            os.killpg(cluster.popen.pid, signal.SIGKILL)
+            cluster.popen.wait(10)
+
+
+def _embedder_reference(model_dir: Path, texts: list[str]):  # noqa: ANN202
+    """Mean-pooled, normalized vectors from transformers (the tiny BERT's sentence-transformers recipe)."""
+    import numpy as np
+    import tokenizers
+    import torch
+    import transformers
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = transformers.AutoModel.from_pretrained(model_dir).eval()
+    rows = []
+    for text in texts:
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([tokenizer.encode(text).ids])).last_hidden_state[0]
+        mean = hidden.mean(0).numpy()
+        rows.append(mean / np.linalg.norm(mean))
+    return np.array(rows)
+
+
+def _reranker_reference(model_dir: Path, query: str, docs: list[str]):  # noqa: ANN202
+    import numpy as np
+    import tokenizers
+    import torch
+    import transformers
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return np.array([model(input_ids=torch.tensor([tokenizer.encode(query, doc).ids])).logits[0, 0].item()
+                         for doc in docs])
+
+
+def test_cluster_serves_two_models_and_restarts_each_models_replica(tiny_bert_dir: Path,
+                                                                    tiny_reranker_dir: Path) -> None:
+    import numpy as np
+
+    texts, query, docs = ["one cluster", "two models"], "where?", ["here", "Paris", "nowhere at all"]
+    port = free_port()
+    cluster = ClusterProcess([sys.executable, "-m", "embedserve.cli", "cluster", "--replicas", "1",
+                              "--port", str(port), "--model", f"{tiny_bert_dir}:name=embed",
+                              "--model", f"{tiny_reranker_dir}:name=rerank"])
+    url = f"http://127.0.0.1:{port}"
+
+    def check_answers(http: httpx.Client) -> None:
+        embedded = http.post("/v1/embeddings", json={"input": texts})
+        assert embedded.status_code == 200 and embedded.json()["model"] == "embed", embedded.text
+        np.testing.assert_allclose([d["embedding"] for d in embedded.json()["data"]],
+                                   _embedder_reference(tiny_bert_dir, texts), atol=1e-5)
+        ranked = http.post("/rerank", json={"query": query, "texts": docs, "raw_scores": True})
+        assert ranked.status_code == 200, ranked.text
+        logits = _reranker_reference(tiny_reranker_dir, query, docs)
+        np.testing.assert_allclose([r["score"] for r in ranked.json()], logits[[r["index"] for r in ranked.json()]],
+                                   atol=1e-4)
+
+    try:
+        cluster.wait_for(lambda line: line.startswith(_READY), timeout_s=240)
+        assert len(cluster.replica_lines()) == 2
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+            assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["embed", "rerank"]
+            assert http.get("/ready").json()["models"] == {"embed": 1, "rerank": 1}
+            check_answers(http)
+            wrong = http.post("/v1/rerank", json={"query": query, "documents": docs, "model": "embed"})
+            assert wrong.status_code == 400 and "cannot rerank" in wrong.json()["error"]["message"]
+
+            # Kill the reranker's replica: its supervisor restarts it, the embedder's is untouched.
+            def serving(pid: int) -> str:
+                return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            replicas = [pid for pid in children(cluster.popen.pid) if "scheduler" in serving(pid)]
+            (victim,) = [pid for pid in replicas if str(tiny_reranker_dir) in serving(pid)]
+            (embedder,) = [pid for pid in replicas if str(tiny_bert_dir) in serving(pid)]
+            os.kill(victim, signal.SIGKILL)
+            cluster.wait_for(lambda line: len(cluster.replica_lines()) >= 3, timeout_s=120)
+            deadline = time.monotonic() + 60
+            while http.get("/ready").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert http.get("/ready").json()["models"] == {"embed": 1, "rerank": 1}
+            assert alive(embedder) and embedder in children(cluster.popen.pid)
+            check_answers(http)
+
         tree = [cluster.popen.pid, *children(cluster.popen.pid)]
         cluster.popen.send_signal(signal.SIGTERM)
         assert cluster.popen.wait(90) == 0, "".join(cluster.lines[-40:])

@@ -16,6 +16,7 @@ import yaml
 from deploy_validators import (COMPOSE, COMPOSE_GPU, DEPLOY, ROOT, compose_config, compose_resolved,
                                compose_schema_errors, flag)
 from deploy_validators import deploy_copy  # noqa: F401 (a fixture)
+from embedserve.defaults.model_args import parse_model_spec
 
 
 def test_compose_file_passes_docker_compose_config() -> None:
@@ -188,3 +189,37 @@ def test_gateway_and_replicas_share_the_replica_token() -> None:
     default = compose_resolved(COMPOSE, cwd=ROOT)["secrets"]["replica_token"]["file"]
     assert default == str(DEPLOY / "replica-token")
     assert "/deploy/replica-token" in (ROOT / ".gitignore").read_text().split()
+
+
+# -- two models: docker-compose.reranker.yml over docker-compose.yml --------------
+
+COMPOSE_RERANKER = DEPLOY / "docker-compose.reranker.yml"
+
+
+def test_two_model_override_merges_and_passes_config() -> None:
+    result = compose_config(COMPOSE, COMPOSE_RERANKER, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert compose_schema_errors(yaml.safe_load(COMPOSE_RERANKER.read_text())) == []
+
+
+def test_two_model_gateway_routes_each_model_to_its_own_replicas() -> None:
+    services = compose_resolved(COMPOSE, COMPOSE_RERANKER, cwd=ROOT)["services"]
+    gateway = services["gateway"]
+    specs = [parse_model_spec(arg.split("=", 1)[1]) for arg in gateway["command"]
+             if arg.startswith("--model=")]
+    assert [spec.names for spec in specs] == [("default",), ("reranker",)]
+    served = []
+    for spec in specs:
+        assert spec.upstream is not None and spec.upstream.startswith("dns:")
+        service_name, port = spec.upstream[len("dns:"):].rsplit(":", 1)
+        replica = services[service_name]
+        # The service behind the DNS name listens there and serves this very model.
+        assert flag(replica["command"], "port") == port
+        assert flag(replica["command"], "model") == str(spec.path)
+        assert replica["healthcheck"]["test"][-1] == f"grpc://127.0.0.1:{port}"
+        assert gateway["depends_on"][service_name]["condition"] == "service_healthy"
+        assert "ports" not in replica and replica["restart"] == "unless-stopped"
+        assert replica["image"] == services["replica"]["image"]
+        assert replica["networks"].keys() == {"replicas"}
+        served.append(service_name)
+    assert sorted(served) == ["replica", "replica-reranker"]

@@ -3,12 +3,20 @@
 Every document validates with ``kubernetes-validate --strict`` against the
 oldest supported and the newest Kubernetes API schemas, and a broken copy is
 rejected; then selectors, ports, probes and ConfigMap references are checked
-against each other.
+against each other. The two-model manifests (``two-models/``, applied over
+the base) get the same checks, and each model the gateway serves must reach
+replicas serving that model.
 """
 
 from __future__ import annotations
 
-from deploy_validators import flag, k8s_documents, k8s_errors
+import copy
+import re
+
+import yaml
+
+from deploy_validators import K8S, flag, k8s_documents, k8s_errors
+from embedserve.defaults.model_args import parse_model_spec
 
 
 def test_k8s_manifests_validate_against_the_api_schemas() -> None:
@@ -146,3 +154,90 @@ def test_k8s_gateway_and_replicas_mount_the_same_token() -> None:
         assert mount["readOnly"] is True
         token_file = flag(container["args"], "replica-token-file")
         assert token_file == f"{mount['mountPath']}/token" and "token" in secret["stringData"]
+
+
+# -- two models: deploy/k8s/two-models/ applied over the base ---------------------
+
+TWO_MODELS = K8S / "two-models"
+
+
+def _two_model_documents() -> list[tuple[str, dict]]:
+    documents = []
+    for path in sorted(TWO_MODELS.glob("*.yaml")):
+        documents += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return documents
+
+
+def _overlay(kind: str, name: str) -> dict:
+    (document,) = [d for _, d in _two_model_documents()
+                   if d["kind"] == kind and d["metadata"]["name"] == name]
+    return document
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_two_model_manifests_validate_against_the_api_schemas() -> None:
+    documents = _two_model_documents()
+    assert {d["kind"] for _, d in documents} >= {"Deployment", "Service", "ConfigMap"}
+    for name, document in documents:
+        assert k8s_errors(document) == [], name
+
+
+def test_two_model_gateway_differs_from_the_base_only_in_its_models() -> None:
+    _, base = _k8s("Deployment", "embedserve-gateway")
+    overlay = _overlay("Deployment", "embedserve-gateway")
+    base_container, overlay_container = _container(copy.deepcopy(base)), _container(copy.deepcopy(overlay))
+    for container in (base_container, overlay_container):
+        container.pop("args")
+        container.pop("envFrom")
+    assert overlay_container == base_container
+    without_container = lambda d: {**d, "spec": {**d["spec"], "template": {  # noqa: E731
+        **d["spec"]["template"], "spec": {**d["spec"]["template"]["spec"], "containers": []}}}}
+    assert without_container(overlay) == without_container(base)
+
+
+def test_each_model_of_the_gateway_reaches_replicas_serving_that_model() -> None:
+    _, config = _k8s("ConfigMap", "embedserve-config")
+    variables = {**config["data"], **_overlay("ConfigMap", "embedserve-reranker-config")["data"]}
+    expand = lambda text: re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], text)  # noqa: E731
+    gateway = _container(_overlay("Deployment", "embedserve-gateway"))
+    assert {"configMapRef": {"name": "embedserve-reranker-config"}} in gateway["envFrom"]
+    specs = [parse_model_spec(expand(arg.split("=", 1)[1])) for arg in gateway["args"]
+             if arg.startswith("--model=")]
+    assert [spec.names for spec in specs] == [("default",), ("reranker",)]
+    deployments = {"embedserve-replica": _k8s("Deployment", "embedserve-replica")[1],
+                   "embedserve-replica-reranker": _overlay("Deployment", "embedserve-replica-reranker")}
+    services = {"embedserve-replica": _k8s("Service", "embedserve-replica")[1],
+                "embedserve-replica-reranker": _overlay("Service", "embedserve-replica-reranker")}
+    served = []
+    for spec in specs:
+        assert spec.upstream is not None and spec.upstream.startswith("dns:")
+        host, port = spec.upstream[len("dns:"):].rsplit(":", 1)
+        service = services[host]
+        assert service["spec"]["clusterIP"] == "None"
+        assert int(port) == next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+        # Exactly one Deployment's pods sit behind the Service, and they serve this model.
+        behind = [name for name, d in deployments.items()
+                  if _selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])]
+        assert len(behind) == 1, (host, behind)
+        replica = _container(deployments[behind[0]])
+        assert expand(flag(replica["args"], "model")) == str(spec.path)
+        served.append(behind[0])
+    assert sorted(served) == sorted(deployments)
+
+
+def test_reranker_pods_have_their_own_disruption_budget_and_network_policy() -> None:
+    reranker = _overlay("Deployment", "embedserve-replica-reranker")
+    labels = reranker["spec"]["template"]["metadata"]["labels"]
+    assert not _selects(_k8s("Service", "embedserve-replica")[1]["spec"]["selector"], labels)
+    assert not _selects(_k8s("PodDisruptionBudget", "embedserve-replica")[1]["spec"]["selector"]["matchLabels"],
+                        labels)
+    pdb = _overlay("PodDisruptionBudget", "embedserve-replica-reranker")
+    assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
+    assert pdb["spec"]["minAvailable"] < reranker["spec"]["replicas"]
+    policy = _overlay("NetworkPolicy", "embedserve-replica-reranker")
+    assert _selects(policy["spec"]["podSelector"]["matchLabels"], labels)
+    _, base_policy = _k8s("NetworkPolicy", "embedserve-replica")
+    assert policy["spec"]["ingress"] == base_policy["spec"]["ingress"]

@@ -1,10 +1,12 @@
 """The gateway app factory: ``create_app(settings) -> FastAPI``.
 
-Wires the pieces built elsewhere: reads the model directory (tokenizer,
-prompts), starts the replica pool and its health watches in the app's
-lifespan, installs the middleware (``app.state.drain`` is the shutdown
-gate the entry point closes) and the error handlers once, and mounts the
-routers. Nothing here handles a request itself.
+Wires the pieces built elsewhere: reads each served model's directory
+(tokenizer, prompts; a directory served twice is read once), gives each
+model its own replica pool (started with its health watches in the app's
+lifespan), token budget and names, and puts them behind one
+``ModelRouter`` (``app.state.router``); installs the middleware
+(``app.state.drain`` is the shutdown gate the entry point closes) and the
+error handlers once, and mounts the routers. Nothing here handles a request itself.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from embedserve import __version__
+from embedserve import wire
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
@@ -27,40 +31,59 @@ from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.discovery import source_for
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
-from embedserve.gateway.settings import GatewaySettings
-from embedserve.model.info import read_model_info
+from embedserve.gateway.routing import ModelRouter
+from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
+from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -> FastAPI:
-    """An app serving ``settings.model_dir`` over the replicas of ``source``.
+    """An app serving ``settings.models``, each over its own replicas.
 
-    ``source`` defaults to what ``settings.upstreams`` names: fixed
-    ``host:port`` entries, or ``dns:NAME:PORT`` (``discovery.py``). The
-    tokenizer loads here, so a bad model directory fails at start-up
-    (``ModelLoadError``), not on a request.
+    ``source`` (tests) replaces the first model's replicas; otherwise each
+    model's come from its ``upstreams``: fixed ``host:port`` entries, or
+    ``dns:NAME:PORT`` (``discovery.py``). Tokenizers load here, so a bad
+    model directory fails at start-up (``ModelLoadError``), not on a request;
+    so do two models answering to one name (``ValueError``).
     """
-    model = read_model_info(settings.model_dir)
-    tokenizer = load_tokenizer(settings.model_dir)
+    # One thread for every model's tokenizer: the Numba encoder already runs
+    # in parallel inside a call, and its threading layer must not be entered
+    # from two threads at once (settings.tokenizer_threads).
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    preprocessor = Preprocessor(tokenizer, model, executor, settings.auto_truncate,
-                                settings.chunk_overlap)
     metrics = GatewayMetrics()
-    replica_source = source or source_for(settings.upstreams)
+    read: dict[Path, tuple[ModelInfo, Preprocessor]] = {}
+    for served in settings.models:
+        key = served.model_dir.resolve()
+        if key not in read:
+            model = read_model_info(served.model_dir)
+            read[key] = model, Preprocessor(load_tokenizer(served.model_dir), model, executor,
+                                            settings.auto_truncate, settings.chunk_overlap)
+    sources = [source if i == 0 and source is not None else source_for(served.upstreams)
+               for i, served in enumerate(settings.models)]
+    check_distinct_names([served.names for served in settings.models])
+
+    def gateway_for(served: ServedModel, replica_source: ReplicaSource) -> Gateway:
+        model, preprocessor = read[served.model_dir.resolve()]
+        pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
+                           settings.health_backoff_min_s, settings.health_backoff_max_s,
+                           settings.replica_ping_s, replica_token=settings.replica_token,
+                           check_info=lambda reply: wire.model_mismatch(reply, model))
+        return Gateway(settings, model, preprocessor, pool, metrics, served.names)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
-                           settings.health_backoff_min_s, settings.health_backoff_max_s,
-                           settings.replica_ping_s, replica_token=settings.replica_token)
-        app.state.gateway = Gateway(settings, model, preprocessor, pool, metrics)
-        await pool.start()
+        router = ModelRouter([gateway_for(served, replica_source)
+                              for served, replica_source in zip(settings.models, sources)])
+        app.state.router = router
+        for gateway in router.gateways:
+            await gateway.pool.start()
         try:
             yield
         finally:
-            await pool.close()
+            for gateway in router.gateways:
+                await gateway.pool.close()
             executor.shutdown(wait=False, cancel_futures=True)
 
     # /docs and /redoc serve their scripts from the fastapi-offline package, not a

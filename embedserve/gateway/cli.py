@@ -6,6 +6,10 @@ at once while those admitted before the signal are answered normally, the
 listening socket staying open meanwhile; then it closes and exits 0 (or
 after ``--drain-timeout``). The gateway's flags and settings are built here
 (``embedserve serve`` reuses them); flags and environment are read here only.
+
+Several models: ``--model DIR:upstream=ADDRESSES`` once per model (the
+replicas of each), optionally ``:name=NAME[,ALIAS...]``; requests pick a
+model by ``model``.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
 
-from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
 from embedserve.entrypoint import configure_logging, gateway_banner, stop_on_signals
 from embedserve.gateway.long_inputs import SERVER_POLICIES
-from embedserve.gateway.settings import GatewaySettings
+from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 log = logging.getLogger("embedserve.gateway")
@@ -36,9 +41,11 @@ _CLOSE_GRACE_S = 3
 def register(subparsers: argparse._SubParsersAction) -> None:
     gateway = subparsers.add_parser("gateway", help="run the HTTP gateway in front of replicas",
                                     description=__doc__.splitlines()[0])
-    gateway.add_argument("--upstream", required=True,
-                         help="scheduler replicas: host:port[,host:port...], or dns:NAME:PORT "
-                              "(every address NAME resolves to, re-resolved as it changes)")
+    gateway.add_argument("--upstream", default=None,
+                         help="scheduler replicas of the model: host:port[,host:port...], or "
+                              "dns:NAME:PORT (every address NAME resolves to, re-resolved as it "
+                              "changes); with several --model, give each its own as "
+                              "--model DIR:upstream=ADDRESSES instead")
     add_replica_token_argument(gateway, "send the token in this file to the replicas on every call "
                                         "('authorization: Bearer TOKEN'), as replicas started with "
                                         "the same file require")
@@ -46,14 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gateway.set_defaults(func=run_gateway)
 
 
-def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
+def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = False) -> None:
+    """The gateway's flags; ``starts_replicas``: for ``serve``, which starts each model's replicas."""
     d = _DEFAULTS
-    add_model_arguments(parser, "model directory (tokenizer and prompts are read from it; default: "
-                                "multilingual-e5-small, built on first use into --cache-dir)")
+    add_model_spec_arguments(parser, replicas=starts_replicas, upstream=not starts_replicas)
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                        help="names a request's 'model' may use: the first is the one answers "
-                             "carry, the rest are aliases; another name gets 404 model_not_found "
-                             "(default: the model directory's name)")
+                        help="names a request's 'model' may use when one model is served: the "
+                             "first is the one answers carry, the rest are aliases; another name "
+                             "gets 404 model_not_found (default: the model directory's name; "
+                             "several models: --model DIR:name=NAME[,ALIAS...])")
     parser.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one "
                         "(default: %(default)s)")
@@ -65,8 +73,9 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                         help="larger request bodies get 413 before parsing (default: %(default)s)")
     parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
-                        help="tokens admitted at once across requests; beyond it requests get "
-                             "429 + Retry-After. Bounds memory and queueing (default: %(default)s)")
+                        help="tokens admitted at once across requests, per served model; beyond "
+                             "it requests get 429 + Retry-After. Bounds memory and queueing "
+                             "(default: %(default)s)")
     add_long_input_flags(parser)
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds before a request is answered 504 (default: %(default)s)")
@@ -114,11 +123,32 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple[str, ...],
+def served_models(args: argparse.Namespace, specs: Sequence[ModelSpec],
+                  upstreams: Sequence[tuple[str, ...]]) -> tuple[ServedModel, ...]:
+    """Each ``--model`` with its replicas' addresses and its names.
+
+    ``--served-model-name`` names a lone model; with several, each takes its
+    names from ``:name=``. SystemExit saying which when both are given.
+    """
+    if args.served_model_name and (len(specs) > 1 or specs[0].names):
+        raise SystemExit("--served-model-name names a single model; give each --model its names "
+                         "as --model DIR:name=NAME[,ALIAS...]")
+    names = [spec.names or tuple(args.served_model_name or ()) for spec in specs]
+    models = tuple(ServedModel(spec.path, addresses, model_names)
+                   for spec, addresses, model_names in zip(specs, upstreams, names, strict=True))
+    try:
+        check_distinct_names([model.names for model in models])
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return models
+
+
+def gateway_settings(args: argparse.Namespace, models: Sequence[ServedModel],
                      replica_token: str | None = None) -> GatewaySettings:
+    first, *others = models
     return GatewaySettings(
-        model_dir=model_dir, upstreams=upstreams, host=args.host, port=args.port,
-        served_model_names=tuple(args.served_model_name or ()),
+        model_dir=first.model_dir, upstreams=first.upstreams, host=args.host, port=args.port,
+        served_model_names=first.served_model_names, additional_models=tuple(others),
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,
@@ -130,12 +160,29 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path, upstreams: tuple
 
 def run_gateway(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    upstreams = tuple(u.strip() for u in args.upstream.split(",") if u.strip())
-    if not upstreams:
-        raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
-    settings = gateway_settings(args, model_dir_from_args(args), upstreams,
+    specs = model_specs_from_args(args)
+    upstreams = [_upstreams(spec, args.upstream, len(specs)) for spec in specs]
+    settings = gateway_settings(args, served_models(args, specs, upstreams),
                                 replica_token_from_args(args, os.environ))
     return asyncio.run(serve_http(settings))
+
+
+def _upstreams(spec: ModelSpec, upstream_flag: str | None, model_count: int) -> tuple[str, ...]:
+    """One model's replica addresses: its ``:upstream=``, or ``--upstream`` for a lone model."""
+    if spec.replicas is not None:
+        raise SystemExit(f"--model {spec.format()}: the gateway starts no replicas; "
+                         "replicas= is for embedserve serve and embedserve cluster")
+    if spec.upstream is not None and upstream_flag is not None:
+        raise SystemExit(f"--model {spec.format()}: its replicas are given twice "
+                         "(:upstream= and --upstream)")
+    if spec.upstream is None and model_count > 1:
+        raise SystemExit(f"--model {spec.format()}: with several models, give each its replicas "
+                         "as --model DIR:upstream=HOST:PORT[,...] (or dns:NAME:PORT)")
+    text = spec.upstream if spec.upstream is not None else upstream_flag or ""
+    upstreams = tuple(u.strip() for u in text.split(",") if u.strip())
+    if not upstreams:
+        raise SystemExit("--upstream needs host:port[,host:port...] or dns:NAME:PORT")
+    return upstreams
 
 
 async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
@@ -153,7 +200,7 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
     host, port = sock.getsockname()[:2]
     server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=_CLOSE_GRACE_S),
-                     gateway_banner(host, port, settings.upstreams))
+                     gateway_banner(host, port, tuple(u for m in settings.models for u in m.upstreams)))
     own_stop = stop is None
     stop = stop or asyncio.Event()
 

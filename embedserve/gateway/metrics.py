@@ -1,7 +1,10 @@
 """Prometheus metrics of one gateway app, in a registry of its own.
 
 Owns the metric objects; a per-app ``CollectorRegistry`` (not the global
-one) so several apps in one process (tests) do not collide.
+one) so several apps in one process (tests) do not collide. Metrics about
+work and replicas carry a ``model`` label (the served model's canonical
+name); request counts and latency are per route, as the HTTP layer counts
+them before a model is chosen (and for requests that name none).
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ class GatewayMetrics:
                                  ["route"], registry=r,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                           1, 2.5, 5, 10, 30, 60))
-        self.inputs = Counter("embedserve_gateway_inputs", "Inputs (texts or pairs) served", ["route"],
-                              registry=r)
-        self.tokens = Counter("embedserve_gateway_tokens", "Tokens sent to replicas", ["route"],
-                              registry=r)
+        self.inputs = Counter("embedserve_gateway_inputs", "Inputs (texts or pairs) served",
+                              ["route", "model"], registry=r)
+        self.tokens = Counter("embedserve_gateway_tokens", "Tokens sent to replicas",
+                              ["route", "model"], registry=r)
         self.inflight_tokens = Gauge("embedserve_gateway_inflight_tokens",
-                                     "Tokens admitted and not yet answered", registry=r)
+                                     "Tokens admitted and not yet answered", ["model"],
+                                     registry=r)
         self.chunk_retries = Counter("embedserve_gateway_chunk_retries",
-                                     "Chunks resent to another replica after a failure", registry=r)
+                                     "Chunks resent to another replica after a failure",
+                                     ["model"], registry=r)
         self.replicas_healthy = Gauge("embedserve_gateway_replicas_healthy",
-                                      "Replicas whose health watch says SERVING", registry=r)
-        self.replicas_known = Gauge("embedserve_gateway_replicas", "Replicas configured", registry=r)
+                                      "Replicas whose health watch says SERVING",
+                                      ["model"], registry=r)
+        self.replicas_known = Gauge("embedserve_gateway_replicas", "Replicas configured", ["model"],
+                                    registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,11 @@
-"""The gateway's work for one request, independent of the HTTP shape.
+"""The gateway's work for one request to one served model, independent of the HTTP shape.
 
-Owns admission (input count, in-flight token budget), the deadline,
-handing packed tokens to the dispatcher, recording timings and metrics,
-and cancelling the work when the client disconnects. Routes translate
-their JSON into calls on ``Gateway`` and its answers back into JSON.
+Owns admission (input count, the model's in-flight token budget), the
+deadline, handing packed tokens to the dispatcher, recording timings and
+metrics, and cancelling the work when the client disconnects. A ``Gateway``
+serves one model (its tokenizer, replica pool, budget and names); which one
+a request goes to is ``routing.py``'s. Routes translate their JSON into
+calls on ``Gateway`` and its answers back into JSON.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ from embedserve.ragged import RaggedBatch
 
 T = TypeVar("T")
 
+# How a task's model is named in messages.
+TASK_NAMES = {"embed": "an embedding model", "score": "a reranker (cross-encoder)"}
+
 
 class Gateway:
     def __init__(self, settings: GatewaySettings, model: ModelInfo, preprocessor: Preprocessor,
-                 pool: ReplicaPool, metrics: GatewayMetrics) -> None:
+                 pool: ReplicaPool, metrics: GatewayMetrics,
+                 names: tuple[str, ...] | None = None) -> None:
         self.settings = settings
         self._described = model
+        # Every name a request may ask for, the canonical one first (default:
+        # the first model's names in ``settings``).
+        self._names = names or settings.models[0].names
         self.preprocessor = preprocessor
         self.pool = pool
         self.metrics = metrics
@@ -53,11 +62,16 @@ class Gateway:
     @property
     def served_names(self) -> tuple[str, ...]:
         """Every name a request may ask for, the canonical one first."""
-        return self.settings.served_model_names or (self.settings.model_dir.resolve().name,)
+        return self._names
 
     @property
     def model_id(self) -> str:
         return self.served_names[0]
+
+    @property
+    def task(self) -> str:
+        """What the model does: "embed" or "score"."""
+        return self._described.task
 
     def check_model(self, name: str | None) -> str:
         """The name an answer carries: the one asked for, or the canonical one when none was."""
@@ -81,9 +95,9 @@ class Gateway:
 
     def require_task(self, task: str) -> None:
         if self._described.task != task:
-            what = "an embedding model" if task == "embed" else "a reranker (cross-encoder)"
-            raise InvalidInput(f"this route needs {what}; {self._described.model_id} is not one",
-                               field="model")
+            raise InvalidInput(f"this route needs {TASK_NAMES[task]}; the model `{self.model_id}` "
+                               f"is {TASK_NAMES[self.task]} and cannot "
+                               f"{'embed' if task == 'embed' else 'rerank'}", field="model")
 
     async def embed(self, request: Request, packed: RaggedBatch, normalize: bool, dimensions: int,
                     route: str) -> np.ndarray:
@@ -108,18 +122,18 @@ class Gateway:
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
         with self.budget.hold(tokens):
-            self.metrics.inflight_tokens.set(self.budget.in_use)
+            self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use)
             try:
                 result = await cancel_on_disconnect(request, run_chunks(
                     self.pool, packed, self.policy, rpc, make, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
-                    on_retry=self.metrics.chunk_retries.inc))
+                    on_retry=self.metrics.chunk_retries.labels(self.model_id).inc))
             finally:
-                self.metrics.inflight_tokens.set(self.budget.in_use - tokens)
+                self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use - tokens)
                 timing["queue"] = timings.queue_s
                 timing["inference"] = timings.inference_s
-        self.metrics.inputs.labels(route).inc(packed.num_sequences)
-        self.metrics.tokens.labels(route).inc(tokens)
+        self.metrics.inputs.labels(route, self.model_id).inc(packed.num_sequences)
+        self.metrics.tokens.labels(route, self.model_id).inc(tokens)
         return result
 
 

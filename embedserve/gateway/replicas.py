@@ -8,6 +8,10 @@ replicas with room, ties taken in turn (so requests sent one at a time
 still spread over idle replicas). Where replicas come from is a
 ``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
 plug in another source that yields new address lists as they change.
+A pool serves one model: a replica whose ``Info`` says it serves something
+else (``check_info``: another task or width) stays out of rotation, so a
+mis-wired deployment refuses requests instead of answering them from the
+wrong model.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,6 +84,7 @@ class Replica:
     info: inference_pb2.InfoResponse | None = None
     outstanding_tokens: int = 0
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
+    wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
 
     def capacity(self, default: int) -> int:
@@ -93,8 +98,11 @@ class ReplicaPool:
 
     def __init__(self, source: ReplicaSource, max_outstanding_tokens: int = 65536,
                  backoff_min_s: float = 0.1, backoff_max_s: float = 2.0, ping_s: float = 2.0,
-                 replica_token: str | None = None) -> None:
+                 replica_token: str | None = None,
+                 check_info: Callable[[inference_pb2.InfoResponse], str] | None = None) -> None:
         self._source = source
+        # A replica's Info -> why it does not serve this pool's model ("": it does).
+        self._check_info = check_info
         self._channel_options = channel_options(ping_s)
         self._interceptors = [BearerTokenInterceptor(replica_token)] if replica_token else []
         self._max_outstanding = max_outstanding_tokens
@@ -146,7 +154,8 @@ class ReplicaPool:
                     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
                     if serving and replica.info is None:
                         replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10)
-                    await self._set_health(replica, serving)
+                        self._check_model(replica)
+                    await self._set_health(replica, serving and not replica.wrong_model)
                     delay = self._backoff[0]
             except grpc.aio.AioRpcError as exc:
                 replica.refused_token = exc.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -160,6 +169,16 @@ class ReplicaPool:
             await self._set_health(replica, False)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
+
+    def _check_model(self, replica: Replica) -> None:
+        assert replica.info is not None
+        reason = self._check_info(replica.info) if self._check_info is not None else ""
+        if reason and reason != replica.wrong_model:
+            log.warning("replica %s is kept out of rotation: %s", replica.address, reason)
+        replica.wrong_model = reason
+        if reason:
+            # Asked again on its next SERVING, in case it was restarted with the right model.
+            replica.info = None
 
     async def _set_health(self, replica: Replica, healthy: bool) -> None:
         if replica.healthy != healthy:
@@ -218,6 +237,9 @@ class ReplicaPool:
                 if not usable and any(r.refused_token for r in self._replicas.values()):
                     raise Unavailable("no replica is ready: replicas refuse the gateway's token "
                                       "(--replica-token-file must name the replicas' token)")
+                if not usable and any(r.wrong_model for r in self._replicas.values()):
+                    raise Unavailable("no replica is ready: the replicas configured for this model "
+                                      "serve another model")
                 if not usable:
                     raise Unavailable("no replica is ready")
                 least = min(r.outstanding_tokens for r in usable)

@@ -89,8 +89,14 @@ class ModelList(BaseModel):
 
 # -- TEI ---------------------------------------------------------------------
 
+# TEI serves one model and has no ``model`` field; here it picks one of several.
+_MODEL_FIELD = ("embedserve extension: the served model to use (GET /v1/models); needed only "
+                "when several served models can do this")
+
+
 class EmbedRequest(_Request):
     inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     normalize: StrictBool = True
     truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
     truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
@@ -101,6 +107,7 @@ class EmbedRequest(_Request):
 
 class RerankRequest(_Request):
     query: StrictStr
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     texts: list[StrictStr]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
@@ -116,6 +123,7 @@ class RankedText(BaseModel):
 
 class TokenizeRequest(_Request):
     inputs: Union[StrictStr, list[StrictStr]]
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = None
 

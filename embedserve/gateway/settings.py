@@ -7,21 +7,41 @@ from flags (see ``cli.py``) and tests build it directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
-    # Model directory read for the tokenizer and the sentence-transformers
-    # metadata (prompts, normalization); the weights stay with the replicas.
+class ServedModel:
+    """One model the gateway routes to: where to read it, its replicas, its names."""
+
     model_dir: Path
-    # host:port of each scheduler replica.
     upstreams: tuple[str, ...]
-    # Names a request's ``model`` may use: the first is the one answers carry,
-    # the rest are aliases. Empty: the model directory's own name (a symlink
-    # such as /models/default is followed to the directory it names).
     served_model_names: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may ask for, the canonical one first."""
+        return self.served_model_names or (self.model_dir.resolve().name,)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    # The first (default) model. Its directory is read for the tokenizer and
+    # the sentence-transformers metadata (prompts, normalization); the weights
+    # stay with the replicas.
+    model_dir: Path
+    # host:port of each scheduler replica of the first model.
+    upstreams: tuple[str, ...]
+    # Names a request's ``model`` may use for the first model: the first is
+    # the one answers carry, the rest are aliases. Empty: the model
+    # directory's own name (a symlink such as /models/default is followed to
+    # the directory it names).
+    served_model_names: tuple[str, ...] = ()
+    # Further models served beside the first, each with its own replicas,
+    # tokenizer, token budget and names; requests pick one by ``model``.
+    additional_models: tuple[ServedModel, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
     # Bearer key required on the API routes; None turns authentication off.
@@ -40,8 +60,10 @@ class GatewaySettings:
     # Content tokens consecutive windows share under "chunk": context across a
     # cut, at the price of embedding those tokens twice (request: chunk_overlap).
     chunk_overlap: int = 0
-    # Tokens admitted into dispatch at once across all requests; a request that
-    # does not fit gets 429 + Retry-After instead of waiting in memory.
+    # Tokens admitted into dispatch at once across all requests, per served
+    # model (each model has its own budget, so a flood of reranking cannot
+    # starve embedding); a request that does not fit gets 429 + Retry-After
+    # instead of waiting in memory.
     max_inflight_tokens: int = 4 * 1024 * 1024
     # Seconds to wait after a 429 before retrying (the Retry-After header).
     retry_after_s: int = 1
@@ -75,3 +97,20 @@ class GatewaySettings:
     # (scheduler/auth.py); None: replicas that require one refuse the
     # gateway. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
+
+    @property
+    def models(self) -> tuple[ServedModel, ...]:
+        """Every served model, the first (default) one first."""
+        first = ServedModel(self.model_dir, self.upstreams, self.served_model_names)
+        return (first, *self.additional_models)
+
+
+def check_distinct_names(names: Sequence[Sequence[str]]) -> None:
+    """ValueError when two served models answer to one name (``names``: each model's)."""
+    taken: set[str] = set()
+    for model_names in names:
+        clash = taken.intersection(model_names)
+        if clash:
+            raise ValueError(f"two models are served under the name {sorted(clash)[0]!r}; "
+                             "give each its own names (--model DIR:name=NAME)")
+        taken.update(model_names)

@@ -1,9 +1,10 @@
 """``embedserve cluster``: the docker-compose topology as local processes.
 
-    embedserve cluster --replicas 2 [--model DIR] [--port 8000] [--device cpu]
+    embedserve cluster --replicas 2 [--model DIR[:name=NAME][:replicas=N]]... [--port 8000] [--device cpu]
 
-Starts N ``embedserve scheduler`` replicas and one ``embedserve gateway``
-process pointed at them with ``--upstream``: the processes
+Starts N ``embedserve scheduler`` replicas per model and one ``embedserve
+gateway`` process pointed at them (``--model DIR:upstream=ADDRESSES`` per
+model): the processes
 deploy/docker-compose.yml runs in containers (here the gateway gets the
 replicas' addresses as a list rather than a DNS name), so the topology is
 tested without Docker. The replicas are kept by ``ReplicaSupervisor`` (a
@@ -21,17 +22,16 @@ import asyncio
 import logging
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
 from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, stop_on_signals
 from embedserve.gateway.cli import add_long_input_flags, long_input_args
-from embedserve.gateway.settings import GatewaySettings
+from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
-from embedserve.launch.commands import gateway_command, replica_env
+from embedserve.launch.commands import models_gateway_command, replica_env
 from embedserve.launch.processes import first_or_stop, start_child, stop_child
-from embedserve.launch.supervisor import ReplicaSupervisor
+from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import add_engine_flags, engine_flags
 from embedserve.scheduler.token_file import temporary_token_file
 
@@ -42,7 +42,8 @@ _GATEWAY_EXIT_GRACE_S = 15.0
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    model_dir: Path
+    # Each served model's directory (resolved), names and replica count (None: ``replicas``).
+    models: tuple[ModelSpec, ...]
     replicas: int = 2
     device: str = "cpu"
     dtype: str | None = None      # None: the engine's default for the device
@@ -64,8 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cluster", help="run the compose topology (gateway + N replicas) as local processes",
         description="Run the docker-compose topology as local processes: N scheduler replicas "
                     "and one gateway process in front of them.")
-    parser.add_argument("--replicas", type=int, default=2, help="scheduler replicas (default: %(default)s)")
-    add_model_arguments(parser, "model directory (default: multilingual-e5-small, built on first use)")
+    parser.add_argument("--replicas", type=int, default=2,
+                        help="scheduler replicas per model (default: %(default)s; "
+                             "--model DIR:replicas=N sets one model's)")
+    add_model_spec_arguments(parser, replicas=True, upstream=False)
     add_engine_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
@@ -83,7 +86,18 @@ def run(args: argparse.Namespace) -> int:
         print("embedserve cluster: --replicas must be at least 1", file=sys.stderr)
         return 2
     gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args))
-    settings = ClusterSettings(model_dir=model_dir_from_args(args), replicas=args.replicas,
+    specs = model_specs_from_args(args)
+    for spec in specs:
+        if spec.upstream is not None:
+            print(f"embedserve cluster: --model {spec.format()}: the cluster starts each model's "
+                  "replicas itself; upstream= is for embedserve gateway", file=sys.stderr)
+            return 2
+    try:
+        check_distinct_names([spec.names or (spec.path.resolve().name,) for spec in specs])
+    except ValueError as exc:
+        print(f"embedserve cluster: {exc}", file=sys.stderr)
+        return 2
+    settings = ClusterSettings(models=tuple(specs), replicas=args.replicas,
                                device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                                host=args.host, port=args.port, gateway_args=gateway_args,
                                drain_timeout_s=args.drain_timeout)
@@ -101,23 +115,30 @@ async def run_cluster(settings: ClusterSettings) -> int:
 async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[str, ...]) -> int:
     extra = (*engine_flags(settings.dtype, settings.cuda_graphs), *token_args,
              *(("--metrics-port", "0") if settings.replica_metrics else ()), *settings.replica_args)
-    supervisor = ReplicaSupervisor(settings.model_dir, settings.replicas, settings.device,
-                                   extra_args=extra,
-                                   env=replica_env(settings.replicas, settings.device),
-                                   start_timeout_s=settings.start_timeout_s,
-                                   stop_timeout_s=settings.stop_timeout_s)
+    counts = [spec.replicas or settings.replicas for spec in settings.models]
+    # Replicas of every model share this machine's cores.
+    env = replica_env(sum(counts), settings.device)
+    several = len(settings.models) > 1
+    supervisors = SupervisorGroup([
+        ReplicaSupervisor(spec.path, count, settings.device, extra_args=extra, env=env,
+                          start_timeout_s=settings.start_timeout_s,
+                          stop_timeout_s=settings.stop_timeout_s,
+                          label=(spec.names[0] if spec.names else spec.path.name) if several else "")
+        for spec, count in zip(settings.models, counts)])
     gateway: asyncio.subprocess.Process | None = None
     gateway_output: asyncio.Task | None = None
     stop = asyncio.Event()
     status = 0
     with stop_on_signals(stop.set):
         try:
-            if not await first_or_stop(asyncio.ensure_future(supervisor.start()), stop):
+            if not await first_or_stop(asyncio.ensure_future(supervisors.start()), stop):
                 return 0
-            argv = gateway_command(settings.model_dir, ",".join(supervisor.addresses),
-                                   settings.host, settings.port,
-                                   ("--drain-timeout", str(settings.drain_timeout_s), *token_args,
-                                    *settings.gateway_args))
+            # Each model's own replicas, by address, as the gateway's --model ...:upstream=.
+            models = [replace(spec, replicas=None, upstream=",".join(supervisor.addresses))
+                      for spec, supervisor in zip(settings.models, supervisors.supervisors)]
+            argv = models_gateway_command(models, settings.host, settings.port,
+                                          ("--drain-timeout", str(settings.drain_timeout_s),
+                                           *token_args, *settings.gateway_args))
             starting = asyncio.ensure_future(start_child(argv, GATEWAY_LISTENING, name="the gateway",
                                                          timeout_s=settings.start_timeout_s))
             if not await first_or_stop(starting, stop):
@@ -131,8 +152,9 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
             if not ready.result():
                 print("embedserve cluster: the gateway did not become ready", file=sys.stderr)
                 return 1
+            replicas = " ".join(a for s in supervisors.supervisors for a in s.addresses)
             print(f"embedserve cluster: gateway {url} (OpenAI: {url}/v1/embeddings), "
-                  f"replicas {' '.join(supervisor.addresses)}", flush=True)
+                  f"replicas {replicas}", flush=True)
             exited = asyncio.ensure_future(gateway.wait())
             if await first_or_stop(exited, stop):
                 status = exited.result() or 1
@@ -145,7 +167,7 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
                     status = 1
             if gateway_output is not None:
                 gateway_output.cancel()
-            await supervisor.stop()
+            await supervisors.stop()
     return status
 
 

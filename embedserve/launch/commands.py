@@ -16,6 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from embedserve.defaults.model_args import ModelSpec
+
 _EMBEDSERVE = (sys.executable, "-m", "embedserve.cli")
 
 
@@ -35,6 +37,15 @@ def gateway_command(model_dir: Path, upstream: str, host: str = "127.0.0.1", por
     """argv of the gateway; ``upstream`` is ``host:port,...`` or ``dns:NAME:PORT``."""
     return [*_EMBEDSERVE, "gateway", "--upstream", upstream, "--model", str(model_dir),
             "--host", host, "--port", str(port), *extra]
+
+
+def models_gateway_command(models: Sequence[ModelSpec], host: str = "127.0.0.1", port: int = 0,
+                           extra: Sequence[str] = ()) -> list[str]:
+    """argv of a gateway serving ``models``, each spec naming its replicas (``upstream``)."""
+    argv = [*_EMBEDSERVE, "gateway"]
+    for spec in models:
+        argv += ["--model", spec.format()]
+    return [*argv, "--host", host, "--port", str(port), *extra]
 
 
 def replica_env(replicas: int, device: str, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,7 +1,10 @@
 """``embedserve serve``: the whole stack in one command.
 
-N local scheduler+engine processes (``--replicas``) and the gateway in front
-of them, in this process, building the default model on first use. Prints
+N local scheduler+engine processes (``--replicas``) per model and the
+gateway in front of them, in this process, building the default model on
+first use. Several models: ``--model`` once per model
+(``DIR[:name=NAME[,ALIAS...]][:replicas=N]``); each gets its own replicas
+and one gateway routes requests by their ``model``. Prints
 ``embedserve gateway listening on http://HOST:PORT`` once it accepts requests.
 On Ctrl-C or SIGTERM the gateway drains first (new requests get 503, those
 admitted are answered), then the replicas drain, then it exits 0.
@@ -14,12 +17,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-from embedserve.defaults.model_args import model_dir_from_args
+from embedserve.defaults.model_args import ModelSpec, model_specs_from_args
 from embedserve.entrypoint import configure_logging, stop_on_signals
-from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http
+from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http, served_models
 from embedserve.launch.commands import replica_env
 from embedserve.launch.processes import first_or_stop
-from embedserve.launch.supervisor import ReplicaSupervisor
+from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import add_engine_flags, engine_flags
 from embedserve.scheduler.token_file import read_token_file, temporary_token_file
 
@@ -30,10 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run replicas and the gateway in one command",
                                   description="Start N scheduler+engine processes and the gateway.")
     serve.add_argument("--replicas", type=int, default=1,
-                       help="scheduler+engine processes to start (default: %(default)s); on CPU "
-                            "they share the cores, so more replicas add fault tolerance, not speed")
+                       help="scheduler+engine processes to start per model (default: "
+                            "%(default)s; --model DIR:replicas=N sets one model's); on CPU they "
+                            "share the cores, so more replicas add fault tolerance, not speed")
     add_engine_flags(serve)
-    add_gateway_flags(serve)
+    add_gateway_flags(serve, starts_replicas=True)
     serve.set_defaults(func=run_serve)
 
 
@@ -41,28 +45,47 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.replicas < 1:
         raise SystemExit("--replicas must be at least 1")
-    model_dir = model_dir_from_args(args)
-    return asyncio.run(_serve_stack(args, model_dir))
+    specs = model_specs_from_args(args)
+    for spec in specs:
+        if spec.upstream is not None:
+            raise SystemExit(f"--model {spec.format()}: serve starts each model's replicas itself; "
+                             "upstream= is for embedserve gateway")
+    # Names are checked before any replica starts.
+    served_models(args, specs, [()] * len(specs))
+    return asyncio.run(_serve_stack(args, specs))
 
 
-async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
+async def _serve_stack(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
     # A fresh token per run: only this gateway can call these replicas.
     with temporary_token_file() as token_file:
-        return await _serve_with_token(args, model_dir, token_file)
+        return await _serve_with_token(args, specs, token_file)
 
 
-async def _serve_with_token(args: argparse.Namespace, model_dir: Path, token_file: Path) -> int:
-    supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device,
-                                   extra_args=(*engine_flags(args.dtype, args.cuda_graphs),
-                                               "--replica-token-file", str(token_file)),
-                                   env=replica_env(args.replicas, args.device))
+async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], token_file: Path) -> int:
+    counts = [spec.replicas or args.replicas for spec in specs]
+    # Replicas of every model share this machine's cores.
+    env = replica_env(sum(counts), args.device)
+    extra = (*engine_flags(args.dtype, args.cuda_graphs), "--replica-token-file", str(token_file))
+    group = SupervisorGroup([
+        ReplicaSupervisor(spec.path, count, args.device, extra_args=extra, env=env,
+                          label=_label(spec, len(specs)))
+        for spec, count in zip(specs, counts)])
     stop = asyncio.Event()
     with stop_on_signals(stop.set):
         try:
-            if not await first_or_stop(asyncio.ensure_future(supervisor.start()), stop):
+            if not await first_or_stop(asyncio.ensure_future(group.start()), stop):
                 return 0
-            settings = gateway_settings(args, model_dir, supervisor.addresses, read_token_file(token_file))
+            models = served_models(args, specs, [s.addresses for s in group.supervisors])
+            settings = gateway_settings(args, models, read_token_file(token_file))
             return await serve_http(settings, stop)
         finally:
-            await supervisor.stop()
+            await group.stop()
             log.info("stopped")
+
+
+def _label(spec: ModelSpec, model_count: int) -> str:
+    """How log lines name a model's replicas: by the model when there are several."""
+    if model_count == 1:
+        return ""
+    assert spec.path is not None
+    return spec.names[0] if spec.names else spec.path.name

@@ -4,16 +4,18 @@ Owns the replicas' life cycle: starting ``embedserve scheduler`` processes
 (port 0 at first, learned from the line each prints once it is SERVING),
 restarting one that exits unexpectedly on the same port (the gateway's
 health watch then puts it back in rotation), and stopping them all at once
-(they drain in parallel). Starting and stopping one child is
-``processes.py``'s job; the command line is ``commands.py``'s. Used by
-``embedserve serve`` and ``embedserve cluster``.
+(they drain in parallel). A ``ReplicaSupervisor`` keeps one model's
+replicas; ``SupervisorGroup`` starts and stops one per served model
+together. Starting and stopping one child is ``processes.py``'s job; the
+command line is ``commands.py``'s. Used by ``embedserve serve`` and
+``embedserve cluster``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +39,11 @@ class ReplicaProcess:
 class ReplicaSupervisor:
     def __init__(self, model_dir: Path, replicas: int, device: str = "cpu", host: str = "127.0.0.1",
                  extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None,
-                 start_timeout_s: float = 300.0, stop_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 300.0, stop_timeout_s: float = 30.0,
+                 label: str = "") -> None:
         self._model_dir = model_dir
+        # Names the model in log lines when several are supervised ("": one model).
+        self._label_prefix = f"{label} " if label else ""
         self._device = device
         self._host = host
         self._extra_args = extra_args
@@ -52,6 +57,9 @@ class ReplicaSupervisor:
     @property
     def addresses(self) -> tuple[str, ...]:
         return tuple(r.address for r in self.replicas)
+
+    def _label(self, replica: ReplicaProcess) -> str:
+        return f"{self._label_prefix}{replica.index}"
 
     async def start(self) -> tuple[str, ...]:
         """Start every replica and wait until each reports its address."""
@@ -67,11 +75,11 @@ class ReplicaSupervisor:
         argv = scheduler_command(self._model_dir, self._host, replica.port, device=self._device,
                                  extra=self._extra_args)
         replica.process, match, replica.output = await start_child(
-            argv, SCHEDULER_LISTENING, name=f"replica {replica.index}", env=self._env,
+            argv, SCHEDULER_LISTENING, name=f"replica {self._label(replica)}", env=self._env,
             timeout_s=self._start_timeout_s)
         replica.address = match.group(1)
         replica.port = int(replica.address.rsplit(":", 1)[1])
-        log.info("replica %d serving on %s (pid %d)", replica.index, replica.address,
+        log.info("replica %s serving on %s (pid %d)", self._label(replica), replica.address,
                  replica.process.pid)
 
     async def _keep_alive(self) -> None:
@@ -83,13 +91,13 @@ class ReplicaSupervisor:
                 if self._stopping:
                     return
                 replica.restarts += 1
-                log.warning("replica %d (pid %d) exited with %s; restarting on port %d",
-                            replica.index, replica.process.pid, code, replica.port)
+                log.warning("replica %s (pid %d) exited with %s; restarting on port %d",
+                            self._label(replica), replica.process.pid, code, replica.port)
                 await asyncio.sleep(min(5.0, 0.5 * replica.restarts))
                 try:
                     await self._spawn(replica)
                 except (ChildFailed, OSError) as exc:
-                    log.error("replica %d failed to restart: %s", replica.index, exc)
+                    log.error("replica %s failed to restart: %s", self._label(replica), exc)
         await asyncio.gather(*(watch(r) for r in self.replicas))
 
     async def stop(self) -> None:
@@ -102,3 +110,29 @@ class ReplicaSupervisor:
         for replica in self.replicas:
             if replica.output is not None:
                 replica.output.cancel()
+
+
+class SupervisorGroup:
+    """One ``ReplicaSupervisor`` per served model, started together and stopped together.
+
+    Each keeps (and restarts) its own model's replicas; a start that fails
+    for one model stops every model's replicas.
+    """
+
+    def __init__(self, supervisors: Sequence[ReplicaSupervisor]) -> None:
+        self.supervisors = tuple(supervisors)
+
+    async def start(self) -> None:
+        starting = [asyncio.ensure_future(s.start()) for s in self.supervisors]
+        try:
+            await asyncio.gather(*starting)
+        except BaseException:
+            # The other models' starts are still running: end them before stopping all.
+            for task in starting:
+                task.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.supervisors))

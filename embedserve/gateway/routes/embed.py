@@ -74,9 +74,7 @@ async def _embed(gateway: Gateway, request: Request, packed: RaggedBatch, policy
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
              summary="Create embeddings (OpenAI-compatible)")
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    model = gateway.check_model(body.model)
-    gateway.require_task("embed")
+    gateway, model = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
@@ -100,8 +98,7 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
 @router.post("/embed", response_model=list[list[float]], tags=["TEI"],
              summary="Embed inputs (text-embeddings-inference-compatible)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    gateway.require_task("embed")
+    gateway, _ = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)

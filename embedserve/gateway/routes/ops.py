@@ -1,9 +1,10 @@
 """Operational routes: health, readiness, model info, model list, metrics.
 
 ``/health`` answers while the process is alive; ``/ready`` only once the
-tokenizer is loaded and at least one replica's health watch says SERVING
-(load balancers route on it). ``/info`` merges the model directory's facts
-with what the replicas report.
+tokenizers are loaded and every served model has a replica whose health
+watch says SERVING (load balancers route on it). ``/info`` merges a model
+directory's facts with what its replicas report: one model's answer when
+one model is served (or ``?model=NAME`` picks one), else every model's.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from embedserve import __version__
 from embedserve.gateway.http_errors import error_response
-from embedserve.gateway.schemas import ModelList
 from embedserve.gateway.pipeline import Gateway
+from embedserve.gateway.routing import ModelRouter
+from embedserve.gateway.schemas import ModelList
 
 router = APIRouter()
 
@@ -25,18 +27,20 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/ready", tags=["ops"], summary="Tokenizer loaded and at least one replica serving")
+@router.get("/ready", tags=["ops"], summary="Tokenizers loaded and every model has a replica serving")
 async def ready(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    healthy = len(gateway.pool.healthy())
-    if healthy == 0:
-        return error_response(503, "no replica is ready", None, "unavailable")
-    return JSONResponse({"status": "ready", "replicas_healthy": healthy})
+    models: ModelRouter = request.app.state.router
+    healthy = {g.model_id: len(g.pool.healthy()) for g in models.gateways}
+    waiting = [name for name, count in healthy.items() if count == 0]
+    if waiting:
+        message = ("no replica is ready" if len(healthy) == 1 else
+                   f"no replica is ready for {', '.join(waiting)}")
+        return error_response(503, message, None, "unavailable")
+    return JSONResponse({"status": "ready", "replicas_healthy": sum(healthy.values()),
+                         "models": healthy})
 
 
-@router.get("/info", tags=["ops"], summary="The served model and the replicas")
-async def info(request: Request) -> dict:
-    gateway: Gateway = request.app.state.gateway
+def _model_info(gateway: Gateway) -> dict:
     model, settings = gateway.model, gateway.settings
     return {
         "model_id": gateway.model_id,
@@ -54,21 +58,44 @@ async def info(request: Request) -> dict:
         "model_dtype": model.dtype,
         "version": __version__,
         "replicas": [{"address": r.address, "healthy": r.healthy,
-                      "outstanding_tokens": r.outstanding_tokens} for r in gateway.pool.replicas],
+                      "outstanding_tokens": r.outstanding_tokens, "model": gateway.model_id}
+                     for r in gateway.pool.replicas],
     }
+
+
+@router.get("/info", tags=["ops"], summary="The served models and their replicas")
+async def info(request: Request, model: str | None = None) -> dict:
+    """One model's facts (``?model=NAME``, or the only model); with several, all of them.
+
+    With several models the answer is ``{"models": [...], "replicas": [...],
+    "version"}``: each model's own answer, and every replica tagged with
+    the model it serves.
+    """
+    models: ModelRouter = request.app.state.router
+    if model is not None:
+        return _model_info(models.find(model))
+    if len(models.gateways) == 1:
+        return _model_info(models.gateways[0])
+    answers = [_model_info(g) for g in models.gateways]
+    return {"models": answers, "replicas": [r for a in answers for r in a["replicas"]],
+            "version": __version__}
 
 
 @router.get("/v1/models", response_model=ModelList, tags=["OpenAI"], summary="List models")
 async def list_models(request: Request) -> dict:
-    gateway: Gateway = request.app.state.gateway
-    # Exactly the names a request's ``model`` may use, the canonical one first.
+    models: ModelRouter = request.app.state.router
+    # Exactly the names a request's ``model`` may use: one entry per name (an
+    # alias is an entry of its own, as OpenAI's list has no alias field), each
+    # model's canonical name before its aliases.
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                        "owned_by": "embedserve"} for name in gateway.served_names]}
+                                        "owned_by": "embedserve"} for name in models.served_names]}
 
 
 @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    gateway.metrics.replicas_healthy.set(len(gateway.pool.healthy()))
-    gateway.metrics.replicas_known.set(len(gateway.pool.replicas))
-    return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    models: ModelRouter = request.app.state.router
+    gateway_metrics = models.gateways[0].metrics
+    for gateway in models.gateways:
+        gateway_metrics.replicas_healthy.labels(gateway.model_id).set(len(gateway.pool.healthy()))
+        gateway_metrics.replicas_known.labels(gateway.model_id).set(len(gateway.pool.replicas))
+    return Response(gateway_metrics.render(), media_type=CONTENT_TYPE_LATEST)

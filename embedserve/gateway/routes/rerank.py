@@ -20,7 +20,6 @@ router = APIRouter()
 
 async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str], field: str,
                   truncate: bool, direction: str, sigmoid: bool, route: str):
-    gateway.require_task("score")
     gateway.check_count(len(docs), field)
     packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
         query, docs, truncate, direction, field))
@@ -36,7 +35,7 @@ def _ranked(scores) -> list[int]:
 @router.post("/rerank", response_model=list[RankedText], tags=["TEI"],
              summary="Rerank texts against a query (text-embeddings-inference-compatible)")
 async def rerank(body: RerankRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
+    gateway, _ = request.app.state.router.route(body.model, "score")
     scores, _ = await _scores(gateway, request, body.query, body.texts, "texts", body.truncate,
                               body.truncation_direction, not body.raw_scores, "/rerank")
     results = []
@@ -51,8 +50,7 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
 @router.post("/v1/rerank", response_model=CohereRerankResponse, tags=["Cohere/Jina"],
              summary="Rerank documents (Cohere/Jina-compatible)")
 async def rerank_documents(body: CohereRerankRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    model = gateway.check_model(body.model)
+    gateway, model = request.app.state.router.route(body.model, "score")
     docs = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await _scores(gateway, request, body.query, docs, "documents", body.truncate,
                                    "right", True, "/v1/rerank")

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.schemas import TokenInfo, TokenizeRequest
-from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.pipeline import timed
 
 router = APIRouter()
 
@@ -23,7 +23,7 @@ router = APIRouter()
 @router.post("/tokenize", response_model=list[list[TokenInfo]], tags=["TEI"],
              summary="Tokenize inputs")
 async def tokenize(body: TokenizeRequest, request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
+    gateway, _ = request.app.state.router.route(body.model, None)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     gateway.check_count(len(texts), "inputs")
     prompt = gateway.model.prompt(body.prompt_name, "prompt_name")
