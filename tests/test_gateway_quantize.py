@@ -207,3 +207,27 @@ def test_calibration_survives_a_replica_restart_byte_for_byte(http, gateway, rep
         == before_id
     assert _digests(directory) == before_files
     assert {p.name: p.stat().st_mtime_ns for p in directory.iterdir()} == mtimes
+
+
+def test_replica_without_calibration_refuses_int8_but_serves_binary(tiny_bert_dir):
+    process = SchedulerProcess(tiny_bert_dir, "--no-calibration", threads=1)
+    try:
+        tokens = inference_pb2.PackedTokens(token_ids=np.array([0, 35378, 2], np.int32).tobytes(),
+                                            lengths=np.array([3], np.int32).tobytes())
+        with grpc.insecure_channel(process.address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            assert stub.Info(inference_pb2.InfoRequest()).calibration_id == ""
+            floats = wire.tensor_to_array(stub.Embed(inference_pb2.EmbedRequest(
+                tokens=tokens, normalize=True)).embeddings)
+            reply = stub.Embed(inference_pb2.EmbedRequest(
+                tokens=tokens, normalize=True, precisions=wire.precisions_to_proto(["ubinary"])))
+            assert reply.quantized[0].data == quantize_embeddings(floats, "ubinary").tobytes()
+            for call, request in ((stub.Embed, inference_pb2.EmbedRequest(
+                    tokens=tokens, precisions=wire.precisions_to_proto(["float32", "int8"]))),
+                    (stub.Ranges, inference_pb2.RangesRequest())):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call(request)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "calibration" in caught.value.details()
+    finally:
+        process.stop()
