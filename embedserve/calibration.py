@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import calibrate
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 SAMPLE_FILE = "sample.npy"
 META_FILE = "calibration.json"
@@ -75,7 +78,13 @@ class Calibration:
             ranges = _read_array(path)
             if ranges is None:
                 derived = calibrate(postprocess_embeddings(self.sample, normalize, dims))
-                ranges = _write_once(path, derived)
+                try:
+                    ranges = _write_once(path, derived)
+                except OSError as error:
+                    # A read-only cache (a calibration baked into an image): the ranges
+                    # are a pure function of the stored sample, so use them unstored.
+                    log.warning("cannot store %s (%s); using the ranges unstored", path, error)
+                    ranges = derived
             self._ranges[key] = ranges
         return self._ranges[key]
 

@@ -130,3 +130,15 @@ def read_info_stub():
 
     return ModelInfo(model_id="stub", architecture="BertModel", task="embed", dimension=24,
                      max_positions=512, vocab_size=10, pooling="mean", normalize=True)
+
+
+def test_unwritable_cache_still_derives_ranges(tmp_path):
+    # A directory that cannot be written (here: one that is gone; in production a
+    # calibration baked into a read-only image) still answers, from the sample.
+    from embedserve.model.quantize import calibrate
+
+    sample = np.random.default_rng(2).standard_normal((20, 8)).astype(np.float32)
+    stored = calibration.Calibration(tmp_path / "gone", sample)
+    ranges = stored.ranges(4, True)
+    assert ranges.tobytes() == calibrate(postprocess_embeddings(sample, True, 4)).tobytes()
+    assert not (tmp_path / "gone").exists()

@@ -165,7 +165,9 @@ def test_grpc_embed_returns_packed_quantized_bytes(replica):
 
 
 def test_info_reports_the_calibration(http, replica):
-    info = http.get("/info").json()["quantization"]
+    whole = http.get("/info").json()
+    info = whole["quantization"]
+    assert [r["calibration_id"] for r in whole["replicas"]] == [info["calibration_id"]]
     assert info["embedding_types"] == ["float", "float16", "int8", "uint8", "binary", "ubinary"]
     # Each text under each of the model's two prompts (query:, passage:).
     assert info["calibration_sample_size"] == 2 * len(CALIBRATION_TEXTS)

@@ -2,7 +2,8 @@
 
 A thin layer over the pool: decode and validate a request, admit it as a
 ``Call``, await its rows, post-process them per call (Matryoshka dimensions,
-normalization, sigmoid, output dtype) and encode the answer. Errors are
+normalization, sigmoid, output dtype, quantization with the replica's
+calibration) and encode the answer. Errors are
 mapped to status codes in one place (``status.py``); this module only
 catches them at the handler boundary. Batching and the engine live in
 ``batcher.py``.

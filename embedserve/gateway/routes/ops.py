@@ -62,8 +62,12 @@ async def info(request: Request) -> dict:
             "calibration_texts_id": model.calibration_texts_id,
             "ranges": "/v1/quantization/ranges?dimensions=D&normalize=B",
         } if model.task == "embed" else None,
+        # Each replica's calibration: replicas that disagree (different cache
+        # directories on different hosts) would bucket int8/uint8 differently.
         "replicas": [{"address": r.address, "healthy": r.healthy,
-                      "outstanding_tokens": r.outstanding_tokens} for r in gateway.pool.replicas],
+                      "outstanding_tokens": r.outstanding_tokens,
+                      "calibration_id": (r.info.calibration_id or None) if r.info else None}
+                     for r in gateway.pool.replicas],
     }
 
 
