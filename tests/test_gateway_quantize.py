@@ -233,3 +233,32 @@ def test_replica_without_calibration_refuses_int8_but_serves_binary(tiny_bert_di
                 assert "calibration" in caught.value.details()
     finally:
         process.stop()
+
+
+def test_calibrate_only_bakes_what_a_replica_then_reads(tiny_bert_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from embedserve import calibration
+
+    result = subprocess.run([sys.executable, "-m", "embedserve.cli", "scheduler", "--model",
+                             str(tiny_bert_dir), "--cache-dir", str(tmp_path), "--calibrate-only"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    directory = tmp_path / "calibration" / result.stdout.strip().rsplit("/", 1)[-1]
+    assert result.stdout.strip() == str(directory)
+    baked = calibration.load_calibration(directory)
+    assert baked is not None and baked.sample_size == 2 * len(CALIBRATION_TEXTS)
+    before = _digests(directory)
+    process = SchedulerProcess(tiny_bert_dir, "--cache-dir", str(tmp_path), threads=1)
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            info = stub.Info(inference_pb2.InfoRequest())
+            ranges = stub.Ranges(inference_pb2.RangesRequest(dimensions=16, normalize=True))
+    finally:
+        process.stop()
+    assert info.calibration_id == baked.calibration_id
+    assert wire.tensor_to_array(ranges.ranges).tobytes() == baked.ranges(16, True).tobytes()
+    after = _digests(directory)
+    assert {k: v for k, v in after.items() if k in before} == before

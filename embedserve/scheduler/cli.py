@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 
 from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
@@ -61,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "them there for every later start and every replica sharing the "
                              "directory; --no-calibration skips it and refuses int8/uint8 "
                              "(default: on)")
+    parser.add_argument("--calibrate-only", action="store_true",
+                        help="compute (or find) the calibration in --cache-dir, print its "
+                             "directory and exit without serving: bakes it into an image so "
+                             "every container quantizes with the same ranges")
     add_replica_token_argument(parser, "refuse calls (UNAUTHENTICATED) that do not carry the "
                                        "token in this file as 'authorization: Bearer TOKEN'; "
                                        "health checks stay open")
@@ -101,7 +106,34 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
 def run(args: argparse.Namespace) -> int:
     configure_logging()
     settings = settings_from_args(args, model_dir_from_args(args))
+    if args.calibrate_only:
+        return calibrate_only(settings)
     return asyncio.run(serve(settings))
+
+
+def calibrate_only(settings: SchedulerSettings) -> int:
+    """What a replica does at start-up about its calibration, without serving. The batches
+    are the replica's (same token budget), so the vectors are the ones it would compute."""
+    from embedserve import calibration
+    from embedserve.engine import Engine
+    from embedserve.engine.batch import Batch
+
+    if settings.calibration_cache_dir is None:
+        print("embedserve scheduler: --calibrate-only needs calibration (drop --no-calibration)",
+              file=sys.stderr)
+        return 2
+    with Engine.load(settings.model_dir, settings.device, settings.dtype,
+                     cuda_graphs=settings.cuda_graphs) as engine:
+        if engine.info.task != "embed":
+            print("embedserve scheduler: a scorer has no calibration", file=sys.stderr)
+            return 0
+        directory = calibration.calibration_dir(settings.calibration_cache_dir,
+                                                settings.model_dir, engine.info.dtype or "")
+        calibration.load_or_calibrate(directory, settings.model_dir, engine.info,
+                                      lambda tokens: engine.step(Batch.of(tokens)).wait(),
+                                      settings.max_batch_tokens, settings.max_batch_sequences)
+    print(directory, flush=True)
+    return 0
 
 
 async def serve(settings: SchedulerSettings) -> int:
