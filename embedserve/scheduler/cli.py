@@ -13,9 +13,11 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 
-from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
+                                            model_dir_from_args)
 from embedserve.entrypoint import configure_logging, scheduler_banner, stop_on_signals
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
@@ -53,6 +55,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="seconds to let calls finish after SIGTERM (default: %(default)s)")
+    parser.add_argument("--calibration", action=argparse.BooleanOptionalAction, default=True,
+                        help="int8/uint8 embeddings: read the model's calibration ranges from "
+                             "--cache-dir, or compute them once at start-up (the model embeds "
+                             "a fixed text sample: seconds, once per model and dtype) and store "
+                             "them there for every later start and every replica sharing the "
+                             "directory; --no-calibration skips it and refuses int8/uint8 "
+                             "(default: on)")
+    parser.add_argument("--calibrate-only", action="store_true",
+                        help="compute (or find) the calibration in --cache-dir, print its "
+                             "directory and exit without serving: bakes it into an image so "
+                             "every container quantizes with the same ranges")
     add_replica_token_argument(parser, "refuse calls (UNAUTHENTICATED) that do not carry the "
                                        "token in this file as 'authorization: Bearer TOKEN'; "
                                        "health checks stay open")
@@ -86,13 +99,41 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
+        calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
         replica_token=replica_token_from_args(args, os.environ))
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging()
     settings = settings_from_args(args, model_dir_from_args(args))
+    if args.calibrate_only:
+        return calibrate_only(settings)
     return asyncio.run(serve(settings))
+
+
+def calibrate_only(settings: SchedulerSettings) -> int:
+    """What a replica does at start-up about its calibration, without serving. The batches
+    are the replica's (same token budget), so the vectors are the ones it would compute."""
+    from embedserve import calibration
+    from embedserve.engine import Engine
+    from embedserve.engine.batch import Batch
+
+    if settings.calibration_cache_dir is None:
+        print("embedserve scheduler: --calibrate-only needs calibration (drop --no-calibration)",
+              file=sys.stderr)
+        return 2
+    with Engine.load(settings.model_dir, settings.device, settings.dtype,
+                     cuda_graphs=settings.cuda_graphs) as engine:
+        if engine.info.task != "embed":
+            print("embedserve scheduler: a scorer has no calibration", file=sys.stderr)
+            return 0
+        directory = calibration.calibration_dir(settings.calibration_cache_dir,
+                                                settings.model_dir, engine.info.dtype or "")
+        calibration.load_or_calibrate(directory, settings.model_dir, engine.info,
+                                      lambda tokens: engine.step(Batch.of(tokens)).wait(),
+                                      settings.max_batch_tokens, settings.max_batch_sequences)
+    print(directory, flush=True)
+    return 0
 
 
 async def serve(settings: SchedulerSettings) -> int:

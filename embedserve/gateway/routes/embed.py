@@ -11,18 +11,21 @@ would otherwise cost more than the inference.
 
 from __future__ import annotations
 
-import base64
 import json
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from embedserve import wire
 from embedserve.errors import InvalidInput
+from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import LongInputPolicy, pool_windows
 from embedserve.gateway.pipeline import Gateway, timed
-from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
+from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
+                                        EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
@@ -80,13 +83,16 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)
     packed = await _pack(gateway, request, body.input, "input", body.input_type, policy)
-    vectors, tokens = await _embed(gateway, request, packed, policy, gateway.model.normalize,
-                                   dimensions, "/v1/embeddings")
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    if body.embedding_types is not None:
+        by_type, tokens = await _embed_by_type(gateway, request, packed, policy, body.embedding_types,
+                                               gateway.model.normalize, dimensions, "/v1/embeddings",
+                                               body.encoding_format == "base64")
+        items = [{name: rows[i] for name, rows in by_type.items()}
+                 for i in range(packed.num_sequences)]
     else:
-        items = vectors.tolist()
+        vectors, tokens = await _embed(gateway, request, packed, policy, gateway.model.normalize,
+                                       dimensions, "/v1/embeddings")
+        items = embedding_types.json_rows(vectors, body.encoding_format == "base64")
     return json_response({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
@@ -95,7 +101,34 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     })
 
 
-@router.post("/embed", response_model=list[list[float]], tags=["TEI"],
+async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch,
+                         policy: LongInputPolicy, types: list[str], normalize: bool, dimensions: int,
+                         route: str, as_base64: bool) -> tuple[dict[str, list], int]:
+    """JSON rows per requested embedding type, and the tokens embedded.
+
+    The replicas quantize after truncation and normalization. Inputs pooled from
+    windows are pooled here, so here they are quantized, with the replicas' own
+    calibration ranges for the same (dimensions, normalize): the same buckets.
+    """
+    types = embedding_types.check_embedding_types(types)
+    wanted = embedding_types.precisions(types)
+    if policy.mode == "chunk":
+        windows = gateway.preprocessor.cut_windows(packed, policy.overlap)
+        if windows.split:
+            vectors, tokens = await _embed(gateway, request, packed, policy, normalize, dimensions, route)
+            ranges = None
+            if any(p in RANGED_PRECISIONS for p in wanted):
+                reply = await gateway.ranges(dimensions, normalize)
+                ranges = wire.tensor_to_array(reply.ranges, field="Ranges.ranges")
+            arrays = [quantize(vectors, p, ranges) for p in wanted]
+            return ({name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)},
+                    tokens)
+    arrays = await gateway.embed_quantized(request, packed, normalize, dimensions, wanted, route)
+    return ({name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)},
+            packed.num_tokens)
+
+
+@router.post("/embed", response_model=list[list[float]] | EmbeddingsByType, tags=["TEI"],
              summary="Embed inputs (text-embeddings-inference-compatible)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "embed")
@@ -103,5 +136,26 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)
     packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, policy)
+    if body.embedding_types is not None:
+        by_type, _ = await _embed_by_type(gateway, request, packed, policy, body.embedding_types,
+                                          body.normalize, dimensions, "/embed", False)
+        return json_response({"embeddings": by_type, "response_type": "embeddings_by_type"})
     vectors, _ = await _embed(gateway, request, packed, policy, body.normalize, dimensions, "/embed")
     return json_response(np.asarray(vectors).tolist())
+
+
+@router.get("/v1/quantization/ranges", response_model=QuantizationRanges, tags=["embedserve"],
+            summary="The int8/uint8 calibration ranges for a dimensions and normalize setting")
+async def quantization_ranges(request: Request, dimensions: int | None = None,
+                              normalize: bool | None = None, model: str | None = None) -> Response:
+    """What int8/uint8 vectors are bucketed with: ``quantize_embeddings(v, "int8",
+    ranges=np.array(ranges, np.float32))`` of the float answer equals the int8 answer.
+    ``normalize`` defaults to the model's (what /v1/embeddings uses)."""
+    gateway, _ = request.app.state.router.route(model, "embed")
+    dims = gateway.check_dimensions(dimensions)
+    normalize = gateway.model.normalize if normalize is None else normalize
+    reply = await gateway.ranges(dims, normalize)
+    ranges = wire.tensor_to_array(reply.ranges, field="Ranges.ranges")
+    return json_response({"calibration_id": reply.calibration_id, "sample_size": reply.sample_size,
+                          "dimensions": int(ranges.shape[1]), "normalize": normalize,
+                          "ranges": ranges.tolist()})
