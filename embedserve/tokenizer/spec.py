@@ -106,6 +106,30 @@ class HfPipeline:
     normalizer_steps: tuple[tuple, ...] = (("precompiled",),)
 
 
+@dataclass(frozen=True)
+class BertNormalization:
+    """tokenizers' ``BertNormalizer`` switches (``strip_accents`` already resolved: the
+    JSON's null means "as ``lowercase``")."""
+
+    clean_text: bool = True
+    handle_chinese_chars: bool = True
+    strip_accents: bool = True
+    lowercase: bool = True
+
+
+@dataclass(frozen=True)
+class WordPieceParams:
+    """A WordPiece model behind BERT's normalizer and pre-tokenizer (kernels/wordpiece.py).
+
+    ``normalizer`` None: the file has no normalizer (nothing is changed). The
+    pre-tokenizer is always ``BertPreTokenizer`` (whitespace, then punctuation).
+    """
+
+    continuing_subword_prefix: str = "##"
+    max_input_chars_per_word: int = 100
+    normalizer: BertNormalization | None = BertNormalization()
+
+
 # A template is a sequence of items: an int is an output id of a special token, the
 # strings "A" / "B" stand for the first / second sequence's tokens.
 TemplateItem = int | str
@@ -138,6 +162,11 @@ class TokenizerSpec:
     # sentencepiece, float64 for hf). Set it when a reference computes it differently.
     unk_score: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # Segment (token type) id of each template item, in the same order; () = all zeros.
+    single_type_ids: tuple[int, ...] = ()
+    pair_type_ids: tuple[int, ...] = ()
+    # Set for a WordPiece tokenizer (scores are then unused); None: Unigram.
+    wordpiece: WordPieceParams | None = None
 
     @property
     def vocab_size(self) -> int:
