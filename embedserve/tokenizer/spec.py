@@ -1,8 +1,11 @@
 """What a loaded tokenizer is, independent of the file it came from.
 
-Both loaders produce a :class:`TokenizerSpec`: ``model_proto.load_sentencepiece_model``
-(a SentencePiece ``.model``) and ``hf_json.load_tokenizer_json`` (a Hugging Face
-``tokenizer.json``). The :class:`~embedserve.tokenizer.tokenizer.Tokenizer` consumes it.
+The loaders produce a :class:`TokenizerSpec`: ``model_proto.load_sentencepiece_model``
+(a SentencePiece ``.model``), ``hf_json.load_tokenizer_json`` (a Hugging Face
+``tokenizer.json``; WordPiece ones through ``wordpiece_json``) and
+``bert_vocab.load_bert_vocab_dir`` (a BERT ``vocab.txt`` directory). A WordPiece spec
+carries ``wordpiece`` parameters and runs kernels/normalize_bert.py + wordpiece.py
+instead of the stages below (its scores are unused). The :class:`~embedserve.tokenizer.tokenizer.Tokenizer` consumes it.
 This module is plain data: no parsing, no Numba, no I/O.
 
 The staged encode path and the seam between the two normalizers

@@ -6,6 +6,11 @@ cache) the trie, and runs the Numba kernels of ``kernels/encode.py`` and ``templ
 Two exactness modes, chosen by ``compat``: ``"hf"`` equals ``tokenizers`` loading the
 same tokenizer.json, ``"sentencepiece"`` equals ``sentencepiece`` loading the .model.
 
+A spec with ``wordpiece`` parameters (a WordPiece tokenizer.json, or a BERT vocab.txt
+directory) is encoded by ``wordpiece.WordPieceEncoder`` instead of the Unigram kernels;
+everything after the raw ids (templates, segment ids, truncation, threads) is shared.
+``Tokenizer.backend`` names which encoder runs.
+
 Text that looks like a special token (``<s>``) is ordinary text: specials only come
 from the template. Lone surrogates are replaced by U+FFFD before encoding.
 """

@@ -17,7 +17,7 @@ import numpy as np
 from embedserve.tokenizer.kernels import wordpiece as kernels
 from embedserve.tokenizer.kernels.encode import compiled_for
 from embedserve.tokenizer.kernels.normalize_bert import bert_tables, max_cps_per_char
-from embedserve.tokenizer.kernels.trie import NO_TOKEN, load_or_build_trie, node_views
+from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
 from embedserve.tokenizer.spec import TokenizerSpec
 
 # A thread keeps its scratch for inputs up to this many bytes (as Unigram's does).
@@ -69,5 +69,3 @@ def _node_of(nodes_u64: np.ndarray, nodes_i32: np.ndarray, prefix: str) -> int:
             return kernels.NO_NODE
     return node
 
-
-__all__ = ["NO_TOKEN", "WordPieceEncoder"]

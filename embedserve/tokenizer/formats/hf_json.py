@@ -1,5 +1,8 @@
 """Load a Hugging Face ``tokenizer.json`` with a Unigram model into a TokenizerSpec.
 
+(A file whose model is ``WordPiece`` is handed to wordpiece_json.py, which shares the
+added-token and post-processor readers here.)
+
 Supported, exactly as tokenizers 0.23.3 runs them:
 
 - model ``Unigram`` with an ``unk_id`` and ``byte_fallback`` false;
@@ -8,8 +11,9 @@ Supported, exactly as tokenizers 0.23.3 runs them:
   ``Sequence`` in any order, or none;
 - pre_tokenizer: ``Metaspace`` (``prepend_scheme`` always/first/never or the legacy
   ``add_prefix_space``, ``split``), alone or after ``WhitespaceSplit`` in a ``Sequence``;
-- post_processor: ``TemplateProcessing``, ``RobertaProcessing`` or none (XLM-R's
-  ``<s> A </s>`` / ``<s> A </s></s> B </s>``);
+- post_processor: ``TemplateProcessing`` (each item's ``type_id`` kept as the segment
+  id), ``RobertaProcessing``, ``BertProcessing`` or none (XLM-R's ``<s> A </s>`` /
+  ``<s> A </s></s> B </s>``);
 - added tokens only if special and in the model vocabulary (they become CONTROL
   pieces: never matched in text, unlike tokenizers, which splits them out).
 
