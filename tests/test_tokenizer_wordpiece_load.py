@@ -95,6 +95,7 @@ def _edited(minilm_dir: Path, tmp_path: Path, edit) -> Path:
     (lambda d: d["model"]["vocab"].update({"extra": 5}), "model.vocab"),
     (lambda d: d["normalizer"].update(lowercase="yes"), "normalizer.lowercase"),
     (lambda d: d.update(post_processor={"type": "ByteLevel"}), "post_processor.type"),
+    (lambda d: d["post_processor"]["single"][1]["Sequence"].update(type_id=1), "post_processor.single"),
 ])
 def test_unsupported_wordpiece_files_name_the_field(edit, field, minilm_dir, tmp_path):
     with pytest.raises(ModelLoadError, match=field.replace(".", r"\.")):

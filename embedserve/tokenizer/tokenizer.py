@@ -66,6 +66,9 @@ class Tokenizer:
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
                  threads: int | None = None) -> None:
         """``threads``: how many threads encode_batch uses (default: all cores)."""
+        if any(spec.single_type_ids):  # encode_batch gives single texts no segment ids
+            raise ModelLoadError(f"{spec.source}: field post_processor.single: segment ids other than 0 are "
+                                 "not supported; supported: type_id 0 throughout the single-text template")
         self.spec = spec
         self._wordpiece: WordPieceEncoder | None = None
         if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
