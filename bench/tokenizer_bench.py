@@ -12,6 +12,12 @@ boundaries), in both exactness modes:
 Then batch throughput (tokens/s) of ``encode_batch`` on all cores against
 sentencepiece's batch encode with the same thread count.
 
+WordPiece (BERT family): single-thread p50/p99 of ``encode`` on all-MiniLM-L6-v2's
+tokenizer.json (from the ``all_minilm_l6_v2`` package) against ``tokenizers`` on the
+same file, for English text (Python's own reference docs, cut on the reference's token
+boundaries) of 130, 514 and 4098 tokens. ``--only wordpiece`` runs just this part
+(it needs no reference data).
+
     python -m bench.tokenizer_bench [--data ../shared/data] [--plot bench/tokenizer_p50.png]
 """
 
@@ -28,6 +34,7 @@ from pathlib import Path
 from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
 
 LENGTHS = (130, 514, 1026, 4098, 16386)
+WORDPIECE_LENGTHS = (130, 514, 4098)
 NOVELS = ("botchan.txt", "wagahaiwa_nekodearu.txt")
 TEXTS_PER_LENGTH = 8
 BUDGET_S = 0.4  # per (implementation, length)
@@ -79,7 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of p50 against length")
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/embedserve/tokenizer").expanduser())
+    parser.add_argument("--only", choices=["wordpiece"], default=None, help="run only the WordPiece rows")
     args = parser.parse_args(argv)
+    if args.only == "wordpiece":
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        load_before = os.getloadavg()[0]
+        rows = wordpiece_rows(args.cache_dir)
+        print(render_wordpiece(rows, (load_before, os.getloadavg()[0])))
+        return 0
     needed = [args.data / "xlmr" / "sentencepiece.bpe.model", args.data / "xlmr" / "tokenizer.json",
               *(args.data / "text" / name for name in NOVELS)]
     if (problem := missing_line("python -m bench tokenizer", needed, "--data")) is not None:
@@ -133,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load = (load_before, os.getloadavg()[0])
     print(render(rows, throughput, threads, len(batch), load))
+    wordpiece_load = os.getloadavg()[0]
+    print()
+    print(render_wordpiece(wordpiece_rows(args.cache_dir), (wordpiece_load, os.getloadavg()[0])))
     if args.plot:
         plot(rows, args.plot)
     return 0
@@ -157,6 +174,54 @@ def render(rows: list[dict], throughput: dict[str, float], threads: int, batch_s
             f"{r['ours_hf'][0] / r['tokenizers'][0]:.2f} | {r['hf_over_sp']:.2f} |")
     lines += ["", f"Batch of {batch_size} texts of 514 tokens on {threads} threads, tokens/s: "
               + ", ".join(f"{k} {v:,.0f}" for k, v in throughput.items())]
+    return "\n".join(lines)
+
+
+def wordpiece_rows(cache_dir: Path) -> list[dict]:
+    """p50/p99 of ours and tokenizers on MiniLM's WordPiece tokenizer.json, per length."""
+    import tempfile
+    import zipfile
+
+    import all_minilm_l6_v2
+    import tokenizers
+    from pydoc_data.topics import topics
+
+    from embedserve.tokenizer import Tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(Path(all_minilm_l6_v2.__file__).parent / "model.zip") as archive:
+            archive.extract("tokenizer.json", tmp)
+        path = Path(tmp) / "tokenizer.json"
+        reference = tokenizers.Tokenizer.from_file(str(path))
+        reference.no_padding()
+        reference.no_truncation()
+        ours = Tokenizer.from_file(path, cache_dir=cache_dir)
+    text = "\n".join(topics[name] for name in sorted(topics))
+    offsets = reference.encode(text, add_special_tokens=False).offsets
+    rows = []
+    for length in WORDPIECE_LENGTHS:
+        step = max(length, (len(offsets) - length) // TEXTS_PER_LENGTH)
+        texts = [text[offsets[i][0]:offsets[i + length - 3][1]]
+                 for i in range(0, len(offsets) - length, step)[:TEXTS_PER_LENGTH]]
+        row: dict = {"length": length,
+                     "tokens": statistics.median(len(reference.encode(t).ids) for t in texts)}
+        row.update(timed({"ours": ours.encode, "tokenizers": reference.encode}, texts))
+        rows.append(row)
+        print(f"# wordpiece {length}: ours p50 {row['ours'][0]:.1f} us, tokenizers p50 {row['tokenizers'][0]:.1f} us",
+              file=sys.stderr)
+    return rows
+
+
+def render_wordpiece(rows: list[dict], load: tuple[float, float]) -> str:
+    lines = [f"WordPiece (all-MiniLM-L6-v2's tokenizer.json, English text), single thread, one encode() "
+             f"call, microseconds; 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end.",
+             "",
+             "| tokens | ours p50 / p99 | tokenizers p50 / p99 | tokenizers/ours p50 (speed-up) |",
+             "|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['tokens']:.0f} | {r['ours'][0]:.1f} / {r['ours'][1]:.1f} | "
+                     f"{r['tokenizers'][0]:.1f} / {r['tokenizers'][1]:.1f} | "
+                     f"{r['tokenizers'][0] / r['ours'][0]:.2f}x |")
     return "\n".join(lines)
 
 

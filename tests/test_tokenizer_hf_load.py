@@ -156,8 +156,9 @@ def _set(path: str, value):
 
 BAD_FILES = {
     "bpe_model": (_set("model", {"type": "BPE", "vocab": {}, "merges": []}), "model.type"),
+    # WordPiece loads natively, but only behind BERT's pre-tokenizer (not Metaspace).
     "wordpiece_model": (_set("model", {"type": "WordPiece", "vocab": {"a": 0}, "unk_token": "a"}),
-                        "model.type"),
+                        "pre_tokenizer.type"),
     "byte_fallback": (_set("model.byte_fallback", True), "model.byte_fallback"),
     "no_unk_id": (_set("model.unk_id", None), "model.unk_id"),
     "nfkc_normalizer": (_set("normalizer", {"type": "NFKC"}), "normalizer.type"),
@@ -176,8 +177,8 @@ BAD_FILES = {
     "contradicting_prefix_flags": (_set("pre_tokenizer.add_prefix_space", False),
                                    "pre_tokenizer.add_prefix_space"),
     "non_special_added_token": (_set("added_tokens.0.special", False), "added_tokens[0].special"),
-    "bert_post_processor": (_set("post_processor", {"type": "BertProcessing", "sep": ["b", 4],
-                                                    "cls": ["a", 2]}), "post_processor.type"),
+    "byte_level_post_processor": (_set("post_processor", {"type": "ByteLevel", "trim_offsets": True}),
+                                  "post_processor.type"),
 }
 
 

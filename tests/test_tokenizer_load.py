@@ -79,7 +79,7 @@ def test_not_a_model_file(tmp_path):
 
 
 def test_model_dir_without_tokenizer_files(tmp_path):
-    with pytest.raises(ModelLoadError, match="no tokenizer.json or sentencepiece.bpe.model"):
+    with pytest.raises(ModelLoadError, match="no tokenizer.json, sentencepiece.bpe.model or vocab.txt"):
         Tokenizer.from_model_dir(tmp_path, cache_dir=None)
 
 

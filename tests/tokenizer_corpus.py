@@ -82,3 +82,21 @@ HYPOTHESIS_TEXT = st.lists(_piece, max_size=8).map("".join)
 """Mixed strings: scripts, combining marks, ZWJ emoji, control characters, every
 Unicode whitespace, U+2581 itself, long runs of one character (never surrogates)."""
 
+
+
+def seeded_strings(count: int, strategy: st.SearchStrategy[str] = HYPOTHESIS_TEXT,
+                   per_example: int = 10) -> list[str]:
+    """``count`` strings from ``strategy`` with a fixed seed (derandomized), drawn
+    ``per_example`` at a time (hypothesis' cost is mostly per example)."""
+    from hypothesis import HealthCheck, given, settings
+
+    texts: list[str] = []
+
+    @settings(max_examples=count // per_example, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(strategy, min_size=per_example, max_size=per_example))
+    def collect(batch: list[str]) -> None:
+        texts.extend(batch)
+
+    collect()
+    return texts

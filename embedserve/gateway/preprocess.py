@@ -108,7 +108,9 @@ class Preprocessor:
 
     async def pack_pairs(self, query: str, docs: Sequence[str], truncate: bool, direction: str,
                          field: str) -> EncodedBatch:
-        """``<s> query </s></s> doc </s>`` per document, for the reranker."""
+        """The model's pair template per document, for the reranker: ``<s> query </s></s> doc </s>``
+        (XLM-R) or ``[CLS] query [SEP] doc [SEP]`` with segment ids 0 then 1 (BERT), which
+        the batch carries as ``token_type_ids`` to the scheduler."""
         check_texts([query], "query")
         check_texts(docs, field)
         limit = self.model.max_positions

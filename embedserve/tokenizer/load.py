@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # still checks the rest of the file). A new native model type is one entry here.
 NATIVE_MODEL_TYPES = {
     "Unigram": "native-unigram",
+    "WordPiece": "native-wordpiece",
 }
 
 

@@ -1,8 +1,11 @@
 """What a loaded tokenizer is, independent of the file it came from.
 
-Both loaders produce a :class:`TokenizerSpec`: ``model_proto.load_sentencepiece_model``
-(a SentencePiece ``.model``) and ``hf_json.load_tokenizer_json`` (a Hugging Face
-``tokenizer.json``). The :class:`~embedserve.tokenizer.tokenizer.Tokenizer` consumes it.
+The loaders produce a :class:`TokenizerSpec`: ``model_proto.load_sentencepiece_model``
+(a SentencePiece ``.model``), ``hf_json.load_tokenizer_json`` (a Hugging Face
+``tokenizer.json``; WordPiece ones through ``wordpiece_json``) and
+``bert_vocab.load_bert_vocab_dir`` (a BERT ``vocab.txt`` directory). A WordPiece spec
+carries ``wordpiece`` parameters and runs kernels/normalize_bert.py + wordpiece.py
+instead of the stages below (its scores are unused). The :class:`~embedserve.tokenizer.tokenizer.Tokenizer` consumes it.
 This module is plain data: no parsing, no Numba, no I/O.
 
 The staged encode path and the seam between the two normalizers
@@ -106,6 +109,30 @@ class HfPipeline:
     normalizer_steps: tuple[tuple, ...] = (("precompiled",),)
 
 
+@dataclass(frozen=True)
+class BertNormalization:
+    """tokenizers' ``BertNormalizer`` switches (``strip_accents`` already resolved: the
+    JSON's null means "as ``lowercase``")."""
+
+    clean_text: bool = True
+    handle_chinese_chars: bool = True
+    strip_accents: bool = True
+    lowercase: bool = True
+
+
+@dataclass(frozen=True)
+class WordPieceParams:
+    """A WordPiece model behind BERT's normalizer and pre-tokenizer (kernels/wordpiece.py).
+
+    ``normalizer`` None: the file has no normalizer (nothing is changed). The
+    pre-tokenizer is always ``BertPreTokenizer`` (whitespace, then punctuation).
+    """
+
+    continuing_subword_prefix: str = "##"
+    max_input_chars_per_word: int = 100
+    normalizer: BertNormalization | None = BertNormalization()
+
+
 # A template is a sequence of items: an int is an output id of a special token, the
 # strings "A" / "B" stand for the first / second sequence's tokens.
 TemplateItem = int | str
@@ -138,6 +165,11 @@ class TokenizerSpec:
     # sentencepiece, float64 for hf). Set it when a reference computes it differently.
     unk_score: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # Segment (token type) id of each template item, in the same order; () = all zeros.
+    single_type_ids: tuple[int, ...] = ()
+    pair_type_ids: tuple[int, ...] = ()
+    # Set for a WordPiece tokenizer (scores are then unused); None: Unigram.
+    wordpiece: WordPieceParams | None = None
 
     @property
     def vocab_size(self) -> int:

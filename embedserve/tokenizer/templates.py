@@ -91,8 +91,12 @@ def pack_single(raw_ids, raw_spans, tok_start, tok_count, prefix, suffix, max_le
 
 @cached_njit(nogil=True)
 def pack_pairs(raw_ids, raw_spans, a_start, a_count, b_start, b_count, prefix, middle, suffix,
-               max_length, from_left, want_offsets):
-    """Pack pair i as prefix + a_i + middle + b_i + suffix, cut longest-first."""
+               max_length, from_left, want_offsets, prefix_types, a_type, middle_types, b_type, suffix_types):
+    """Pack pair i as prefix + a_i + middle + b_i + suffix, cut longest-first.
+
+    Also returns each token's segment id: ``*_types`` give one per special of the prefix,
+    middle and suffix, ``a_type`` / ``b_type`` (arrays of one) the texts'.
+    """
     n = a_start.shape[0]
     n_special = prefix.shape[0] + middle.shape[0] + suffix.shape[0]
     budget = NO_LIMIT if max_length == NO_LIMIT else max(max_length - n_special, 0)
@@ -107,8 +111,14 @@ def pack_pairs(raw_ids, raw_spans, a_start, a_count, b_start, b_count, prefix, m
         original[i] = a_count[i] + b_count[i] + n_special
         cu[i + 1] = cu[i] + keep_a[i] + keep_b[i] + n_special
     ids = np.empty(cu[n], np.int32)
+    types = np.empty(cu[n], np.int32)
     offsets = np.zeros((cu[n] if want_offsets else 0, 2), np.int32)
     for i in range(n):
+        w = _put(types, cu[i], prefix_types)
+        types[w:w + keep_a[i]] = a_type[0]
+        w = _put(types, w + keep_a[i], middle_types)
+        types[w:w + keep_b[i]] = b_type[0]
+        _put(types, w + keep_b[i], suffix_types)
         w = _put(ids, cu[i], prefix)
         w = _copy_run(raw_ids, raw_spans, a_start[i], a_count[i], keep_a[i], from_left, ids, offsets, w,
                       want_offsets)
@@ -116,7 +126,7 @@ def pack_pairs(raw_ids, raw_spans, a_start, a_count, b_start, b_count, prefix, m
         w = _copy_run(raw_ids, raw_spans, b_start[i], b_count[i], keep_b[i], from_left, ids, offsets, w,
                       want_offsets)
         _put(ids, w, suffix)
-    return ids, cu, truncated, original, offsets
+    return ids, cu, truncated, original, offsets, types
 
 
 @nb.njit(inline="always")

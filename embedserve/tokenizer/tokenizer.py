@@ -6,6 +6,11 @@ cache) the trie, and runs the Numba kernels of ``kernels/encode.py`` and ``templ
 Two exactness modes, chosen by ``compat``: ``"hf"`` equals ``tokenizers`` loading the
 same tokenizer.json, ``"sentencepiece"`` equals ``sentencepiece`` loading the .model.
 
+A spec with ``wordpiece`` parameters (a WordPiece tokenizer.json, or a BERT vocab.txt
+directory) is encoded by ``wordpiece.WordPieceEncoder`` instead of the Unigram kernels;
+everything after the raw ids (templates, segment ids, truncation, threads) is shared.
+``Tokenizer.backend`` names which encoder runs.
+
 Text that looks like a special token (``<s>``) is ordinary text: specials only come
 from the template. Lone surrogates are replaced by U+FFFD before encoding.
 """
@@ -31,6 +36,7 @@ from embedserve.tokenizer.kernels.normalize_sp import sp_params
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
+from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -61,7 +67,24 @@ class Tokenizer:
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
                  threads: int | None = None) -> None:
         """``threads``: how many threads encode_batch uses (default: all cores)."""
+        if any(spec.single_type_ids):  # encode_batch gives single texts no segment ids
+            raise ModelLoadError(f"{spec.source}: field post_processor.single: segment ids other than 0 are "
+                                 "not supported; supported: type_id 0 throughout the single-text template")
         self.spec = spec
+        self._wordpiece: WordPieceEncoder | None = None
+        if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
+            self._wordpiece = WordPieceEncoder(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
+        else:
+            self._init_unigram(spec, cache_dir)
+        self._threads = max(1, threads or os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._single = _split_template(spec.single_template, ("A",), spec.source)
+        self._pair = _split_template(spec.pair_template, ("A", "B"), spec.source)
+        self._pair_types = _split_types(spec.pair_template, spec.pair_type_ids)
+        self._local = threading.local()
+
+    def _init_unigram(self, spec: TokenizerSpec, cache_dir: Path | None) -> None:
         units, strings = parse_charsmap(spec.precompiled_charsmap, spec.source)
         if spec.compat == "sentencepiece":
             params, self._hf = sp_params(spec, units), None
@@ -71,12 +94,6 @@ class Tokenizer:
         trie = load_or_build_trie(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
         self._model = Model(units, strings, params, *node_views(trie), spec.compat == "hf",
                             int(spec.unk_id), _unk_score(spec))
-        self._threads = max(1, threads or os.cpu_count() or 1)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
-        self._single = _split_template(spec.single_template, ("A",), spec.source)
-        self._pair = _split_template(spec.pair_template, ("A", "B"), spec.source)
-        self._local = threading.local()
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                                         new_scratch(0, 2), _EMPTY, _EMPTY, self._hf)
@@ -110,7 +127,7 @@ class Tokenizer:
     def from_model_dir(cls, model_dir: str | Path, compat: Compat = "hf",
                        cache_dir: str | Path | None = DEFAULT_CACHE_DIR) -> Tokenizer:
         """A model directory: tokenizer.json when present (and compat is "hf"), else
-        sentencepiece.bpe.model in XLM-R id order."""
+        sentencepiece.bpe.model in XLM-R id order, else BERT's vocab.txt (+ tokenizer_config.json)."""
         model_dir = Path(model_dir)
         json_path = model_dir / "tokenizer.json"
         sp_path = model_dir / "sentencepiece.bpe.model"
@@ -118,7 +135,10 @@ class Tokenizer:
             return cls.from_file(json_path, "hf", cache_dir)
         if sp_path.is_file():
             return cls.from_file(sp_path, compat, cache_dir, fairseq_ids=True)
-        raise ModelLoadError(f"{model_dir}: no tokenizer.json or sentencepiece.bpe.model")
+        if compat == "hf" and (model_dir / "vocab.txt").is_file():  # vocab.txt -> native WordPiece
+            from embedserve.tokenizer.formats.bert_vocab import load_bert_vocab_dir
+            return cls(load_bert_vocab_dir(model_dir), Path(cache_dir) if cache_dir is not None else None)
+        raise ModelLoadError(f"{model_dir}: no tokenizer.json, sentencepiece.bpe.model or vocab.txt")
 
     # ---- vocabulary ----------------------------------------------------------------
     @property
@@ -128,6 +148,11 @@ class Tokenizer:
     @property
     def compat(self) -> Compat:
         return self.spec.compat
+
+    @property
+    def backend(self) -> str:
+        """Which encoder runs: "native-wordpiece" or "native-unigram"."""
+        return "native-wordpiece" if self._wordpiece is not None else "native-unigram"
 
     bos_id = property(lambda self: self.spec.bos_id)
     eos_id = property(lambda self: self.spec.eos_id)
@@ -150,6 +175,8 @@ class Tokenizer:
         """Ids of one text (int32), with the single template's specials unless disabled."""
         src = np.frombuffer(to_utf8(text), np.uint8)
         prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
+        if self._wordpiece is not None:
+            return self._wordpiece.encode_one(src, prefix, suffix)
         scratch = self._scratch(len(src))
         ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf)
         factor = 4
@@ -188,9 +215,10 @@ class Tokenizer:
             raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
         ids, spans, start, count = self._encode_raw([query, *docs], return_offsets)
         n = len(docs)
+        types = self._pair_types if add_special_tokens else _NO_PAIR_TYPES
         out = pack_pairs(ids, spans, np.full(n, start[0]), np.full(n, count[0]), start[1:], count[1:],
-                         prefix, middle, suffix, limit, from_left, return_offsets)
-        return _batch(out, return_offsets)
+                         prefix, middle, suffix, limit, from_left, return_offsets, *types)
+        return _batch(out[:5], return_offsets, out[5] if any(t.any() for t in types) else None)
 
     def tokenize(self, text: str) -> list[str]:
         """The pieces of ``text`` (no specials), for display."""
@@ -226,6 +254,8 @@ class Tokenizer:
 
     def _encode_range(self, data, text_starts, lo: int, hi: int, want_offsets: bool):
         """Texts lo..hi-1 as one (ids, spans, tok_start, tok_count); retries overflow."""
+        if self._wordpiece is not None:
+            return self._wordpiece.encode_range(data, text_starts, lo, hi, want_offsets)
         parts = []
         factor = 1
         while True:
@@ -283,6 +313,23 @@ def _split_template(template: tuple[TemplateItem, ...], slots: tuple[str, ...], 
     return tuple(np.asarray(p, np.int32) for p in parts)
 
 
+def _split_types(template: tuple[TemplateItem, ...], type_ids: tuple[int, ...]):
+    """Segment ids of a pair template as (prefix, a, middle, b, suffix): int32 arrays, one
+    entry per special, one for each text's tokens. () means all zeros."""
+    type_ids = type_ids or (0,) * len(template)
+    parts: list[list[int]] = [[]]
+    for item, type_id in zip(template, type_ids):
+        if isinstance(item, str):
+            parts += [[type_id], []]
+        else:
+            parts[-1].append(type_id)
+    return tuple(np.asarray(p, np.int32) for p in parts)
+
+
+# Without specials, no segment ids (pack_pairs reads prefix/middle/suffix types per special).
+_NO_PAIR_TYPES = (_EMPTY, np.zeros(1, np.int32), _EMPTY, np.zeros(1, np.int32), _EMPTY)
+
+
 def _chunk_bounds(text_starts: np.ndarray, n_chunks: int) -> np.ndarray:
     """Split texts into up to n_chunks contiguous runs of about equal bytes."""
     n = text_starts.shape[0] - 1
@@ -293,7 +340,7 @@ def _chunk_bounds(text_starts: np.ndarray, n_chunks: int) -> np.ndarray:
     return bounds if n > 0 else np.zeros(1, np.int64)
 
 
-def _batch(out, return_offsets: bool) -> EncodedBatch:
+def _batch(out, return_offsets: bool, token_type_ids: np.ndarray | None = None) -> EncodedBatch:
     ids, cu, truncated, original, offsets = out
-    return EncodedBatch(ids, cu, truncated=truncated, original_lengths=original,
+    return EncodedBatch(ids, cu, token_type_ids, truncated=truncated, original_lengths=original,
                         offsets=offsets if return_offsets else None)

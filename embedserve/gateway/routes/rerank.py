@@ -1,7 +1,8 @@
 """Reranking routes: TEI ``POST /rerank`` and Cohere/Jina ``POST /v1/rerank``.
 
-Owns both JSON shapes over one path: tokenize ``<s> query </s></s> doc </s>``
-per document, score through ``Gateway.score``, sort by score (highest
+Owns both JSON shapes over one path: tokenize the model's pair template per
+document (``<s> query </s></s> doc </s>``, or BERT's ``[CLS] query [SEP] doc [SEP]``
+with segment ids), score through ``Gateway.score``, sort by score (highest
 first). TEI returns sigmoid scores unless ``raw_scores``; Cohere/Jina
 return ``relevance_score`` in [0, 1].
 """

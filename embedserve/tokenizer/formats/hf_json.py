@@ -1,5 +1,8 @@
 """Load a Hugging Face ``tokenizer.json`` with a Unigram model into a TokenizerSpec.
 
+(A file whose model is ``WordPiece`` is handed to wordpiece_json.py, which shares the
+added-token and post-processor readers here.)
+
 Supported, exactly as tokenizers 0.23.3 runs them:
 
 - model ``Unigram`` with an ``unk_id`` and ``byte_fallback`` false;
@@ -8,8 +11,9 @@ Supported, exactly as tokenizers 0.23.3 runs them:
   ``Sequence`` in any order, or none;
 - pre_tokenizer: ``Metaspace`` (``prepend_scheme`` always/first/never or the legacy
   ``add_prefix_space``, ``split``), alone or after ``WhitespaceSplit`` in a ``Sequence``;
-- post_processor: ``TemplateProcessing``, ``RobertaProcessing`` or none (XLM-R's
-  ``<s> A </s>`` / ``<s> A </s></s> B </s>``);
+- post_processor: ``TemplateProcessing`` (each item's ``type_id`` kept as the segment
+  id), ``RobertaProcessing``, ``BertProcessing`` or none (XLM-R's ``<s> A </s>`` /
+  ``<s> A </s></s> B </s>``);
 - added tokens only if special and in the model vocabulary (they become CONTROL
   pieces: never matched in text, unlike tokenizers, which splits them out).
 
@@ -60,7 +64,11 @@ def load_tokenizer_json(path: str | Path) -> TokenizerSpec:
     if not isinstance(doc, dict):
         raise fail("(root)", "expected a JSON object")
 
-    pieces, scores, unk_id = _read_model(doc.get("model"), fail)
+    model = doc.get("model")
+    if isinstance(model, dict) and model.get("type") == "WordPiece":
+        from embedserve.tokenizer.formats.wordpiece_json import read_wordpiece_json
+        return read_wordpiece_json(doc, source)
+    pieces, scores, unk_id = _read_model(model, fail)
     kinds = np.full(len(pieces), PieceKind.NORMAL, np.uint8)
     kinds[unk_id] = PieceKind.UNKNOWN
     specials = _read_added_tokens(doc.get("added_tokens") or [], pieces, fail)
@@ -71,12 +79,14 @@ def load_tokenizer_json(path: str | Path) -> TokenizerSpec:
     steps, charsmap = _read_normalizer(doc.get("normalizer"), "normalizer", fail)
     pipeline = _read_pre_tokenizer(doc.get("pre_tokenizer"), fail, steps)
     bos, eos = specials.get("<s>", -1), specials.get("</s>", -1)  # -1: the file has none
-    single, pair = _read_post_processor(doc.get("post_processor"), specials, len(pieces), fail, bos, eos)
+    single, pair, single_types, pair_types = _read_post_processor(doc.get("post_processor"), specials,
+                                                                  len(pieces), fail, bos, eos)
     return TokenizerSpec(
         source=source, compat="hf", pieces=pieces, scores=scores, kinds=kinds, unk_id=unk_id,
         bos_id=_first_special(single, bos), eos_id=_last_special(single, eos),
         pad_id=specials.get("<pad>", -1), precompiled_charsmap=charsmap, hf=pipeline,
-        single_template=single, pair_template=pair, mask_id=specials.get("<mask>"))
+        single_template=single, pair_template=pair, mask_id=specials.get("<mask>"),
+        single_type_ids=single_types, pair_type_ids=pair_types)
 
 
 def spec_for_hf_compat(spec: TokenizerSpec) -> TokenizerSpec:
@@ -95,7 +105,7 @@ def _read_model(model: Any, fail: _Fail) -> tuple[list[str], np.ndarray, int]:
     if not isinstance(model, dict):
         raise fail("model", "missing; supported: a Unigram model")
     if model.get("type") != "Unigram":
-        raise fail("model.type", f"{model.get('type')!r} is not supported; supported: Unigram")
+        raise fail("model.type", f"{model.get('type')!r} is not supported; supported: Unigram, WordPiece")
     if model.get("byte_fallback"):
         raise fail("model.byte_fallback", "true is not supported; supported: false")
     vocab = model.get("vocab")
@@ -247,23 +257,34 @@ def _prepend_scheme(node: dict, field: str, fail: _Fail) -> str:
 
 
 # ---- post-processor ------------------------------------------------------------------
+Templates = tuple[tuple[TemplateItem, ...], tuple[TemplateItem, ...], tuple[int, ...], tuple[int, ...]]
+
+
 def _read_post_processor(node: Any, specials: dict[str, int], vocab_size: int, fail: _Fail,
-                         bos: int, eos: int) -> tuple[tuple[TemplateItem, ...], tuple[TemplateItem, ...]]:
+                         bos: int, eos: int) -> Templates:
+    """(single, pair, single type ids, pair type ids): the templates and each item's segment id."""
     if node is None:  # XLM-R's defaults when it has <s> and </s>, else (as tokenizers) none
         if "<s>" in specials and "</s>" in specials:
-            return xlmr_templates(bos, eos)
-        return ("A",), ("A", "B")
+            return _untyped(*xlmr_templates(bos, eos))
+        return _untyped(("A",), ("A", "B"))
     kind = node.get("type") if isinstance(node, dict) else None
     if kind == "RobertaProcessing":
         cls_id, sep_id = _pair_id(node, "cls", vocab_size, fail), _pair_id(node, "sep", vocab_size, fail)
-        return xlmr_templates(cls_id, sep_id)
+        return _untyped(*xlmr_templates(cls_id, sep_id))
+    if kind == "BertProcessing":  # [CLS] A [SEP] / [CLS] A [SEP] B:1 [SEP]:1
+        cls_id, sep_id = _pair_id(node, "cls", vocab_size, fail), _pair_id(node, "sep", vocab_size, fail)
+        return ((cls_id, "A", sep_id), (cls_id, "A", sep_id, "B", sep_id), (0, 0, 0), (0, 0, 0, 1, 1))
     if kind != "TemplateProcessing":
         raise fail("post_processor.type", f"{kind!r} is not supported; supported: "
-                                          "TemplateProcessing, RobertaProcessing, none")
+                                          "TemplateProcessing, RobertaProcessing, BertProcessing, none")
     tokens = node.get("special_tokens") or {}
-    single = _template(node.get("single"), "post_processor.single", tokens, ("A",), fail)
-    pair = _template(node.get("pair"), "post_processor.pair", tokens, ("A", "B"), fail)
-    return single, pair
+    single, single_types = _template(node.get("single"), "post_processor.single", tokens, ("A",), fail)
+    pair, pair_types = _template(node.get("pair"), "post_processor.pair", tokens, ("A", "B"), fail)
+    return single, pair, single_types, pair_types
+
+
+def _untyped(single: tuple[TemplateItem, ...], pair: tuple[TemplateItem, ...]) -> Templates:
+    return single, pair, (0,) * len(single), (0,) * len(pair)
 
 
 def _pair_id(node: dict, key: str, vocab_size: int, fail: _Fail) -> int:
@@ -275,24 +296,30 @@ def _pair_id(node: dict, key: str, vocab_size: int, fail: _Fail) -> int:
 
 
 def _template(items: Any, field: str, tokens: dict, slots: tuple[str, ...],
-              fail: _Fail) -> tuple[TemplateItem, ...]:
+              fail: _Fail) -> tuple[tuple[TemplateItem, ...], tuple[int, ...]]:
     if not isinstance(items, list):
         raise fail(field, "expected a list of SpecialToken / Sequence items")
     out: list[TemplateItem] = []
+    types: list[int] = []
     for i, item in enumerate(items):
-        if isinstance(item, dict) and "Sequence" in item:
-            out.append(item["Sequence"].get("id"))
-        elif isinstance(item, dict) and "SpecialToken" in item:
-            name = item["SpecialToken"].get("id")
+        kind = next(iter(item), None) if isinstance(item, dict) and len(item) == 1 else None
+        body = item[kind] if kind in ("Sequence", "SpecialToken") else None
+        type_id = body.get("type_id", 0) if isinstance(body, dict) else None
+        if not isinstance(type_id, int) or isinstance(type_id, bool) or type_id < 0:
+            raise fail(f"{field}[{i}]", "expected a SpecialToken or Sequence item with a type_id >= 0")
+        if kind == "Sequence":
+            out.append(body.get("id"))
+            types.append(type_id)
+        else:
+            name = body.get("id")
             ids = (tokens.get(name) or {}).get("ids")
             if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
                 raise fail(f"{field}[{i}]", f"special token {name!r} not in post_processor.special_tokens")
             out.extend(ids)
-        else:
-            raise fail(f"{field}[{i}]", "expected a SpecialToken or Sequence item")
+            types.extend([type_id] * len(ids))
     if tuple(x for x in out if isinstance(x, str)) != slots:
         raise fail(field, f"sequence slots {[x for x in out if isinstance(x, str)]}: supported: {list(slots)}")
-    return tuple(out)
+    return tuple(out), tuple(types)
 
 
 def _first_special(template: tuple[TemplateItem, ...], default: int) -> int:
