@@ -1,0 +1,180 @@
+"""LocalEmbedder: texts in, finished vectors out, with the engine in this process.
+
+Owns one part's path through the model: the prompt, tokenization on all
+cores (``Tokenizer.encode_batch`` runs its own thread pool, GIL released),
+the long-input policy, packing into token-budget batches (``packing.py``),
+engine steps with the next batch submitted while one runs, scatter back into
+input order, normalization and Matryoshka cut (``model/postprocess.py``) and
+the output precision. ``prepare`` (CPU: tokenize and plan) and ``compute``
+(the model) are separate so a caller can prepare part k+1 on another thread
+while part k computes.
+
+Long inputs: ``refuse`` skips a document longer than the model's limit (its
+reason goes to the errors file), ``truncate`` cuts it from the right and
+flags it. ``chunk`` (split, embed the pieces, mean-pool them, as the gateway's
+long-input policy does) is not implemented here yet: ``_apply_long_policy``
+is where it goes, and ``EmbeddedPart.chunked`` is the column it fills.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from embedserve.engine.batch import Batch
+from embedserve.engine.engine import Engine
+from embedserve.errors import InvalidInput
+from embedserve.local.documents import too_long
+from embedserve.local.packing import plan_batches
+from embedserve.local.precision import check_precision, convert
+from embedserve.model.info import ModelInfo
+from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.scheduler.settings import default_max_batch_tokens
+from embedserve.tokenizer import EncodedBatch, Tokenizer
+
+LongInputPolicy = Literal["refuse", "truncate"]
+LONG_INPUT_POLICIES = ("refuse", "truncate")
+# Steps handed to the engine before the oldest is awaited: one runs while the
+# next is assembled and queued, so the engine never waits for Python.
+IN_FLIGHT_STEPS = 2
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Everything that decides a document's vector and its batch; part of a job's identity."""
+
+    input_type: str | None = None        # a prompt name of the model ("query", "passage")
+    dimensions: int | None = None        # Matryoshka cut
+    precision: str = "float32"
+    long_inputs: LongInputPolicy = "refuse"
+    token_budget: int | None = None      # tokens per engine step (None: the scheduler's default)
+    max_sequences: int = 256             # sequences per engine step
+    window: int = 4096                   # documents sorted by length together
+
+    def __post_init__(self) -> None:
+        if self.long_inputs not in LONG_INPUT_POLICIES:
+            raise InvalidInput(f"long-input policy must be one of {', '.join(LONG_INPUT_POLICIES)} "
+                               f"(chunk-and-pool is not available for bulk jobs yet), "
+                               f"got {self.long_inputs!r}", field="long_inputs")
+        for name in ("max_sequences", "window"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(f"{name} must be >= 1", field=name)
+        if self.token_budget is not None and self.token_budget < 1:
+            raise InvalidInput("token_budget must be >= 1", field="token_budget")
+
+
+@dataclass
+class PreparedPart:
+    """A part after the CPU work: which texts run, their tokens, and the batches."""
+
+    rows: np.ndarray                     # int64 [n]: indices into the part's texts that run
+    encoded: EncodedBatch                # the n sequences, in ``rows`` order
+    batches: list[np.ndarray]            # indices into ``rows``, one array per engine step
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (text index, reason)
+
+
+@dataclass
+class EmbeddedPart:
+    rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
+    stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
+    tokens: np.ndarray                   # int32 [n]
+    truncated: np.ndarray                # bool [n]
+    chunked: np.ndarray                  # bool [n] (all False until chunk-and-pool exists)
+    problems: list[tuple[int, str]]
+
+
+def take(encoded: EncodedBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token_ids, lengths) of sequences ``rows`` of ``encoded``, packed in that order."""
+    cu = np.asarray(encoded.cu_seqlens, dtype=np.int64)
+    starts, lengths = cu[rows], cu[rows + 1] - cu[rows]
+    first = np.zeros(len(rows), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=first[1:])
+    gather = np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return encoded.token_ids[gather], lengths
+
+
+class LocalEmbedder:
+    """A tokenizer and an engine for one model, and the options every part is embedded with."""
+
+    def __init__(self, model_dir: str | Path, options: EmbedOptions = EmbedOptions(),
+                 device: str = "cpu", dtype: str | None = None,
+                 tokenizer_cache_dir: Path | None = None) -> None:
+        model_dir = Path(model_dir)
+        self.engine = Engine.load(model_dir, device=device, dtype=dtype)
+        kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
+        self.tokenizer = Tokenizer.from_model_dir(model_dir, **kwargs)
+        self.options = options
+        info = self.engine.info
+        if options.dimensions is not None and not 1 <= options.dimensions <= info.dimension:
+            raise InvalidInput(f"dimensions must be between 1 and {info.dimension}, "
+                               f"got {options.dimensions}", field="dimensions")
+        check_precision(options.precision, self.dimension)
+        self.prompt = info.prompt(options.input_type, "input_type")
+        self.token_budget = options.token_budget or default_max_batch_tokens(device)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.engine.info
+
+    @property
+    def dimension(self) -> int:
+        return self.options.dimensions or self.engine.info.dimension
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- CPU side -------------------------------------------------------------
+    def prepare(self, texts: list[str]) -> PreparedPart:
+        """Tokenize ``texts`` (valid, non-empty strings), apply the long-input policy, plan batches."""
+        if not texts:
+            empty = EncodedBatch(np.zeros(0, np.int32), np.zeros(1, np.int32),
+                                 truncated=np.zeros(0, bool), original_lengths=np.zeros(0, np.int32))
+            return PreparedPart(np.zeros(0, np.int64), empty, [])
+        prompted = [self.prompt + t for t in texts] if self.prompt else texts
+        limit = self.info.max_positions
+        truncate = self.options.long_inputs == "truncate"
+        encoded = self.tokenizer.encode_batch(prompted, max_length=limit if truncate else None,
+                                              truncation="right" if truncate else None)
+        rows, problems = self._apply_long_policy(encoded, limit)
+        if len(rows) < len(texts):
+            ids, lengths = take(encoded, rows)
+            encoded = EncodedBatch(ids, np.concatenate(([0], np.cumsum(lengths))).astype(np.int32),
+                                   truncated=encoded.truncated[rows],
+                                   original_lengths=encoded.original_lengths[rows])
+        batches = plan_batches(encoded.lengths, self.token_budget, self.options.max_sequences,
+                               self.options.window)
+        return PreparedPart(rows, encoded, batches, problems)
+
+    def _apply_long_policy(self, encoded: EncodedBatch, limit: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Which sequences run. ``truncate`` already cut them in the tokenizer; ``refuse``
+        drops those over ``limit``. Chunk-and-pool would split them here instead."""
+        lengths = encoded.lengths
+        over = np.flatnonzero(lengths > limit)
+        problems = [(int(i), too_long(int(lengths[i]), limit)) for i in over]
+        return np.flatnonzero(lengths <= limit).astype(np.int64), problems
+
+    # ---- the model ------------------------------------------------------------
+    def compute(self, part: PreparedPart) -> EmbeddedPart:
+        """Run the planned batches (``IN_FLIGHT_STEPS`` at a time) and finish the vectors."""
+        raw = np.empty((len(part.rows), self.info.dimension), dtype=np.float32)
+        pending: deque = deque()
+        for batch_rows in part.batches:
+            ids, lengths = take(part.encoded, batch_rows)
+            pending.append((batch_rows, self.engine.step(Batch.from_lengths(ids, lengths))))
+            if len(pending) >= IN_FLIGHT_STEPS:
+                done_rows, lazy = pending.popleft()
+                raw[done_rows] = lazy.wait()
+        while pending:
+            done_rows, lazy = pending.popleft()
+            raw[done_rows] = lazy.wait()
+        vectors = postprocess_embeddings(raw, self.info.normalize, self.options.dimensions)
+        return EmbeddedPart(part.rows, convert(vectors, self.options.precision),
+                            part.encoded.lengths.astype(np.int32), part.encoded.truncated.astype(bool),
+                            np.zeros(len(part.rows), dtype=bool), part.problems)
+
+    def embed(self, texts: list[str]) -> EmbeddedPart:
+        return self.compute(self.prepare(texts))
