@@ -156,7 +156,7 @@ def _jsonl_blocks(path: Path, spec: InputSpec) -> Iterator[Block]:
     problems: list[str | None] = []
     with open(path, "rb") as f:
         for line in f:
-            record, problem = _parse_json_line(line)
+            record, problem = parse_json_line(line)
             if problem is None:
                 value = record.get(spec.text_field)
                 problem = text_problem(value, spec.text_field)
@@ -173,7 +173,7 @@ def _jsonl_blocks(path: Path, spec: InputSpec) -> Iterator[Block]:
         yield ids, values, problems
 
 
-def _parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
+def parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
     if not line.strip():
         return None, EMPTY
     try:
