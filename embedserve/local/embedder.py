@@ -9,11 +9,12 @@ the output precision. ``prepare`` (CPU: tokenize and plan) and ``compute``
 (the model) are separate so a caller can prepare part k+1 on another thread
 while part k computes.
 
-Long inputs: ``refuse`` skips a document longer than the model's limit (its
-reason goes to the errors file), ``truncate`` cuts it from the right and
-flags it. ``chunk`` (split, embed the pieces, mean-pool them, as the gateway's
-long-input policy does) is not implemented here yet: ``_apply_long_policy``
-is where it goes, and ``EmbeddedPart.chunked`` is the column it fills.
+Long inputs (``encoding.py``): ``refuse`` skips a document longer than the
+model's limit (its reason goes to the errors file), ``truncate`` cuts it
+from the right and flags it. ``chunk`` (split, embed the pieces, mean-pool
+them, as the gateway's long-input policy does) is not implemented for bulk
+jobs yet: ``encoding.encode_texts`` is where it goes, and
+``EmbeddedPart.chunked`` is the column it fills.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
 from embedserve.errors import InvalidInput
-from embedserve.local.documents import too_long
+from embedserve.local.encoding import encode_texts, take
 from embedserve.local.packing import plan_batches
 from embedserve.local.precision import check_precision, convert
 from embedserve.model.info import ModelInfo
@@ -87,16 +88,6 @@ class EmbeddedPart:
     problems: list[tuple[int, str]]
 
 
-def take(encoded: EncodedBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(token_ids, lengths) of sequences ``rows`` of ``encoded``, packed in that order."""
-    cu = np.asarray(encoded.cu_seqlens, dtype=np.int64)
-    starts, lengths = cu[rows], cu[rows + 1] - cu[rows]
-    first = np.zeros(len(rows), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=first[1:])
-    gather = np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-    return encoded.token_ids[gather], lengths
-
-
 class LocalEmbedder:
     """A tokenizer and an engine for one model, and the options every part is embedded with."""
 
@@ -130,32 +121,11 @@ class LocalEmbedder:
     # ---- CPU side -------------------------------------------------------------
     def prepare(self, texts: list[str]) -> PreparedPart:
         """Tokenize ``texts`` (valid, non-empty strings), apply the long-input policy, plan batches."""
-        if not texts:
-            empty = EncodedBatch(np.zeros(0, np.int32), np.zeros(1, np.int32),
-                                 truncated=np.zeros(0, bool), original_lengths=np.zeros(0, np.int32))
-            return PreparedPart(np.zeros(0, np.int64), empty, [])
-        prompted = [self.prompt + t for t in texts] if self.prompt else texts
-        limit = self.info.max_positions
-        truncate = self.options.long_inputs == "truncate"
-        encoded = self.tokenizer.encode_batch(prompted, max_length=limit if truncate else None,
-                                              truncation="right" if truncate else None)
-        rows, problems = self._apply_long_policy(encoded, limit)
-        if len(rows) < len(texts):
-            ids, lengths = take(encoded, rows)
-            encoded = EncodedBatch(ids, np.concatenate(([0], np.cumsum(lengths))).astype(np.int32),
-                                   truncated=encoded.truncated[rows],
-                                   original_lengths=encoded.original_lengths[rows])
-        batches = plan_batches(encoded.lengths, self.token_budget, self.options.max_sequences,
+        out = encode_texts(self.tokenizer, texts, self.prompt, self.info.max_positions,
+                           self.options.long_inputs)
+        batches = plan_batches(out.encoded.lengths, self.token_budget, self.options.max_sequences,
                                self.options.window)
-        return PreparedPart(rows, encoded, batches, problems)
-
-    def _apply_long_policy(self, encoded: EncodedBatch, limit: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
-        """Which sequences run. ``truncate`` already cut them in the tokenizer; ``refuse``
-        drops those over ``limit``. Chunk-and-pool would split them here instead."""
-        lengths = encoded.lengths
-        over = np.flatnonzero(lengths > limit)
-        problems = [(int(i), too_long(int(lengths[i]), limit)) for i in over]
-        return np.flatnonzero(lengths <= limit).astype(np.int64), problems
+        return PreparedPart(out.rows, out.encoded, batches, out.problems)
 
     # ---- the model ------------------------------------------------------------
     def compute(self, part: PreparedPart) -> EmbeddedPart:
