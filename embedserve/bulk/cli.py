@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace):
     from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
     from embedserve.bulk.reader import resolve_input
     from embedserve.errors import InvalidInput
-    from embedserve.local.embedder import EmbedOptions
+    from embedserve.local.options import EmbedOptions
 
     if args.url and args.ray:
         raise InvalidInput("--url and --ray are two ways to run the job; pick one")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.bulk.reader import InputSpec
-from embedserve.local.embedder import EmbedOptions
+from embedserve.local.options import EmbedOptions
 
 OUTPUT_FORMATS = ("parquet", "npy")
 

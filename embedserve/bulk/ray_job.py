@@ -32,7 +32,8 @@ from embedserve.bulk.run import part_output, prepare_output
 from embedserve.bulk.writer import assemble, write_part
 from embedserve.local import columns
 from embedserve.local.documents import text_problem
-from embedserve.local.embedder import EmbeddedPart, EmbedOptions
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
 from embedserve.local.precision import PACKED_PRECISIONS
 from embedserve.integrations.ray import PROBLEM, EmbedBatches
 

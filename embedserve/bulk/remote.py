@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from embedserve.errors import InvalidInput, Unavailable
-from embedserve.local.embedder import EmbeddedPart, EmbedOptions
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, encode_texts
 from embedserve.local.precision import check_precision, convert
 from embedserve.model.info import read_model_info

@@ -34,7 +34,7 @@ from embedserve.bulk.progress import ProgressBar, Totals
 from embedserve.bulk.reader import InputSpec, Part, count_rows, read_parts
 from embedserve.bulk.writer import assemble, part_table, write_part
 from embedserve.errors import InvalidInput
-from embedserve.local.embedder import EmbeddedPart
+from embedserve.local.embedded import EmbeddedPart
 
 AHEAD = 2    # parts prepared before the model needs them
 BEHIND = 2   # finished parts waiting for the writer

@@ -32,7 +32,8 @@ import pyarrow as pa
 
 from embedserve.local import columns
 from embedserve.local.documents import text_problem
-from embedserve.local.embedder import EmbedOptions, LocalEmbedder
+from embedserve.local.embedder import LocalEmbedder
+from embedserve.local.options import EmbedOptions
 
 PROBLEM = "problem"
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -30,6 +29,8 @@ from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
 from embedserve.errors import InvalidInput
 from embedserve.local.encoding import encode_texts, take
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
 from embedserve.local.packing import plan_batches
 from embedserve.local.precision import check_precision, convert
 from embedserve.model.info import ModelInfo
@@ -37,35 +38,9 @@ from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.scheduler.settings import default_max_batch_tokens
 from embedserve.tokenizer import EncodedBatch, Tokenizer
 
-LongInputPolicy = Literal["refuse", "truncate"]
-LONG_INPUT_POLICIES = ("refuse", "truncate")
 # Steps handed to the engine before the oldest is awaited: one runs while the
 # next is assembled and queued, so the engine never waits for Python.
 IN_FLIGHT_STEPS = 2
-
-
-@dataclass(frozen=True)
-class EmbedOptions:
-    """Everything that decides a document's vector and its batch; part of a job's identity."""
-
-    input_type: str | None = None        # a prompt name of the model ("query", "passage")
-    dimensions: int | None = None        # Matryoshka cut
-    precision: str = "float32"
-    long_inputs: LongInputPolicy = "refuse"
-    token_budget: int | None = None      # tokens per engine step (None: the scheduler's default)
-    max_sequences: int = 256             # sequences per engine step
-    window: int = 4096                   # documents sorted by length together
-
-    def __post_init__(self) -> None:
-        if self.long_inputs not in LONG_INPUT_POLICIES:
-            raise InvalidInput(f"long-input policy must be one of {', '.join(LONG_INPUT_POLICIES)} "
-                               f"(chunk-and-pool is not available for bulk jobs yet), "
-                               f"got {self.long_inputs!r}", field="long_inputs")
-        for name in ("max_sequences", "window"):
-            if getattr(self, name) < 1:
-                raise InvalidInput(f"{name} must be >= 1", field=name)
-        if self.token_budget is not None and self.token_budget < 1:
-            raise InvalidInput("token_budget must be >= 1", field="token_budget")
 
 
 @dataclass
@@ -76,16 +51,6 @@ class PreparedPart:
     encoded: EncodedBatch                # the n sequences, in ``rows`` order
     batches: list[np.ndarray]            # indices into ``rows``, one array per engine step
     problems: list[tuple[int, str]] = field(default_factory=list)  # (text index, reason)
-
-
-@dataclass
-class EmbeddedPart:
-    rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
-    stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
-    tokens: np.ndarray                   # int32 [n]
-    truncated: np.ndarray                # bool [n]
-    chunked: np.ndarray                  # bool [n] (all False until chunk-and-pool exists)
-    problems: list[tuple[int, str]]
 
 
 class LocalEmbedder:
