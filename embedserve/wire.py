@@ -13,7 +13,8 @@ uses ``np.frombuffer``, so an unpacked array is a read-only view of the
 message's bytes (no copy, no per-element Python objects). ``PackedTokens``
 carries per-sequence ``lengths``; ``cu_seqlens`` is rebuilt from them.
 
-``tensor_to_array`` returns float32 or float16 exactly as sent. A call
+``tensor_to_array`` returns float32, float16, int8 or uint8 exactly as sent
+(quantized vectors travel packed as int8/uint8, ``Precision`` names which). A call
 carrying more than ``InfoResponse.max_queue_tokens`` tokens can never fit the
 replica's queue and gets INVALID_ARGUMENT ("split it"); RESOURCE_EXHAUSTED
 means "full now, retry".
@@ -35,8 +36,18 @@ _INT32 = np.dtype("<i4")
 _WIRE_DTYPES: dict[int, np.dtype] = {
     inference_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
     inference_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
+    inference_pb2.DTYPE_INT8: np.dtype("i1"),
+    inference_pb2.DTYPE_UINT8: np.dtype("u1"),
 }
-_DTYPE_NAMES = {"float32": inference_pb2.DTYPE_FLOAT32, "float16": inference_pb2.DTYPE_FLOAT16}
+_DTYPE_NAMES = {"float32": inference_pb2.DTYPE_FLOAT32, "float16": inference_pb2.DTYPE_FLOAT16,
+                "int8": inference_pb2.DTYPE_INT8, "uint8": inference_pb2.DTYPE_UINT8}
+# embedserve.model.quantize's precision names <-> the proto's Precision values.
+_PRECISIONS: dict[str, int] = {
+    "float32": inference_pb2.PRECISION_FLOAT32, "float16": inference_pb2.PRECISION_FLOAT16,
+    "int8": inference_pb2.PRECISION_INT8, "uint8": inference_pb2.PRECISION_UINT8,
+    "binary": inference_pb2.PRECISION_BINARY, "ubinary": inference_pb2.PRECISION_UBINARY,
+}
+_PRECISION_NAMES = {value: name for name, value in _PRECISIONS.items()}
 
 
 def pack_tokens(tokens: RaggedBatch, field: str = "tokens") -> inference_pb2.PackedTokens:
@@ -72,7 +83,9 @@ def model_info_to_proto(info: ModelInfo, *, max_batch_tokens: int, max_batch_seq
         model_id=info.model_id, dimension=info.dimension, max_positions=info.max_positions,
         max_batch_tokens=max_batch_tokens, max_batch_sequences=max_batch_sequences,
         tasks=[info.task], version=version, device=info.device or "", dtype=info.dtype or "",
-        max_queue_tokens=max_queue_tokens)
+        max_queue_tokens=max_queue_tokens, calibration_id=info.calibration_id or "",
+        calibration_sample_size=info.calibration_sample_size,
+        calibration_texts_id=info.calibration_texts_id or "")
 
 
 def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInfo) -> ModelInfo:
@@ -83,11 +96,34 @@ def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInf
     it names one.
     """
     return replace(described, model_id=reply.model_id or described.model_id,
-                   device=reply.device or None, dtype=reply.dtype or None)
+                   device=reply.device or None, dtype=reply.dtype or None,
+                   calibration_id=reply.calibration_id or None,
+                   calibration_sample_size=reply.calibration_sample_size,
+                   calibration_texts_id=reply.calibration_texts_id or None)
+
+
+def precisions_to_proto(names: list[str] | tuple[str, ...]) -> list[int]:
+    """Precision names (``embedserve.model.quantize.PRECISIONS``) -> proto values."""
+    unknown = [name for name in names if name not in _PRECISIONS]
+    if unknown:
+        raise InvalidInput(f"unknown precision {unknown[0]!r}; expected one of "
+                           f"{', '.join(_PRECISIONS)}", field="precisions")
+    return [_PRECISIONS[name] for name in names]
+
+
+def precisions_from_proto(values) -> list[str]:
+    """Proto Precision values -> names, or InvalidInput for a value this version lacks."""
+    names = []
+    for value in values:
+        if value not in _PRECISION_NAMES:
+            raise InvalidInput(f"unknown precision {value}", field="precisions")
+        names.append(_PRECISION_NAMES[value])
+    return names
 
 
 def array_to_tensor(array: np.ndarray, dtype: int | str = "float32") -> inference_pb2.Tensor:
-    """A float array -> Tensor in the wire dtype (``DTYPE_*`` value or its name)."""
+    """An array -> Tensor in the wire dtype (``DTYPE_*`` value or its name: float32,
+    float16, int8, uint8)."""
     wire_dtype = _DTYPE_NAMES[dtype] if isinstance(dtype, str) else dtype
     if wire_dtype not in _WIRE_DTYPES:
         raise InvalidInput(f"unsupported tensor dtype {dtype!r}", field="dtype")

@@ -56,6 +56,17 @@ async def run_chunks(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy
     ``deadline`` is a ``time.monotonic()`` value. The first chunk that fails
     for good cancels the others and its error is raised.
     """
+    outputs = await run_chunks_outputs(pool, packed, policy, rpc, make_request, deadline,
+                                       request_id, timings, on_retry)
+    return outputs[0]
+
+
+async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy, rpc: str,
+                             make_request: MakeRequest, deadline: float, request_id: str,
+                             timings: DispatchTimings,
+                             on_retry: Callable[[], None] | None = None) -> list[np.ndarray]:
+    """``run_chunks`` for replies carrying several arrays (Embed with ``precisions``: one
+    per precision, in request order); each array's rows in input order."""
     max_tokens = policy.max_tokens
     info = pool.info()
     if info is not None and info.max_queue_tokens:
@@ -69,12 +80,24 @@ async def run_chunks(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy
     except* Exception as group_error:
         # Report the first failure as itself, not wrapped in a group.
         raise group_error.exceptions[0] from None
-    return np.concatenate([t.result() for t in tasks], axis=0)
+    parts = [t.result() for t in tasks]
+    return [np.concatenate([part[k] for part in parts], axis=0) for k in range(len(parts[0]))]
+
+
+def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
+    """The arrays a reply carries: scores, float vectors, or the quantized vectors."""
+    if rpc == "Score":
+        return [wire.tensor_to_array(reply.scores, field=field).astype(np.float32, copy=False)]
+    if len(reply.quantized):
+        return [wire.tensor_to_array(t, field=f"{field}.quantized[{k}]")
+                for k, t in enumerate(reply.quantized)]
+    return [wire.tensor_to_array(reply.embeddings, field=field).astype(np.float32, copy=False)]
 
 
 async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, rpc: str,
                      make_request: MakeRequest, deadline: float, request_id: str,
-                     timings: DispatchTimings, on_retry: Callable[[], None] | None) -> np.ndarray:
+                     timings: DispatchTimings,
+                     on_retry: Callable[[], None] | None) -> list[np.ndarray]:
     tokens = chunk.num_tokens
     message = make_request(wire.pack_tokens(chunk))
     tried: set[Replica] = set()
@@ -110,12 +133,12 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
         queue_s = gateway_wait + reply.timings.queue_us / 1e6
         timings.queue_s = max(timings.queue_s, queue_s)
         timings.inference_s = max(timings.inference_s, reply.timings.compute_us / 1e6)
-        tensor = reply.embeddings if rpc == "Embed" else reply.scores
-        rows = wire.tensor_to_array(tensor, field=f"{rpc}.result").astype(np.float32, copy=False)
-        if rows.shape[0] != chunk.num_sequences:
-            # Never let a wrong row count shift answers onto other inputs.
-            raise EmbedServeError(f"replica {replica.address} answered {rows.shape[0]} rows "
-                                  f"for {chunk.num_sequences} inputs")
-        return rows
+        arrays = reply_arrays(rpc, reply, f"{rpc}.result")
+        for rows in arrays:
+            if rows.shape[0] != chunk.num_sequences:
+                # Never let a wrong row count shift answers onto other inputs.
+                raise EmbedServeError(f"replica {replica.address} answered {rows.shape[0]} rows "
+                                      f"for {chunk.num_sequences} inputs")
+        return arrays
     assert last_error is not None
     raise last_error

@@ -13,13 +13,15 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import grpc
 import numpy as np
 from starlette.requests import Request
 
 from embedserve import validate, wire
-from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound
+from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
-from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks
+from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
+from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
@@ -92,17 +94,42 @@ class Gateway:
             return inference_pb2.EmbedRequest(tokens=tokens, normalize=normalize, dimensions=dimensions,
                                               dtype=inference_pb2.DTYPE_FLOAT32,
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        return (await self._dispatch(request, packed, "Embed", make, route))[0]
+
+    async def embed_quantized(self, request: Request, packed: RaggedBatch, normalize: bool,
+                              dimensions: int, precisions: list[str], route: str) -> list[np.ndarray]:
+        """The vectors in each of ``precisions`` (embedserve.model.quantize), in input order;
+        the replicas quantize them."""
+        wire_precisions = wire.precisions_to_proto(precisions)
+
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedRequest:
+            return inference_pb2.EmbedRequest(tokens=tokens, normalize=normalize, dimensions=dimensions,
+                                              precisions=wire_precisions,
+                                              request_id=request.scope.get(REQUEST_ID_KEY, ""))
         return await self._dispatch(request, packed, "Embed", make, route)
+
+    async def ranges(self, dimensions: int, normalize: bool) -> inference_pb2.RangesResponse:
+        """The int8/uint8 calibration ranges of a healthy replica (all share one calibration
+        when they share a cache directory; see embedserve/calibration.py)."""
+        healthy = self.pool.healthy()
+        if not healthy:
+            raise Unavailable("no replica is ready")
+        try:
+            return await healthy[0].stub.Ranges(
+                inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
+                timeout=self.settings.request_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc.code(), exc.details()) from None
 
     async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:
         """One score [B] per packed pair, in input order."""
         def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.ScoreRequest:
             return inference_pb2.ScoreRequest(pairs=tokens, sigmoid=sigmoid,
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
-        return await self._dispatch(request, packed, "Score", make, route)
+        return (await self._dispatch(request, packed, "Score", make, route))[0]
 
     async def _dispatch(self, request: Request, packed: RaggedBatch, rpc: str, make,
-                        route: str) -> np.ndarray:
+                        route: str) -> list[np.ndarray]:
         tokens = packed.num_tokens
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
@@ -110,7 +137,7 @@ class Gateway:
         with self.budget.hold(tokens):
             self.metrics.inflight_tokens.set(self.budget.in_use)
             try:
-                result = await cancel_on_disconnect(request, run_chunks(
+                result = await cancel_on_disconnect(request, run_chunks_outputs(
                     self.pool, packed, self.policy, rpc, make, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
                     on_retry=self.metrics.chunk_retries.inc))

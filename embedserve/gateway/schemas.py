@@ -16,6 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 TokenIds = list[StrictInt]
 EmbeddingInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+# Checked by the route (400 naming ``embedding_types[i]``), not by pydantic.
+EMBEDDING_TYPES_HELP = (
+    "Cohere-style: return the vectors in each of these types, as an object keyed by type: "
+    "float, int8, uint8 (per-dimension buckets between the model's calibrated minimum and "
+    "maximum, GET /v1/quantization/ranges), binary (int8), ubinary (uint8; 8 dimensions per "
+    "byte, 1 where the value is > 0), float16 (embedserve extension). Bit-exact with "
+    "sentence-transformers' quantize_embeddings given the same ranges.")
+EmbeddingTypes = Annotated[list[StrictStr], Field(min_length=1, max_length=6,
+                                                  examples=[["float", "int8", "ubinary"]])]
 
 
 class _Request(BaseModel):
@@ -37,12 +46,15 @@ class EmbeddingsRequest(_Request):
     truncate: StrictBool = Field(
         False, description="embedserve extension: cut inputs longer than the model's limit "
                            "(from the right) instead of refusing them with 413.")
+    embedding_types: EmbeddingTypes | None = Field(
+        None, description=EMBEDDING_TYPES_HELP + " Each data[i].embedding is then that object "
+        "(with encoding_format=base64, each vector is the base64 of its little-endian bytes).")
 
 
 class EmbeddingObject(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | str | dict[str, list[float] | str]
 
 
 class EmbeddingsUsage(BaseModel):
@@ -81,6 +93,25 @@ class EmbedRequest(_Request):
     truncation_direction: Direction = "right"
     prompt_name: StrictStr | None = None
     dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+    embedding_types: EmbeddingTypes | None = Field(
+        None, description="embedserve extension. " + EMBEDDING_TYPES_HELP + " The answer is then "
+        "Cohere's {\"embeddings\": {type: [[...], ...]}} instead of a bare list.")
+
+
+class EmbeddingsByType(BaseModel):
+    """Cohere's shape for embedding_types: one list of vectors per requested type."""
+
+    embeddings: dict[str, list[list[float]]]
+    response_type: Literal["embeddings_by_type"] = "embeddings_by_type"
+
+
+class QuantizationRanges(BaseModel):
+    calibration_id: str = Field(description="digest of the calibration sample's vectors")
+    sample_size: int
+    dimensions: int
+    normalize: bool
+    ranges: list[list[float]] = Field(description="[2][d]: per-dimension minimum, then maximum "
+                                      "(float32 values), as quantize_embeddings(ranges=...) takes")
 
 
 class RerankRequest(_Request):

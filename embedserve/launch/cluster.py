@@ -84,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
     settings = ClusterSettings(model_dir=model_dir_from_args(args), replicas=args.replicas,
                                device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                                host=args.host, port=args.port, gateway_args=gateway_args,
-                               drain_timeout_s=args.drain_timeout)
+                               drain_timeout_s=args.drain_timeout,
+                               # where replicas keep the int8/uint8 calibration
+                               replica_args=("--cache-dir", str(args.cache_dir))
+                               if args.cache_dir else ())
     return asyncio.run(run_cluster(settings))
 
 

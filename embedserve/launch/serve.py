@@ -54,7 +54,10 @@ async def _serve_stack(args: argparse.Namespace, model_dir: Path) -> int:
 async def _serve_with_token(args: argparse.Namespace, model_dir: Path, token_file: Path) -> int:
     supervisor = ReplicaSupervisor(model_dir, args.replicas, args.device,
                                    extra_args=(*engine_flags(args.dtype, args.cuda_graphs),
-                                               "--replica-token-file", str(token_file)),
+                                               "--replica-token-file", str(token_file),
+                                               # where replicas keep the int8/uint8 calibration
+                                               *(("--cache-dir", str(args.cache_dir))
+                                                 if args.cache_dir else ())),
                                    env=replica_env(args.replicas, args.device))
     stop = asyncio.Event()
     with stop_on_signals(stop.set):

@@ -34,6 +34,11 @@ class ModelInfo:
     # (the gateway, before a replica reports them).
     device: str | None = None
     dtype: str | None = None
+    # The int8/uint8 calibration a replica quantizes with (embedserve/calibration.py);
+    # None where there is none (or not yet reported).
+    calibration_id: str | None = None
+    calibration_sample_size: int = 0
+    calibration_texts_id: str | None = None
 
     def prompt(self, name: str | None, field_name: str) -> str:
         """The prefix for prompt ``name`` (None: the model's default, if any)."""

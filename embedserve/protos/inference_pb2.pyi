@@ -11,8 +11,27 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DTYPE_FLOAT32: _ClassVar[DType]
     DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_INT8: _ClassVar[DType]
+    DTYPE_UINT8: _ClassVar[DType]
+
+class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRECISION_FLOAT32: _ClassVar[Precision]
+    PRECISION_FLOAT16: _ClassVar[Precision]
+    PRECISION_INT8: _ClassVar[Precision]
+    PRECISION_UINT8: _ClassVar[Precision]
+    PRECISION_BINARY: _ClassVar[Precision]
+    PRECISION_UBINARY: _ClassVar[Precision]
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT16: DType
+DTYPE_INT8: DType
+DTYPE_UINT8: DType
+PRECISION_FLOAT32: Precision
+PRECISION_FLOAT16: Precision
+PRECISION_INT8: Precision
+PRECISION_UINT8: Precision
+PRECISION_BINARY: Precision
+PRECISION_UBINARY: Precision
 
 class PackedTokens(_message.Message):
     __slots__ = ("token_ids", "lengths", "token_type_ids")
@@ -45,28 +64,32 @@ class Timings(_message.Message):
     def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id")
+    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRECISIONS_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     normalize: bool
     dimensions: int
     dtype: DType
     request_id: str
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    precisions: _containers.RepeatedScalarFieldContainer[Precision]
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., precisions: _Optional[_Iterable[_Union[Precision, str]]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "timings", "request_id")
+    __slots__ = ("embeddings", "timings", "request_id", "quantized")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZED_FIELD_NUMBER: _ClassVar[int]
     embeddings: Tensor
     timings: Timings
     request_id: str
-    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    quantized: _containers.RepeatedCompositeFieldContainer[Tensor]
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ..., quantized: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("pairs", "sigmoid", "request_id")
@@ -93,7 +116,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens")
+    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +127,9 @@ class InfoResponse(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_TEXTS_ID_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dimension: int
     max_positions: int
@@ -114,4 +140,25 @@ class InfoResponse(_message.Message):
     device: str
     dtype: str
     max_queue_tokens: int
-    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ...) -> None: ...
+    calibration_id: str
+    calibration_sample_size: int
+    calibration_texts_id: str
+    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ...) -> None: ...
+
+class RangesRequest(_message.Message):
+    __slots__ = ("dimensions", "normalize")
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    dimensions: int
+    normalize: bool
+    def __init__(self, dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ...) -> None: ...
+
+class RangesResponse(_message.Message):
+    __slots__ = ("ranges", "calibration_id", "sample_size")
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ranges: Tensor
+    calibration_id: str
+    sample_size: int
+    def __init__(self, ranges: _Optional[_Union[Tensor, _Mapping]] = ..., calibration_id: _Optional[str] = ..., sample_size: _Optional[int] = ...) -> None: ...

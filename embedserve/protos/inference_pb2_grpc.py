@@ -49,6 +49,11 @@ class InferenceStub:
                 request_serializer=embedserve_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
                 response_deserializer=embedserve_dot_v1_dot_inference__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Ranges = channel.unary_unary(
+                '/embedserve.v1.Inference/Ranges',
+                request_serializer=embedserve_dot_v1_dot_inference__pb2.RangesRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_inference__pb2.RangesResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -75,6 +80,14 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ranges(self, request, context):
+        """The int8/uint8 calibration ranges Embed quantizes with, for one
+        (dimensions, normalize) setting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +105,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=embedserve_dot_v1_dot_inference__pb2.InfoRequest.FromString,
                     response_serializer=embedserve_dot_v1_dot_inference__pb2.InfoResponse.SerializeToString,
+            ),
+            'Ranges': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ranges,
+                    request_deserializer=embedserve_dot_v1_dot_inference__pb2.RangesRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_inference__pb2.RangesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +193,33 @@ class Inference:
             '/embedserve.v1.Inference/Info',
             embedserve_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
             embedserve_dot_v1_dot_inference__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ranges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Inference/Ranges',
+            embedserve_dot_v1_dot_inference__pb2.RangesRequest.SerializeToString,
+            embedserve_dot_v1_dot_inference__pb2.RangesResponse.FromString,
             options,
             channel_credentials,
             insecure,

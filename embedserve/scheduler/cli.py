@@ -15,7 +15,8 @@ import logging
 import os
 from pathlib import Path
 
-from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
+                                            model_dir_from_args)
 from embedserve.entrypoint import configure_logging, scheduler_banner, stop_on_signals
 from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
@@ -53,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="seconds to let calls finish after SIGTERM (default: %(default)s)")
+    parser.add_argument("--calibration", action=argparse.BooleanOptionalAction, default=True,
+                        help="int8/uint8 embeddings: read the model's calibration ranges from "
+                             "--cache-dir, or compute them once at start-up (the model embeds "
+                             "a fixed text sample: seconds, once per model and dtype) and store "
+                             "them there for every later start and every replica sharing the "
+                             "directory; --no-calibration skips it and refuses int8/uint8 "
+                             "(default: on)")
     add_replica_token_argument(parser, "refuse calls (UNAUTHENTICATED) that do not carry the "
                                        "token in this file as 'authorization: Bearer TOKEN'; "
                                        "health checks stay open")
@@ -86,6 +94,7 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
+        calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
         replica_token=replica_token_from_args(args, os.environ))
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from embedserve import calibration
 from embedserve.engine.batch import Batch
 from embedserve.errors import ModelLoadError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
@@ -97,6 +98,7 @@ class SchedulerServer:
                                                      self.settings.metrics_port)
             self.metrics_port = self._metrics_endpoint.port
         await self._warm_up()
+        await self._calibrate()
         self.batcher.start()
         self.service.accepting = True
         await self._set_health(_SERVING)
@@ -139,6 +141,32 @@ class SchedulerServer:
             await self.engine.step(batch)
         except Exception as error:
             raise ModelLoadError(f"the engine failed its warm-up step: {error}") from error
+
+    async def _calibrate(self) -> None:
+        """Read the model's int8/uint8 calibration, or compute and store it (once per
+        model and dtype in the cache; later starts and other replicas read the file)."""
+        info, cache_dir = self.engine.info, self.settings.calibration_cache_dir
+        if cache_dir is None or info.task != "embed":
+            return
+        directory = calibration.calibration_dir(cache_dir, self.settings.model_dir, info.dtype or "")
+        try:
+            found = await asyncio.to_thread(calibration.load_calibration, directory)
+            if found is None:
+                log.info("calibrating int8/uint8 ranges into %s (once per model and dtype)",
+                         directory)
+                batches = await asyncio.to_thread(
+                    calibration.calibration_batches, self.settings.model_dir, info,
+                    self.settings.max_batch_tokens, self.settings.max_batch_sequences)
+                rows = [await self.engine.step(Batch.of(tokens)) for tokens in batches]
+                found = await asyncio.to_thread(calibration.store_calibration, directory,
+                                                np.concatenate(rows, axis=0),
+                                                self.settings.model_dir, info)
+        except Exception as error:
+            # float and binary need no calibration: serve them, refuse int8/uint8 saying why.
+            log.warning("no int8/uint8 calibration: %s", error)
+            self.service.calibration_error = f"calibration failed at start-up: {error}"
+            return
+        self.service.set_calibration(found)
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import grpc
 import numpy as np
@@ -21,8 +22,11 @@ import numpy as np
 import embedserve
 from embedserve import validate, wire
 from embedserve.engine.batch import Task
+from embedserve.calibration import Calibration
 from embedserve.errors import InvalidInput, Unavailable
+from embedserve.model.calibration_texts import TEXTS_ID
 from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
+from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.ragged import RaggedBatch
 from embedserve.scheduler.batcher import StepEngine
@@ -46,6 +50,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._settings = settings
         self._metrics = metrics
         self.accepting = False
+        self.calibration: Calibration | None = None
+        self.calibration_error = "this replica runs without a calibration (no cache directory)"
         self.active_calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -57,6 +63,17 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def Score(self, request: inference_pb2.ScoreRequest,
                     context: Context) -> inference_pb2.ScoreResponse:
         return await self._answer("Score", context, lambda: self._score(request, context))
+
+    async def Ranges(self, request: inference_pb2.RangesRequest,
+                     context: Context) -> inference_pb2.RangesResponse:
+        return await self._answer("Ranges", context, lambda: self._ranges(request))
+
+    def set_calibration(self, calibration: Calibration) -> None:
+        """Quantize int8/uint8 with ``calibration`` and report it in Info."""
+        self.calibration = calibration
+        self._info = replace(self._info, calibration_id=calibration.calibration_id,
+                             calibration_sample_size=calibration.sample_size,
+                             calibration_texts_id=TEXTS_ID)
 
     async def Info(self, request: inference_pb2.InfoRequest,
                    context: Context) -> inference_pb2.InfoResponse:
@@ -78,11 +95,38 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             validate.check_dimensions(dimensions, self._info.dimension)
         if request.dtype not in (inference_pb2.DTYPE_FLOAT32, inference_pb2.DTYPE_FLOAT16):
             raise InvalidInput(f"unknown output dtype {request.dtype}", field="dtype")
+        precisions = wire.precisions_from_proto(request.precisions)
+        ranged = any(p in RANGED_PRECISIONS for p in precisions)
+        if ranged:
+            self._require_calibration()
         call, rows = await self._run(tokens, "embed", context)
         vectors = postprocess_embeddings(rows, request.normalize, dimensions)
-        return inference_pb2.EmbedResponse(embeddings=wire.array_to_tensor(vectors, request.dtype),
-                                           timings=self._timings(call),
-                                           request_id=request.request_id)
+        if not precisions:
+            return inference_pb2.EmbedResponse(
+                embeddings=wire.array_to_tensor(vectors, request.dtype),
+                timings=self._timings(call), request_id=request.request_id)
+        # Quantized after truncation and normalization, with ranges calibrated on
+        # vectors post-processed the same way.
+        ranges = self.calibration.ranges(dimensions, request.normalize) if ranged else None
+        quantized = [quantize(vectors, p, ranges) for p in precisions]
+        return inference_pb2.EmbedResponse(
+            quantized=[wire.array_to_tensor(q, q.dtype.name) for q in quantized],
+            timings=self._timings(call), request_id=request.request_id)
+
+    async def _ranges(self, request: inference_pb2.RangesRequest) -> inference_pb2.RangesResponse:
+        dimensions = request.dimensions or None
+        if dimensions is not None:
+            validate.check_dimensions(dimensions, self._info.dimension)
+        self._require_calibration()
+        ranges = self.calibration.ranges(dimensions, request.normalize)
+        return inference_pb2.RangesResponse(ranges=wire.array_to_tensor(ranges, "float32"),
+                                            calibration_id=self.calibration.calibration_id,
+                                            sample_size=self.calibration.sample_size)
+
+    def _require_calibration(self) -> None:
+        if self.calibration is None:
+            raise InvalidInput(f"int8/uint8 need this replica's calibration: "
+                               f"{self.calibration_error}", field="precisions")
 
     async def _score(self, request: inference_pb2.ScoreRequest,
                      context: Context) -> inference_pb2.ScoreResponse:

@@ -40,6 +40,9 @@ class SchedulerSettings:
     # the message size derived from max_queue_tokens, this bounds the memory
     # held by requests that have arrived but not yet been admitted.
     max_concurrent_rpcs: int = 1024
+    # Where the int8/uint8 calibration is read, or computed at start-up and
+    # stored (embedserve/calibration.py); None: none, Embed refuses int8/uint8.
+    calibration_cache_dir: Path | None = None
     # Calls must carry ``authorization: Bearer <replica_token>`` (auth.py);
     # None: no check. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)

@@ -16,9 +16,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from embedserve import wire
 from embedserve.errors import InvalidInput
+from embedserve.gateway import embedding_types
 from embedserve.gateway.pipeline import Gateway, timed
-from embedserve.gateway.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest
+from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
+                                        EmbedRequest, QuantizationRanges)
 from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
@@ -56,12 +59,14 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) cuts them instead.
     packed = await _pack(gateway, request, body.input, "input", body.input_type, body.truncate, "right")
-    vectors = await gateway.embed(request, packed, gateway.model.normalize, dimensions, "/v1/embeddings")
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    if body.embedding_types is not None:
+        by_type = await _embed_by_type(gateway, request, packed, body.embedding_types,
+                                       gateway.model.normalize, dimensions, "/v1/embeddings",
+                                       body.encoding_format == "base64")
+        items = [{name: rows[i] for name, rows in by_type.items()}
+                 for i in range(packed.num_sequences)]
     else:
-        items = vectors.tolist()
+        items = await _openai_items(gateway, request, packed, dimensions, body.encoding_format)
     tokens = packed.num_tokens
     return json_response({
         "object": "list",
@@ -71,7 +76,29 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     })
 
 
-@router.post("/embed", response_model=list[list[float]], tags=["TEI"],
+async def _openai_items(gateway: Gateway, request: Request, packed: RaggedBatch, dimensions: int,
+                        encoding_format: str) -> list:
+    vectors = await gateway.embed(request, packed, gateway.model.normalize, dimensions, "/v1/embeddings")
+    if encoding_format == "base64":
+        little = vectors.astype("<f4", copy=False)
+        items = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    else:
+        items = vectors.tolist()
+    return items
+
+
+async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch, types: list[str],
+                         normalize: bool, dimensions: int, route: str,
+                         as_base64: bool) -> dict[str, list]:
+    """JSON rows per requested embedding type (the replicas quantize after truncation and
+    normalization)."""
+    types = embedding_types.check_embedding_types(types)
+    arrays = await gateway.embed_quantized(request, packed, normalize, dimensions,
+                                           embedding_types.precisions(types), route)
+    return {name: embedding_types.json_rows(array, as_base64) for name, array in zip(types, arrays)}
+
+
+@router.post("/embed", response_model=list[list[float]] | EmbeddingsByType, tags=["TEI"],
              summary="Embed inputs (text-embeddings-inference-compatible)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
     gateway: Gateway = request.app.state.gateway
@@ -79,5 +106,27 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     dimensions = gateway.check_dimensions(body.dimensions)
     packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, body.truncate,
                          body.truncation_direction)
+    if body.embedding_types is not None:
+        by_type = await _embed_by_type(gateway, request, packed, body.embedding_types,
+                                       body.normalize, dimensions, "/embed", False)
+        return json_response({"embeddings": by_type, "response_type": "embeddings_by_type"})
     vectors = await gateway.embed(request, packed, body.normalize, dimensions, "/embed")
     return json_response(np.asarray(vectors).tolist())
+
+
+@router.get("/v1/quantization/ranges", response_model=QuantizationRanges, tags=["embedserve"],
+            summary="The int8/uint8 calibration ranges for a dimensions and normalize setting")
+async def quantization_ranges(request: Request, dimensions: int | None = None,
+                              normalize: bool | None = None) -> Response:
+    """What int8/uint8 vectors are bucketed with: ``quantize_embeddings(v, "int8",
+    ranges=np.array(ranges, np.float32))`` of the float answer equals the int8 answer.
+    ``normalize`` defaults to the model's (what /v1/embeddings uses)."""
+    gateway: Gateway = request.app.state.gateway
+    gateway.require_task("embed")
+    dims = gateway.check_dimensions(dimensions)
+    normalize = gateway.model.normalize if normalize is None else normalize
+    reply = await gateway.ranges(dims, normalize)
+    ranges = wire.tensor_to_array(reply.ranges, field="Ranges.ranges")
+    return json_response({"calibration_id": reply.calibration_id, "sample_size": reply.sample_size,
+                          "dimensions": int(ranges.shape[1]), "normalize": normalize,
+                          "ranges": ranges.tolist()})

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from embedserve import __version__
+from embedserve.gateway.embedding_types import EMBEDDING_TYPES
 from embedserve.gateway.http_errors import error_response
 from embedserve.gateway.schemas import ModelList
 from embedserve.gateway.pipeline import Gateway
@@ -52,6 +53,15 @@ async def info(request: Request) -> dict:
         "device": model.device,
         "model_dtype": model.dtype,
         "version": __version__,
+        "quantization": {
+            "embedding_types": list(EMBEDDING_TYPES),
+            # int8/uint8 ranges: computed once per model and dtype from a fixed text
+            # sample (embedserve/calibration.py); null where the replica has none.
+            "calibration_id": model.calibration_id,
+            "calibration_sample_size": model.calibration_sample_size,
+            "calibration_texts_id": model.calibration_texts_id,
+            "ranges": "/v1/quantization/ranges?dimensions=D&normalize=B",
+        } if model.task == "embed" else None,
         "replicas": [{"address": r.address, "healthy": r.healthy,
                       "outstanding_tokens": r.outstanding_tokens} for r in gateway.pool.replicas],
     }
