@@ -185,3 +185,30 @@ def test_an_unknown_prompt_or_column_is_a_clear_error(tmp_path, tiny_bert_dir, c
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "in.parquet")
     assert embed(tmp_path / "in.parquet", "-o", tmp_path / "b.parquet", "--model", tiny_bert_dir) == 2
     assert "no column 'text'; its columns are: body" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_precisions_equal_quantize_embeddings(tmp_path, tiny_bert_dir, corpus, jsonl_reference, precision):
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from embedserve.calibration import calibration_dir, load_calibration
+
+    source = write_jsonl(tmp_path / "in.jsonl", corpus)
+    cache = tmp_path / "cache"
+    out = tmp_path / f"{precision}.parquet"
+    assert embed(source, "-o", out, "--model", tiny_bert_dir, "--cache-dir", cache, "--part-size", 32,
+                 "--precision", precision) == 0
+    _, stored, table = read_output(out, precision)
+    floats = jsonl_reference[1]
+    # The ranges the job used are the model's stored calibration (what a replica serves with).
+    ranges = None
+    if precision in ("int8", "uint8"):
+        ranges = load_calibration(calibration_dir(cache, tiny_bert_dir, "float32")).ranges(None, True)
+    expected = quantize_embeddings(floats, precision, ranges=ranges)
+    assert stored.dtype == expected.dtype and stored.shape == expected.shape
+    assert stored.tobytes() == expected.tobytes()
+    if precision.endswith("binary"):
+        assert table.schema.field("embedding").type == pa.binary(4)  # 32 dimensions, 8 per byte
+    assert embed(source, "-o", tmp_path / f"{precision}.npy", "--model", tiny_bert_dir, "--cache-dir", cache,
+                 "--part-size", 32, "--precision", precision) == 0
+    assert np.load(tmp_path / f"{precision}.npy").tobytes() == expected.tobytes()

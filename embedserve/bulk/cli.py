@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
+from embedserve.defaults.model_args import add_model_arguments, default_cache_dir, model_dir_from_args
 from embedserve.errors import EmbedServeError
 
 DEFAULT_PART_SIZE = 10_000
@@ -104,7 +104,8 @@ def _run(args: argparse.Namespace):
 
         return run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
                           actors=args.ray_actors, device=args.device, dtype=args.dtype,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, show_progress=not args.no_progress,
+                          cache_dir=args.cache_dir or default_cache_dir())
     from embedserve.bulk.run import run_job
 
     if args.url:
@@ -114,7 +115,8 @@ def _run(args: argparse.Namespace):
     else:
         from embedserve.local.embedder import LocalEmbedder
 
-        embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype)
+        embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype,
+                                 cache_dir=args.cache_dir or default_cache_dir())
     try:
         return run_job(spec, paths, embedder, job, args.part_size, options.precision,
                        overwrite=args.overwrite, show_progress=not args.no_progress)

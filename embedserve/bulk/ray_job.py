@@ -34,7 +34,7 @@ from embedserve.local import columns
 from embedserve.local.documents import text_problem
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
-from embedserve.local.precision import PACKED_PRECISIONS
+from embedserve.model.info import read_model_info
 from embedserve.integrations.ray import PROBLEM, EmbedBatches
 
 LINE = "text"  # the column ray.data.read_text produces
@@ -81,13 +81,14 @@ def _read(ray: Any, spec: InputSpec):
 def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, options: EmbedOptions,
                part_size: int, job: dict[str, Any], actors: int = 1, device: str = "cpu",
                dtype: str | None = None, overwrite: bool = False, show_progress: bool = True,
-               cpus_per_actor: float = 1) -> Totals:
+               cpus_per_actor: float = 1, cache_dir: Path | None = None) -> Totals:
     """Run the job on the Ray cluster at ``address`` ("local": start one here; "auto": the
     running cluster this machine belongs to; "ray://host:10001": a remote one)."""
     import ray
 
     manifest = prepare_output(paths, dict(job, ray=True), overwrite)
     manifest.parts.clear()  # a Ray job is not resumable: an interrupted one begins again
+    dimension = options.dimensions or read_model_info(model_dir).dimension
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=None if address == "local" else address, log_to_driver=False,
@@ -101,12 +102,13 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
             num_cpus=cpus_per_actor,
             fn_constructor_kwargs=dict(model_dir=str(model_dir), text_field=text_field,
                                        id_field=spec.id_field, device=device, dtype=dtype,
+                                       cache_dir=None if cache_dir is None else str(cache_dir),
                                        **vars(options)))
         totals = Totals()
         index = 0
         with ProgressBar(count_rows(spec), show_progress) as bar:
             for batch in embedded.iter_batches(batch_size=part_size, batch_format="pyarrow"):
-                out = _part_output(index, batch, spec, options, part_size)
+                out = _part_output(index, batch, spec, options, part_size, dimension)
                 write_part(paths, index, out.table, out.errors)
                 manifest.parts[index] = out.record
                 manifests.save(manifest, paths.manifest)
@@ -123,7 +125,8 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
     return totals
 
 
-def _part_output(index: int, batch: pa.Table, spec: InputSpec, options: EmbedOptions, part_size: int):
+def _part_output(index: int, batch: pa.Table, spec: InputSpec, options: EmbedOptions, part_size: int,
+                 dimension: int):
     """One result batch (a part) as the single-process run's part output."""
     first_row = index * part_size
     n = batch.num_rows
@@ -138,8 +141,6 @@ def _part_output(index: int, batch: pa.Table, spec: InputSpec, options: EmbedOpt
     done = batch.take(pa.array(valid))
     embedding = done.column(columns.EMBEDDING)
     stored = columns.embedding_matrix(embedding, options.precision)
-    packed = options.precision in PACKED_PRECISIONS
-    dimension = embedding.type.byte_width * 8 if packed else embedding.type.list_size
     result = EmbeddedPart(np.arange(len(valid), dtype=np.int64), stored,
                           done.column(columns.TOKENS).to_numpy(), done.column(columns.TRUNCATED).to_numpy(),
                           done.column(columns.CHUNKED).to_numpy(), [])

@@ -24,7 +24,7 @@ from embedserve.errors import InvalidInput, Unavailable
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, encode_texts
-from embedserve.local.precision import check_precision, convert
+from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import read_model_info
 from embedserve.tokenizer import Tokenizer
 
@@ -67,6 +67,19 @@ class RemoteEmbedder:
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
         self.tokenizer = Tokenizer.from_model_dir(model_dir)
+        self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
+
+    def _ranges(self) -> np.ndarray:
+        """int8/uint8: the gateway's calibration ranges, so local bucketing equals the server's."""
+        import httpx
+
+        params = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
+            reply = client.get("/v1/quantization/ranges", params=params)
+        if reply.status_code != 200:
+            raise InvalidInput(f"{self.url} has no calibration ranges for {self.options.precision} "
+                               f"({reply.status_code}: {reply.text[:200]})", field="precision")
+        return np.asarray(reply.json()["ranges"], dtype=np.float32)
 
     def close(self) -> None:
         pass
@@ -81,7 +94,7 @@ class RemoteEmbedder:
         vectors = asyncio.run(self._send_all([[texts[int(encoded.rows[i])] for i in r] for r in requests],
                                              [int(lengths[r].sum()) for r in requests]))
         raw = np.concatenate(vectors) if vectors else np.zeros((0, self.dimension), np.float32)
-        return EmbeddedPart(encoded.rows, convert(raw, self.options.precision),
+        return EmbeddedPart(encoded.rows, convert(raw, self.options.precision, self.ranges),
                             lengths.astype(np.int32), encoded.encoded.truncated.astype(bool),
                             np.zeros(len(encoded.rows), dtype=bool), encoded.problems)
 

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from embedserve.bulk.job import JobPaths
 from embedserve.bulk.manifest import write_atomic
 from embedserve.local import columns
-from embedserve.local.precision import PACKED_PRECISIONS
+from embedserve.local.precision import PACKED_PRECISIONS, output_dtype
 
 # Parquet settings fixed here so that every run writes identical bytes.
 _PARQUET = dict(compression="zstd", write_statistics=False)
@@ -87,7 +87,7 @@ def _assemble_npy(paths: JobPaths, part_indices: list[int], precision: str) -> i
     first = pq.read_table(paths.part(part_indices[0]))
     embedding_type = first.schema.field(columns.EMBEDDING).type
     if precision in PACKED_PRECISIONS:
-        dtype, width = np.dtype(np.uint8), embedding_type.byte_width
+        dtype, width = output_dtype(precision), embedding_type.byte_width
     else:
         dtype, width = np.dtype(embedding_type.value_type.to_pandas_dtype()), embedding_type.list_size
     tmp = paths.output.with_name(paths.output.name + ".tmp.npy")

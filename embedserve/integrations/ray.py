@@ -42,13 +42,17 @@ class EmbedBatches:
     """A callable class for ``Dataset.map_batches(..., batch_format="pyarrow")``."""
 
     def __init__(self, model_dir: str | Path, text_field: str = "text", id_field: str | None = None,
-                 device: str = "cpu", dtype: str | None = None, **options: Any) -> None:
+                 device: str = "cpu", dtype: str | None = None, cache_dir: str | Path | None = None,
+                 **options: Any) -> None:
         """``options``: ``EmbedOptions`` fields (input_type, dimensions, precision,
         long_inputs, token_budget, max_sequences, window). ``id_field``: rows whose id
-        is null are skipped (as ``embedserve embed --id-field`` skips them)."""
+        is null are skipped (as ``embedserve embed --id-field`` skips them). ``cache_dir``:
+        where the model's int8/uint8 calibration lives (share it between nodes, or every
+        node calibrates on its own)."""
         self.text_field = text_field
         self.id_field = id_field
-        self.embedder = LocalEmbedder(model_dir, EmbedOptions(**options), device=device, dtype=dtype)
+        self.embedder = LocalEmbedder(model_dir, EmbedOptions(**options), device=device, dtype=dtype,
+                                      cache_dir=None if cache_dir is None else Path(cache_dir))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         if isinstance(batch, pa.RecordBatch):

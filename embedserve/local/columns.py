@@ -1,8 +1,8 @@
 """The columns of embedded output, as Arrow: one schema for every writer.
 
 ``id`` (int64 row numbers, or strings from ``--id-field``), ``embedding``
-(a fixed-size list of the precision's numbers, or fixed-size binary for
-packed bits), ``tokens`` (int32, specials included, after truncation),
+(a fixed-size list of the precision's numbers, or fixed-size binary of
+``ceil(d / 8)`` bytes for packed bits), ``tokens`` (int32, specials included, after truncation),
 ``truncated`` and ``chunked`` (bool). The single-process writer, the Ray
 actors and the ``--format npy`` export all build their tables here, so the
 files they write agree column for column.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from embedserve.local.precision import PACKED_PRECISIONS
+from embedserve.local.precision import PACKED_PRECISIONS, output_dtype, output_width
 
 ID = "id"
 EMBEDDING = "embedding"
@@ -26,7 +26,7 @@ _VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int
 
 def embedding_type(precision: str, dimension: int) -> pa.DataType:
     if precision in PACKED_PRECISIONS:
-        return pa.binary(dimension // 8)
+        return pa.binary(output_width(precision, dimension))
     return pa.list_(_VALUE_TYPES[precision], dimension)
 
 
@@ -36,7 +36,7 @@ def output_schema(id_type: pa.DataType, precision: str, dimension: int) -> pa.Sc
 
 
 def embedding_array(stored: np.ndarray, precision: str, dimension: int) -> pa.Array:
-    """[B, d] numbers (or [B, d/8] packed bytes) -> the embedding column, without a copy per row."""
+    """[B, d] numbers (or [B, ceil(d/8)] packed bytes) -> the embedding column, without a copy per row."""
     stored = np.ascontiguousarray(stored)
     rows = stored.shape[0]
     if precision in PACKED_PRECISIONS:
@@ -47,12 +47,13 @@ def embedding_array(stored: np.ndarray, precision: str, dimension: int) -> pa.Ar
 
 
 def embedding_matrix(column: pa.Array | pa.ChunkedArray, precision: str) -> np.ndarray:
-    """The inverse of ``embedding_array``: [B, d] (or [B, d/8] uint8 for packed bits)."""
+    """The inverse of ``embedding_array``: [B, d], or [B, ceil(d/8)] packed bytes (int8 for
+    ``binary``, uint8 for ``ubinary``, as ``quantize`` returns them)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     width = column.type.byte_width if precision in PACKED_PRECISIONS else column.type.list_size
     if precision in PACKED_PRECISIONS:
         data = np.frombuffer(column.buffers()[1], np.uint8, len(column) * width,
                              column.offset * width)
-        return data.reshape(len(column), width)
+        return data.reshape(len(column), width).view(output_dtype(precision))
     return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)

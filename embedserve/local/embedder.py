@@ -32,7 +32,8 @@ from embedserve.local.encoding import encode_texts, take
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.packing import plan_batches
-from embedserve.local.precision import check_precision, convert
+from embedserve.calibration import calibration_dir, load_or_calibrate
+from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.scheduler.settings import default_max_batch_tokens
@@ -58,7 +59,9 @@ class LocalEmbedder:
 
     def __init__(self, model_dir: str | Path, options: EmbedOptions = EmbedOptions(),
                  device: str = "cpu", dtype: str | None = None,
-                 tokenizer_cache_dir: Path | None = None) -> None:
+                 tokenizer_cache_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+        """``cache_dir``: where the model's int8/uint8 calibration is kept (``embedserve.calibration``);
+        needed only for those precisions, computed there on first use."""
         model_dir = Path(model_dir)
         self.engine = Engine.load(model_dir, device=device, dtype=dtype)
         kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
@@ -71,6 +74,17 @@ class LocalEmbedder:
         check_precision(options.precision, self.dimension)
         self.prompt = info.prompt(options.input_type, "input_type")
         self.token_budget = options.token_budget or default_max_batch_tokens(device)
+        self.ranges = self._ranges(model_dir, cache_dir) if options.precision in RANGED_PRECISIONS else None
+
+    def _ranges(self, model_dir: Path, cache_dir: Path | None) -> np.ndarray:
+        """The calibration ranges a replica of this model and dtype uses (computed once, then read)."""
+        if cache_dir is None:
+            raise InvalidInput(f"precision {self.options.precision} needs a cache directory for the "
+                               "model's calibration", field="precision")
+        directory = calibration_dir(cache_dir, model_dir, self.info.dtype)
+        calibration = load_or_calibrate(directory, model_dir, self.info,
+                                        lambda tokens: self.engine.step(Batch.of(tokens)).wait())
+        return calibration.ranges(self.options.dimensions, self.info.normalize)
 
     @property
     def info(self) -> ModelInfo:
@@ -107,7 +121,7 @@ class LocalEmbedder:
             done_rows, lazy = pending.popleft()
             raw[done_rows] = lazy.wait()
         vectors = postprocess_embeddings(raw, self.info.normalize, self.options.dimensions)
-        return EmbeddedPart(part.rows, convert(vectors, self.options.precision),
+        return EmbeddedPart(part.rows, convert(vectors, self.options.precision, self.ranges),
                             part.encoded.lengths.astype(np.int32), part.encoded.truncated.astype(bool),
                             np.zeros(len(part.rows), dtype=bool), part.problems)
 

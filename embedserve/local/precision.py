@@ -1,11 +1,12 @@
-"""Output precisions of a bulk job: float vectors as stored, or quantized.
+"""Output precisions of a bulk job, as ``embedserve.model.quantize`` defines them.
 
-``float32`` and ``float16`` are casts of the (normalized, Matryoshka-cut)
-float32 vectors. ``int8``, ``uint8``, ``binary`` and ``ubinary`` are
-sentence-transformers' ``quantize_embeddings`` schemes; they come from
-``embedserve.model.quantize`` (its ``quantize`` and calibration ranges) once
-that module is in the tree, and are refused with a clear message until then.
-Packed-bit precisions are stored as ``dim / 8`` bytes per vector.
+``float32`` / ``float16`` store the (normalized, Matryoshka-cut) vectors;
+``int8`` / ``uint8`` bucket each dimension between calibrated ranges (the
+model's calibration in the cache, ``embedserve.calibration``: the same
+ranges a replica uses, so a bulk vector equals a served one); ``binary`` /
+``ubinary`` pack one bit per dimension into ``ceil(d / 8)`` bytes. The
+arithmetic is ``quantize``'s, bit-exact with sentence-transformers'
+``quantize_embeddings``.
 """
 
 from __future__ import annotations
@@ -13,27 +14,23 @@ from __future__ import annotations
 import numpy as np
 
 from embedserve.errors import InvalidInput
+from embedserve.model.quantize import PRECISIONS, RANGED_PRECISIONS, output_dtype, output_width, quantize
 
-PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
-FLOAT_PRECISIONS = {"float32": np.float32, "float16": np.float16}
+__all__ = ["PRECISIONS", "RANGED_PRECISIONS", "PACKED_PRECISIONS", "check_precision", "convert",
+           "output_dtype", "output_width"]
+
 PACKED_PRECISIONS = ("binary", "ubinary")
 
 
 def check_precision(precision: str, dimension: int) -> None:
-    """Raise InvalidInput unless ``precision`` can be produced for ``dimension``-wide vectors."""
+    """Raise InvalidInput unless ``precision`` is a known name."""
     if precision not in PRECISIONS:
         raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}",
                            field="precision")
-    if precision in PACKED_PRECISIONS and dimension % 8:
-        raise InvalidInput(f"precision {precision} packs 8 dimensions per byte; {dimension} is not "
-                           "a multiple of 8", field="precision")
-    if precision not in FLOAT_PRECISIONS:
-        raise InvalidInput(f"precision {precision} needs embedserve.model.quantize, which this "
-                           "build does not have yet; use float32 or float16", field="precision")
 
 
-def convert(vectors: np.ndarray, precision: str) -> np.ndarray:
-    """float32 [B, d] -> the stored array: [B, d] of the precision's dtype, or packed bytes [B, d/8]."""
-    if precision in FLOAT_PRECISIONS:
-        return np.ascontiguousarray(vectors, dtype=FLOAT_PRECISIONS[precision])
-    raise InvalidInput(f"precision {precision} is not available in this build", field="precision")
+def convert(vectors: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
+    """float32 [B, d] -> the stored array ([B, d] of the precision's dtype, or [B, ceil(d/8)] packed)."""
+    if precision in RANGED_PRECISIONS and ranges is None:
+        raise InvalidInput(f"precision {precision} needs the model's calibration ranges", field="precision")
+    return np.ascontiguousarray(quantize(vectors, precision, ranges))
