@@ -67,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run on a Ray cluster: local, auto or ray://host:port")
     p.add_argument("--ray-actors", type=int, default=1, help="--ray: model copies (actors) (default: 1)")
+    p.add_argument("--ray-cpus-per-actor", type=float, default=1,
+                   help="--ray: CPUs Ray reserves per actor (torch uses them; default: 1)")
     p.set_defaults(func=run_command)
 
 
@@ -103,7 +105,8 @@ def _run(args: argparse.Namespace):
         from embedserve.bulk.ray_job import run_on_ray
 
         return run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
-                          actors=args.ray_actors, device=args.device, dtype=args.dtype,
+                          actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
+                          device=args.device, dtype=args.dtype,
                           overwrite=args.overwrite, show_progress=not args.no_progress,
                           cache_dir=args.cache_dir or default_cache_dir())
     from embedserve.bulk.run import run_job
