@@ -185,6 +185,10 @@ def test_an_unknown_prompt_or_column_is_a_clear_error(tmp_path, tiny_bert_dir, c
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "in.parquet")
     assert embed(tmp_path / "in.parquet", "-o", tmp_path / "b.parquet", "--model", tiny_bert_dir) == 2
     assert "no column 'text'; its columns are: body" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")
+    assert embed(tmp_path / "empty.jsonl", "-o", tmp_path / "c.parquet", "--model", tiny_bert_dir) == 2
+    assert "the input has no rows" in capsys.readouterr().err
+    assert not (tmp_path / "c.parquet.parts").exists()
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])

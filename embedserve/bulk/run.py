@@ -87,7 +87,7 @@ def prepare_output(paths: JobPaths, job: dict[str, Any], overwrite: bool) -> Man
     """The manifest to continue (same job) or a fresh one; refuses to clobber without ``overwrite``."""
     if overwrite:
         shutil.rmtree(paths.work_dir, ignore_errors=True)
-        for path in (paths.output, paths.errors, paths.ids):
+        for path in (paths.output, paths.errors, *([paths.ids] if paths.format == "npy" else [])):
             path.unlink(missing_ok=True)
     recorded = manifests.load(paths.manifest)
     if recorded is not None:
@@ -125,13 +125,14 @@ def run_job(spec: InputSpec, paths: JobPaths, embedder: PartEmbedder, job: dict[
                 pending.pop(0).result()
         for future in pending:
             future.result()
+    if part_count == 0:
+        shutil.rmtree(paths.work_dir)
+        raise InvalidInput(f"the input has no rows: {', '.join(map(str, spec.paths))}", field="input")
     for index in range(part_count):
         record = manifest.parts[index]
         totals.documents += record.documents
         totals.tokens += record.tokens
         totals.skipped.update(record.skipped)
-    if part_count == 0:
-        raise InvalidInput(f"the input has no rows: {', '.join(map(str, spec.paths))}", field="input")
     assemble(paths, list(range(part_count)), precision)
     shutil.rmtree(paths.work_dir)
     return totals
