@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "embedserve.gateway.cli",
     "embedserve.launch.serve",
     "embedserve.launch.cluster",
+    "embedserve.bulk.cli",
 )
 
 

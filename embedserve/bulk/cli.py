@@ -1,0 +1,127 @@
+"""``embedserve embed INPUT -o OUTPUT``: the bulk command's flags and dispatch.
+
+Builds the job from flags (the input spec, the embedding options, the
+paths) and hands it to ``run.run_job`` with an in-process ``LocalEmbedder``,
+a ``RemoteEmbedder`` (``--url``) or to ``ray_job.run_on_ray`` (``--ray``).
+A job error (bad flag value, a different job in the way) is one line on
+stderr and exit status 2; bad rows are not errors (they go to the errors file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from embedserve.defaults.model_args import add_model_arguments, default_cache_dir, model_dir_from_args
+from embedserve.errors import EmbedServeError
+
+DEFAULT_PART_SIZE = 10_000
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from embedserve.bulk.job import OUTPUT_FORMATS
+    from embedserve.bulk.reader import FORMATS
+    from embedserve.local.precision import PRECISIONS
+    from embedserve.scheduler.settings import REPLICA_DTYPES
+
+    p = subparsers.add_parser("embed", help="embed a corpus of files into Parquet or .npy (resumable)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("input", help="a file, a directory or a glob (JSON Lines, CSV, Parquet or text)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the output file (.parquet or .npy)")
+    add_model_arguments(p, "model directory (default: multilingual-e5-small, built on first use)")
+    p.add_argument("--input-format", choices=FORMATS, default=None,
+                   help="the input's format (default: from the file extensions)")
+    p.add_argument("--text-field", default="text", help="the field (column) holding the text (default: text)")
+    p.add_argument("--id-field", default=None,
+                   help="the field holding each row's id, kept as a string (default: the row number; "
+                        "for text, the line number)")
+    p.add_argument("--input-type", default=None,
+                   help="the model's prompt to prepend (e5: passage or query; default: the model's default)")
+    p.add_argument("--dimensions", type=int, default=None, help="Matryoshka: keep the first N dimensions")
+    p.add_argument("--precision", choices=PRECISIONS, default="float32", help="stored precision (default: float32)")
+    p.add_argument("--dtype", choices=REPLICA_DTYPES, default=None,
+                   help="the model's compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--format", choices=OUTPUT_FORMATS, default=None,
+                   help="output format (default: npy for a .npy output, else parquet)")
+    p.add_argument("--errors", type=Path, default=None,
+                   help="the errors file, JSON Lines of row, id, reason (default: OUTPUT.errors.jsonl)")
+    p.add_argument("--long-inputs", choices=("refuse", "truncate"), default="refuse",
+                   help="documents longer than the model's limit: skip them (listed in the errors "
+                        "file) or cut them from the right (default: refuse)")
+    p.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE,
+                   help="rows per part, the unit that is written and resumed (default: %(default)s)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per engine step (default: the scheduler's, 512)")
+    p.add_argument("--batch-sequences", type=int, default=256, help="sequences per engine step (default: 256)")
+    p.add_argument("--sort-window", type=int, default=None,
+                   help="documents sorted by length together (default: the whole part)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over, replacing an existing output and its unfinished job")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary is still printed)")
+    p.add_argument("--url", default=None,
+                   help="send the job through a running gateway (http://host:port) instead of "
+                        "loading the model here")
+    p.add_argument("--api-key", default=None, help="--url: the gateway's API key")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run on a Ray cluster: local, auto or ray://host:port")
+    p.add_argument("--ray-actors", type=int, default=1, help="--ray: model copies (actors) (default: 1)")
+    p.add_argument("--ray-cpus-per-actor", type=float, default=1,
+                   help="--ray: CPUs Ray reserves per actor (torch uses them; default: 1)")
+    p.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        totals = _run(args)
+    except EmbedServeError as exc:
+        print(f"embedserve embed: error: {exc.message}", file=sys.stderr)
+        return 2
+    print(totals.summary(), file=sys.stderr, flush=True)
+    return 0
+
+
+def _run(args: argparse.Namespace):
+    from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
+    from embedserve.bulk.reader import resolve_input
+    from embedserve.errors import InvalidInput
+    from embedserve.local.options import EmbedOptions
+
+    if args.url and args.ray:
+        raise InvalidInput("--url and --ray are two ways to run the job; pick one")
+    spec = resolve_input(args.input, args.input_format, args.text_field, args.id_field)
+    options = EmbedOptions(input_type=args.input_type, dimensions=args.dimensions,
+                           precision=args.precision, long_inputs=args.long_inputs,
+                           token_budget=args.batch_tokens, max_sequences=args.batch_sequences,
+                           window=args.sort_window or args.part_size)
+    output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
+    paths = job_paths(args.output, args.errors, output_format)
+    model_dir = model_dir_from_args(args)
+    model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
+    engine = {"url": args.url} if args.url else {"device": args.device, "dtype": args.dtype}
+    job = job_parameters(spec, model, options, args.part_size, output_format, engine)
+    if args.ray:
+        from embedserve.bulk.ray_job import run_on_ray
+
+        return run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
+                          actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
+                          device=args.device, dtype=args.dtype,
+                          overwrite=args.overwrite, show_progress=not args.no_progress,
+                          cache_dir=args.cache_dir or default_cache_dir())
+    from embedserve.bulk.run import run_job
+
+    if args.url:
+        from embedserve.bulk.remote import RemoteEmbedder
+
+        embedder = RemoteEmbedder(args.url, model_dir, options, api_key=args.api_key)
+    else:
+        from embedserve.local.embedder import LocalEmbedder
+
+        embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype,
+                                 cache_dir=args.cache_dir or default_cache_dir())
+    try:
+        return run_job(spec, paths, embedder, job, args.part_size, options.precision,
+                       overwrite=args.overwrite, show_progress=not args.no_progress)
+    finally:
+        embedder.close()

@@ -1,0 +1,147 @@
+"""``embedserve embed --ray ADDRESS``: the same job on a Ray cluster.
+
+Ray Data reads the input (``read_parquet`` / ``read_csv``; JSON Lines and
+text through ``read_text`` so that a bad line is one bad row, parsed by the
+same rules as the single-process reader), cuts it into blocks of exactly
+``part_size`` rows in input order (``repartition(strict=True)``), and maps
+each block through ``EmbedBatches`` actors (one model per actor). Each actor
+batch is one part of the single-process job, packed the same way, so the
+vectors match. Order is kept with ``preserve_order``; this driver streams
+the results back and writes them with the single-process writer (part
+files, then the output and the errors file), so the files have the same
+layout. A Ray job is not resumable: an interrupted one starts over.
+
+Differences from the single-process reader: Ray's ``read_text`` splits lines
+at every Unicode line boundary (``str.splitlines``), not only at ``\\n``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from embedserve.bulk import manifest as manifests
+from embedserve.bulk.job import JobPaths
+from embedserve.bulk.progress import ProgressBar, Totals
+from embedserve.bulk.reader import InputSpec, Part, parse_json_line, count_rows
+from embedserve.bulk.run import part_output, prepare_output
+from embedserve.bulk.writer import assemble, write_part
+from embedserve.local import columns
+from embedserve.local.documents import text_problem
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
+from embedserve.model.info import read_model_info
+from embedserve.integrations.ray import PROBLEM, EmbedBatches
+
+LINE = "text"  # the column ray.data.read_text produces
+
+
+def parse_json_lines(batch: pa.Table, text_field: str, id_field: str | None) -> pa.Table:
+    """A ``read_text`` batch of JSON Lines -> text, id and problem columns (the reader's rules)."""
+    texts, ids, problems = [], [], []
+    for line in batch.column(LINE).to_pylist():
+        record, problem = parse_json_line(line.encode())
+        value = None if record is None else record.get(text_field)
+        problem = problem or text_problem(value, text_field)
+        texts.append(value if problem is None else None)
+        ids.append(None if record is None or id_field is None else _id_string(record.get(id_field)))
+        problems.append(problem)
+    out = {text_field: pa.array(texts, pa.string()), PROBLEM: pa.array(problems, pa.string())}
+    if id_field is not None:
+        out[id_field] = pa.array(ids, pa.string())
+    return pa.table(out)
+
+
+def _id_string(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _read(ray: Any, spec: InputSpec):
+    paths = [str(p) for p in spec.paths]
+    if spec.format == "parquet":
+        columns_ = [c for c in (spec.text_field, spec.id_field) if c is not None]
+        return ray.data.read_parquet(paths, columns=columns_)
+    if spec.format == "csv":
+        import pyarrow.csv as pacsv
+
+        wanted = [c for c in (spec.text_field, spec.id_field) if c is not None]
+        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in wanted}, include_columns=wanted)
+        return ray.data.read_csv(paths, convert_options=convert)
+    lines = ray.data.read_text(paths, drop_empty_lines=False)
+    if spec.format == "jsonl":
+        return lines.map_batches(parse_json_lines, batch_format="pyarrow",
+                                 fn_kwargs={"text_field": spec.text_field, "id_field": spec.id_field})
+    return lines
+
+
+def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, options: EmbedOptions,
+               part_size: int, job: dict[str, Any], actors: int = 1, device: str = "cpu",
+               dtype: str | None = None, overwrite: bool = False, show_progress: bool = True,
+               cpus_per_actor: float = 1, cache_dir: Path | None = None) -> Totals:
+    """Run the job on the Ray cluster at ``address`` ("local": start one here; "auto": the
+    running cluster this machine belongs to; "ray://host:10001": a remote one)."""
+    import ray
+
+    manifest = prepare_output(paths, dict(job, ray=True), overwrite)
+    manifest.parts.clear()  # a Ray job is not resumable: an interrupted one begins again
+    dimension = options.dimensions or read_model_info(model_dir).dimension
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=None if address == "local" else address, log_to_driver=False,
+                 include_dashboard=False)
+    try:
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        text_field = "text" if spec.format == "text" else spec.text_field
+        dataset = _read(ray, spec).repartition(target_num_rows_per_block=part_size, strict=True)
+        embedded = dataset.map_batches(
+            EmbedBatches, batch_size=part_size, batch_format="pyarrow", concurrency=actors,
+            num_cpus=cpus_per_actor,
+            fn_constructor_kwargs=dict(model_dir=str(model_dir), text_field=text_field,
+                                       id_field=spec.id_field, device=device, dtype=dtype,
+                                       cache_dir=None if cache_dir is None else str(cache_dir),
+                                       **vars(options)))
+        totals = Totals()
+        index = 0
+        with ProgressBar(count_rows(spec), show_progress) as bar:
+            for batch in embedded.iter_batches(batch_size=part_size, batch_format="pyarrow"):
+                out = _part_output(index, batch, spec, options, part_size, dimension)
+                write_part(paths, index, out.table, out.errors)
+                manifest.parts[index] = out.record
+                manifests.save(manifest, paths.manifest)
+                totals.documents += out.record.documents
+                totals.tokens += out.record.tokens
+                totals.skipped.update(out.record.skipped)
+                bar.advance(out.record.rows, out.record.tokens)
+                index += 1
+    finally:
+        if started_here:
+            ray.shutdown()
+    assemble(paths, list(range(index)), options.precision)
+    shutil.rmtree(paths.work_dir)
+    return totals
+
+
+def _part_output(index: int, batch: pa.Table, spec: InputSpec, options: EmbedOptions, part_size: int,
+                 dimension: int):
+    """One result batch (a part) as the single-process run's part output."""
+    first_row = index * part_size
+    n = batch.num_rows
+    if spec.id_field is None:
+        base = first_row + (1 if spec.format == "text" else 0)
+        ids: list[Any] = list(range(base, base + n))
+    else:
+        ids = [_id_string(v) for v in batch.column(spec.id_field).to_pylist()]
+    problems = batch.column(PROBLEM).to_pylist()
+    valid = np.array([i for i, p in enumerate(problems) if p is None], dtype=np.int64)
+    part = Part(index, first_row, ids, [None] * n, problems)
+    done = batch.take(pa.array(valid))
+    embedding = done.column(columns.EMBEDDING)
+    stored = columns.embedding_matrix(embedding, options.precision)
+    result = EmbeddedPart(np.arange(len(valid), dtype=np.int64), stored,
+                          done.column(columns.TOKENS).to_numpy(), done.column(columns.TRUNCATED).to_numpy(),
+                          done.column(columns.CHUNKED).to_numpy(), [])
+    return part_output(part, valid, result, spec, options.precision, dimension)

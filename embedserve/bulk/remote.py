@@ -1,0 +1,163 @@
+"""``embedserve embed --url``: the same job through a running gateway.
+
+Owns the HTTP side of a bulk job: requests sized to the gateway's limits
+(read from ``/info``), as many in flight as its replicas can take, and
+retries of 429 and 503 after the server's ``Retry-After`` (else exponential
+backoff). The vectors come back as base64 float32 from ``/v1/embeddings``.
+Token counts, truncation flags and the refuse decision come from the local
+tokenizer of ``--model`` (the default model when absent); every answer's
+``usage`` is checked against them, so a gateway serving another model is an
+error, not silently different numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedserve.errors import InvalidInput, Unavailable
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
+from embedserve.local.encoding import EncodedTexts, encode_texts
+from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
+from embedserve.model.info import read_model_info
+from embedserve.tokenizer import Tokenizer
+
+REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
+REQUEST_MAX_TOKENS = 16_384     # tokens per request: several chunks for the gateway to spread
+REQUESTS_PER_REPLICA = 2        # in flight per healthy replica: one computing, one queued
+MAX_ATTEMPTS = 30
+BACKOFF_MAX_S = 30.0
+RETRY_STATUSES = (429, 502, 503, 504)
+
+
+class RemoteEmbedder:
+    """prepare (tokenize locally) / compute (POST the texts) for ``run.run_job``."""
+
+    def __init__(self, url: str, model_dir: Path, options: EmbedOptions, api_key: str | None = None,
+                 timeout_s: float = 300.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.options = options
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = timeout_s
+        self.info = read_model_info(Path(model_dir))
+        with httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout_s) as client:
+            reply = client.get("/info")
+        if reply.status_code != 200:
+            raise Unavailable(f"{self.url}/info answered {reply.status_code}: {reply.text[:200]}")
+        server = reply.json()
+        if server.get("model_type") != "embedding":
+            raise InvalidInput(f"{self.url} serves a {server.get('model_type')} model, not an embedding model")
+        if server["dimension"] != self.info.dimension:
+            raise InvalidInput(f"{self.url} serves {server['dimension']}-dimensional vectors; the local "
+                               f"model {model_dir} makes {self.info.dimension}: pass the served model as --model")
+        self.max_inputs = min(REQUEST_MAX_INPUTS, int(server["max_client_batch_size"]))
+        self.max_tokens = min(REQUEST_MAX_TOKENS, int(server["max_inflight_tokens"]))
+        self.limit = int(server["max_input_length"])
+        healthy = sum(bool(r["healthy"]) for r in server["replicas"]) or 1
+        self.concurrency = REQUESTS_PER_REPLICA * healthy
+        self.dimension = options.dimensions or self.info.dimension
+        check_precision(options.precision, self.dimension)
+        self.prompt = self.info.prompt(options.input_type, "input_type")
+        self.tokenizer = Tokenizer.from_model_dir(model_dir)
+        self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
+
+    def _ranges(self) -> np.ndarray:
+        """int8/uint8: the gateway's calibration ranges, so local bucketing equals the server's."""
+        import httpx
+
+        params = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
+            reply = client.get("/v1/quantization/ranges", params=params)
+        if reply.status_code != 200:
+            raise InvalidInput(f"{self.url} has no calibration ranges for {self.options.precision} "
+                               f"({reply.status_code}: {reply.text[:200]})", field="precision")
+        return np.asarray(reply.json()["ranges"], dtype=np.float32)
+
+    def close(self) -> None:
+        pass
+
+    def prepare(self, texts: list[str]) -> tuple[list[str], EncodedTexts]:
+        return texts, encode_texts(self.tokenizer, texts, self.prompt, self.limit, self.options.long_inputs)
+
+    def compute(self, prepared: tuple[list[str], EncodedTexts]) -> EmbeddedPart:
+        texts, encoded = prepared
+        lengths = encoded.encoded.lengths
+        requests = self._requests(lengths)
+        vectors = asyncio.run(self._send_all([[texts[int(encoded.rows[i])] for i in r] for r in requests],
+                                             [int(lengths[r].sum()) for r in requests]))
+        raw = np.concatenate(vectors) if vectors else np.zeros((0, self.dimension), np.float32)
+        return EmbeddedPart(encoded.rows, convert(raw, self.options.precision, self.ranges),
+                            lengths.astype(np.int32), encoded.encoded.truncated.astype(bool),
+                            np.zeros(len(encoded.rows), dtype=bool), encoded.problems)
+
+    def _requests(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Consecutive runs of rows within the per-request input and token caps."""
+        out, start, tokens = [], 0, 0
+        for i, n in enumerate(lengths.tolist()):
+            if i > start and (i - start == self.max_inputs or tokens + n > self.max_tokens):
+                out.append(np.arange(start, i))
+                start, tokens = i, 0
+            tokens += n
+        if start < len(lengths):
+            out.append(np.arange(start, len(lengths)))
+        return out
+
+    async def _send_all(self, batches: list[list[str]], expected_tokens: list[int]) -> list[np.ndarray]:
+        import httpx
+
+        gate = asyncio.Semaphore(self.concurrency)
+        async with httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
+            async def one(texts: list[str], tokens: int) -> np.ndarray:
+                async with gate:
+                    return await self._post(client, texts, tokens)
+            return list(await asyncio.gather(*(one(b, t) for b, t in zip(batches, expected_tokens))))
+
+    async def _post(self, client: Any, texts: list[str], expected_tokens: int) -> np.ndarray:
+        import httpx
+
+        body: dict[str, Any] = {"input": texts, "encoding_format": "base64",
+                                "truncate": self.options.long_inputs == "truncate"}
+        if self.options.input_type is not None:
+            body["input_type"] = self.options.input_type
+        if self.options.dimensions is not None:
+            body["dimensions"] = self.options.dimensions
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                reply = await client.post("/v1/embeddings", json=body)
+            except httpx.TransportError as exc:
+                reason, wait = f"{type(exc).__name__}: {exc}", None
+            else:
+                if reply.status_code == 200:
+                    return self._vectors(reply.json(), len(texts), expected_tokens)
+                if reply.status_code not in RETRY_STATUSES:
+                    raise InvalidInput(f"{self.url}/v1/embeddings answered {reply.status_code}: "
+                                       f"{reply.text[:300]}")
+                reason, wait = f"status {reply.status_code}", _retry_after(reply.headers.get("retry-after"))
+            backoff = min(BACKOFF_MAX_S, 0.25 * 2 ** attempt) * (0.5 + random.random() / 2)
+            await asyncio.sleep(wait if wait is not None else backoff)
+        raise Unavailable(f"{self.url}: gave up after {MAX_ATTEMPTS} attempts ({reason})")
+
+    def _vectors(self, payload: dict[str, Any], count: int, expected_tokens: int) -> np.ndarray:
+        counted = payload["usage"]["total_tokens"]
+        if counted != expected_tokens:
+            raise InvalidInput(f"the gateway counted {counted} tokens where the tokenizer of --model "
+                               f"counted {expected_tokens}: it serves another model; pass that one as --model")
+        data = sorted(payload["data"], key=lambda d: d["index"])
+        if len(data) != count:
+            raise InvalidInput(f"the gateway answered {len(data)} vectors for {count} inputs")
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,59 @@
+"""The columns of embedded output, as Arrow: one schema for every writer.
+
+``id`` (int64 row numbers, or strings from ``--id-field``), ``embedding``
+(a fixed-size list of the precision's numbers, or fixed-size binary of
+``ceil(d / 8)`` bytes for packed bits), ``tokens`` (int32, specials included, after truncation),
+``truncated`` and ``chunked`` (bool). The single-process writer, the Ray
+actors and the ``--format npy`` export all build their tables here, so the
+files they write agree column for column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from embedserve.local.precision import PACKED_PRECISIONS, output_dtype, output_width
+
+ID = "id"
+EMBEDDING = "embedding"
+TOKENS = "tokens"
+TRUNCATED = "truncated"
+CHUNKED = "chunked"
+
+_VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8()}
+
+
+def embedding_type(precision: str, dimension: int) -> pa.DataType:
+    if precision in PACKED_PRECISIONS:
+        return pa.binary(output_width(precision, dimension))
+    return pa.list_(_VALUE_TYPES[precision], dimension)
+
+
+def output_schema(id_type: pa.DataType, precision: str, dimension: int) -> pa.Schema:
+    return pa.schema([(ID, id_type), (EMBEDDING, embedding_type(precision, dimension)),
+                      (TOKENS, pa.int32()), (TRUNCATED, pa.bool_()), (CHUNKED, pa.bool_())])
+
+
+def embedding_array(stored: np.ndarray, precision: str, dimension: int) -> pa.Array:
+    """[B, d] numbers (or [B, ceil(d/8)] packed bytes) -> the embedding column, without a copy per row."""
+    stored = np.ascontiguousarray(stored)
+    rows = stored.shape[0]
+    if precision in PACKED_PRECISIONS:
+        buffer = pa.py_buffer(stored.view(np.uint8).tobytes())
+        return pa.FixedSizeBinaryArray.from_buffers(embedding_type(precision, dimension), rows, [None, buffer])
+    values = pa.array(stored.reshape(-1), type=_VALUE_TYPES[precision])
+    return pa.FixedSizeListArray.from_arrays(values, dimension)
+
+
+def embedding_matrix(column: pa.Array | pa.ChunkedArray, precision: str) -> np.ndarray:
+    """The inverse of ``embedding_array``: [B, d], or [B, ceil(d/8)] packed bytes (int8 for
+    ``binary``, uint8 for ``ubinary``, as ``quantize`` returns them)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    width = column.type.byte_width if precision in PACKED_PRECISIONS else column.type.list_size
+    if precision in PACKED_PRECISIONS:
+        data = np.frombuffer(column.buffers()[1], np.uint8, len(column) * width,
+                             column.offset * width)
+        return data.reshape(len(column), width).view(output_dtype(precision))
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)

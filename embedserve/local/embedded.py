@@ -1,0 +1,21 @@
+"""EmbeddedPart: one part's finished vectors, however they were computed.
+
+What ``LocalEmbedder.compute`` (this process), ``RemoteEmbedder.compute`` (a
+gateway) and the Ray driver hand to the bulk writer. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class EmbeddedPart:
+    rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
+    stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
+    tokens: np.ndarray                   # int32 [n]
+    truncated: np.ndarray                # bool [n]
+    chunked: np.ndarray                  # bool [n] (all False until chunk-and-pool exists)
+    problems: list[tuple[int, str]]

@@ -1,0 +1,129 @@
+"""LocalEmbedder: texts in, finished vectors out, with the engine in this process.
+
+Owns one part's path through the model: the prompt, tokenization on all
+cores (``Tokenizer.encode_batch`` runs its own thread pool, GIL released),
+the long-input policy, packing into token-budget batches (``packing.py``),
+engine steps with the next batch submitted while one runs, scatter back into
+input order, normalization and Matryoshka cut (``model/postprocess.py``) and
+the output precision. ``prepare`` (CPU: tokenize and plan) and ``compute``
+(the model) are separate so a caller can prepare part k+1 on another thread
+while part k computes.
+
+Long inputs (``encoding.py``): ``refuse`` skips a document longer than the
+model's limit (its reason goes to the errors file), ``truncate`` cuts it
+from the right and flags it. ``chunk`` (split, embed the pieces, mean-pool
+them, as the gateway's long-input policy does) is not implemented for bulk
+jobs yet: ``encoding.encode_texts`` is where it goes, and
+``EmbeddedPart.chunked`` is the column it fills.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from embedserve.engine.batch import Batch
+from embedserve.engine.engine import Engine
+from embedserve.errors import InvalidInput
+from embedserve.local.encoding import encode_texts, take
+from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.options import EmbedOptions
+from embedserve.local.packing import plan_batches
+from embedserve.calibration import calibration_dir, load_or_calibrate
+from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
+from embedserve.model.info import ModelInfo
+from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.scheduler.settings import default_max_batch_tokens
+from embedserve.tokenizer import EncodedBatch, Tokenizer
+
+# Steps handed to the engine before the oldest is awaited: one runs while the
+# next is assembled and queued, so the engine never waits for Python.
+IN_FLIGHT_STEPS = 2
+
+
+@dataclass
+class PreparedPart:
+    """A part after the CPU work: which texts run, their tokens, and the batches."""
+
+    rows: np.ndarray                     # int64 [n]: indices into the part's texts that run
+    encoded: EncodedBatch                # the n sequences, in ``rows`` order
+    batches: list[np.ndarray]            # indices into ``rows``, one array per engine step
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (text index, reason)
+
+
+class LocalEmbedder:
+    """A tokenizer and an engine for one model, and the options every part is embedded with."""
+
+    def __init__(self, model_dir: str | Path, options: EmbedOptions = EmbedOptions(),
+                 device: str = "cpu", dtype: str | None = None,
+                 tokenizer_cache_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+        """``cache_dir``: where the model's int8/uint8 calibration is kept (``embedserve.calibration``);
+        needed only for those precisions, computed there on first use."""
+        model_dir = Path(model_dir)
+        self.engine = Engine.load(model_dir, device=device, dtype=dtype)
+        kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
+        self.tokenizer = Tokenizer.from_model_dir(model_dir, **kwargs)
+        self.options = options
+        info = self.engine.info
+        if options.dimensions is not None and not 1 <= options.dimensions <= info.dimension:
+            raise InvalidInput(f"dimensions must be between 1 and {info.dimension}, "
+                               f"got {options.dimensions}", field="dimensions")
+        check_precision(options.precision, self.dimension)
+        self.prompt = info.prompt(options.input_type, "input_type")
+        self.token_budget = options.token_budget or default_max_batch_tokens(device)
+        self.ranges = self._ranges(model_dir, cache_dir) if options.precision in RANGED_PRECISIONS else None
+
+    def _ranges(self, model_dir: Path, cache_dir: Path | None) -> np.ndarray:
+        """The calibration ranges a replica of this model and dtype uses (computed once, then read)."""
+        if cache_dir is None:
+            raise InvalidInput(f"precision {self.options.precision} needs a cache directory for the "
+                               "model's calibration", field="precision")
+        directory = calibration_dir(cache_dir, model_dir, self.info.dtype)
+        calibration = load_or_calibrate(directory, model_dir, self.info,
+                                        lambda tokens: self.engine.step(Batch.of(tokens)).wait())
+        return calibration.ranges(self.options.dimensions, self.info.normalize)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.engine.info
+
+    @property
+    def dimension(self) -> int:
+        return self.options.dimensions or self.engine.info.dimension
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- CPU side -------------------------------------------------------------
+    def prepare(self, texts: list[str]) -> PreparedPart:
+        """Tokenize ``texts`` (valid, non-empty strings), apply the long-input policy, plan batches."""
+        out = encode_texts(self.tokenizer, texts, self.prompt, self.info.max_positions,
+                           self.options.long_inputs)
+        batches = plan_batches(out.encoded.lengths, self.token_budget, self.options.max_sequences,
+                               self.options.window)
+        return PreparedPart(out.rows, out.encoded, batches, out.problems)
+
+    # ---- the model ------------------------------------------------------------
+    def compute(self, part: PreparedPart) -> EmbeddedPart:
+        """Run the planned batches (``IN_FLIGHT_STEPS`` at a time) and finish the vectors."""
+        raw = np.empty((len(part.rows), self.info.dimension), dtype=np.float32)
+        pending: deque = deque()
+        for batch_rows in part.batches:
+            ids, lengths = take(part.encoded, batch_rows)
+            pending.append((batch_rows, self.engine.step(Batch.from_lengths(ids, lengths))))
+            if len(pending) >= IN_FLIGHT_STEPS:
+                done_rows, lazy = pending.popleft()
+                raw[done_rows] = lazy.wait()
+        while pending:
+            done_rows, lazy = pending.popleft()
+            raw[done_rows] = lazy.wait()
+        vectors = postprocess_embeddings(raw, self.info.normalize, self.options.dimensions)
+        return EmbeddedPart(part.rows, convert(vectors, self.options.precision, self.ranges),
+                            part.encoded.lengths.astype(np.int32), part.encoded.truncated.astype(bool),
+                            np.zeros(len(part.rows), dtype=bool), part.problems)
+
+    def embed(self, texts: list[str]) -> EmbeddedPart:
+        return self.compute(self.prepare(texts))

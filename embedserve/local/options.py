@@ -1,0 +1,41 @@
+"""EmbedOptions: how a bulk job embeds its documents (torch-free, so flags can be checked early).
+
+Every field changes either a vector or the batches it is computed in, so the
+whole dataclass is part of a job's recorded identity (``bulk/job.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from embedserve.errors import InvalidInput
+
+LongInputPolicy = Literal["refuse", "truncate"]
+LONG_INPUT_POLICIES = ("refuse", "truncate")
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Everything that decides a document's vector and its batch; part of a job's identity."""
+
+    input_type: str | None = None        # a prompt name of the model ("query", "passage")
+    dimensions: int | None = None        # Matryoshka cut
+    precision: str = "float32"
+    long_inputs: LongInputPolicy = "refuse"
+    token_budget: int | None = None      # tokens per engine step (None: the scheduler's default)
+    max_sequences: int = 256             # sequences per engine step
+    window: int = 4096                   # documents sorted by length together
+
+    def __post_init__(self) -> None:
+        if self.long_inputs not in LONG_INPUT_POLICIES:
+            raise InvalidInput(f"long-input policy must be one of {', '.join(LONG_INPUT_POLICIES)} "
+                               f"(chunk-and-pool is not available for bulk jobs yet), "
+                               f"got {self.long_inputs!r}", field="long_inputs")
+        for name in ("max_sequences", "window"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(f"{name} must be >= 1", field=name)
+        if self.token_budget is not None and self.token_budget < 1:
+            raise InvalidInput("token_budget must be >= 1", field="token_budget")
+
+
