@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from fastapi import Request, Response  # module level: the proxy's handlers' annotations name them
 

@@ -10,24 +10,16 @@ loading the same directory.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
 
+import serve_harness
 from decoder_models import build_decoder_dir
-from embedserve.entrypoint import GATEWAY_LISTENING
 
-REPO = Path(__file__).resolve().parents[1]
 TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "x",
          "Embeddings map text to vectors. " * 20, "é ü 中文 🙂"]
 MIN_COSINE = 0.99999
@@ -40,32 +32,8 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(qwen3_dir: Path) -> Iterator[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "1", "--port", "0",
-         "--model", str(qwen3_dir), "--served-model-name", "qwen3-tiny"],
-        stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    try:
-        url = None
-        assert process.stdout is not None
-        for line in process.stdout:
-            match = GATEWAY_LISTENING.search(line)
-            if match:
-                url = match.group(1)
-                break
-        assert url, "serve exited without printing where it listens"
-        threading.Thread(target=process.stdout.read, daemon=True).start()
-        deadline = time.monotonic() + 120
-        while not any(r["healthy"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]):
-            assert time.monotonic() < deadline, "the replica never became healthy"
-            time.sleep(0.1)
+    with serve_harness.served("--model", str(qwen3_dir), "--served-model-name", "qwen3-tiny") as url:
         yield url
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,15 @@ the same model with XLM-R's SentencePiece files runs through the native encoder.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from embedserve.entrypoint import GATEWAY_LISTENING
-from embedserve.launch.processes import popen_listening, stop_popen
 from modernbert_model import CORPUS, build_tiny_modernbert
+from serve_harness import served
 
-ROOT = Path(__file__).resolve().parent.parent
 TEXTS = CORPUS + ["short", "ünïcödé and emoji 🙂 go through byte-level BPE",
                   "a " * 30 + "long one, far past the local window"]
 
@@ -38,15 +34,8 @@ def modernbert_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 @pytest.fixture(scope="module")
 def server_url(modernbert_dir: Path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    process, match = popen_listening(
-        [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "1", "--port", "0",
-         "--model", str(modernbert_dir), "--served-model-name", "tiny-modernbert"],
-        GATEWAY_LISTENING, env=env)
-    try:
-        yield match.group(1)
-    finally:
-        assert stop_popen(process, 60) == 0
+    with served("--model", str(modernbert_dir), "--served-model-name", "tiny-modernbert") as url:
+        yield url
 
 
 def test_openai_embeddings_equal_sentence_transformers(modernbert_dir: Path, server_url: str) -> None:
