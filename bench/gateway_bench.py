@@ -32,13 +32,13 @@ from embedserve.defaults.build import ensure_default_model
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
 from embedserve.launch.processes import popen_listening
 from embedserve.defaults.model_args import default_cache_dir
-from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer import TokenizerBackend, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_SOURCE = ROOT.parent / "shared" / "data" / "text" / "botchan.txt"
 
 
-def text_of_tokens(tokenizer: Tokenizer, words: list[str], target: int) -> str:
+def text_of_tokens(tokenizer: TokenizerBackend, words: list[str], target: int) -> str:
     """The shortest prefix of ``words`` that encodes to exactly ``target`` tokens, if any."""
     for count in range(1, len(words)):
         text = " ".join(words[:count])
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args(argv)
     model_dir = args.model or ensure_default_model(default_cache_dir())
-    tokenizer = Tokenizer.from_model_dir(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     words = TEXT_SOURCE.read_text(encoding="utf-8").split() if TEXT_SOURCE.exists() else \
         ("the quick brown fox jumps over the lazy dog " * 40).split()
     text = text_of_tokens(tokenizer, words[200:], 128)

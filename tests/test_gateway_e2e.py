@@ -352,6 +352,7 @@ def test_ops_routes(gateway, default_model_dir):
         info = http.get("/info").json()
         assert info["dimension"] == 384 and info["max_input_length"] == 512
         assert info["prompts"] == {"query": "query: ", "passage": "passage: "}
+        assert info["tokenizer_backend"] == "native-unigram"  # XLM-R's Unigram runs natively
         assert len(info["replicas"]) == 2 and all(r["healthy"] for r in info["replicas"])
         openapi = http.get("/openapi.json").json()
         for path in ("/v1/embeddings", "/embed", "/rerank", "/v1/rerank", "/tokenize", "/info"):

@@ -247,3 +247,17 @@ def test_importing_the_backend_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_tokenize_command_runs_a_byte_level_bpe(capsys, tmp_path):
+    from embedserve.cli import main
+
+    path = qwen3_bpe(tmp_path / "tokenizer.json")
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    text = "Hello  wörld, 日本語 👍🏽"
+    for model in (path, tmp_path):  # the file, and the directory holding it
+        assert main(["tokenize", "--model", str(model), "--json", "--offsets", text]) == 0
+        out = json.loads(capsys.readouterr().out)
+        expected = reference.encode(text)
+        assert out["ids"] == expected.ids and out["pieces"] == expected.tokens
+        assert out["offsets"] == [list(o) for o in expected.offsets]

@@ -47,15 +47,18 @@ def test_non_unigram_models_are_rejected(tmp_path, model_type, name, proto):
     expect_error(write(tmp_path, proto), "trainer_spec.model_type", name, "only UNIGRAM")
 
 
-def test_byte_fallback_is_rejected(tmp_path, proto):
-    proto.trainer_spec.byte_fallback = True
-    expect_error(write(tmp_path, proto), "trainer_spec.byte_fallback")
+def test_byte_pieces_without_byte_fallback_are_rejected(tmp_path, proto):
+    # sentencepiece refuses such a file too; with byte_fallback they load (test_tokenizer_sp_user_bytes.py).
+    proto.pieces[10].type = int(PieceKind.BYTE)
+    expect_error(write(tmp_path, proto), "pieces[10].type", "BYTE", "supported: NORMAL")
 
 
-@pytest.mark.parametrize("kind", [PieceKind.USER_DEFINED, PieceKind.BYTE])
-def test_unsupported_piece_types_are_rejected(tmp_path, kind, proto):
-    proto.pieces[10].type = int(kind)
-    expect_error(write(tmp_path, proto), "pieces[10].type", kind.name, "supported: NORMAL")
+def test_user_defined_pieces_and_byte_fallback_are_sentencepiece_mode_only(tmp_path, proto):
+    proto.pieces[10].type = int(PieceKind.USER_DEFINED)
+    path = write(tmp_path, proto)
+    assert Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None).backend == "native-unigram"
+    with pytest.raises(ModelLoadError, match="compat='sentencepiece' only"):
+        Tokenizer.from_file(path, compat="hf", cache_dir=None)
 
 
 def test_named_normalizer_without_charsmap_is_rejected(tmp_path, proto):

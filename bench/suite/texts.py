@@ -58,10 +58,10 @@ class TextCutter:
     def __init__(self, model_dir: Path, seed: int = 0, xquad_dir: Path = XQUAD_DIR) -> None:
         from tokenizers import Tokenizer as HfTokenizer
 
-        from embedserve.tokenizer import Tokenizer
+        from embedserve.tokenizer import load_tokenizer
 
         self._hf = HfTokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._ours = Tokenizer.from_model_dir(model_dir)
+        self._ours = load_tokenizer(model_dir)
         self._rng = np.random.default_rng(seed)
         self._paragraphs = _xquad_paragraphs(xquad_dir)
         self._streams: dict[int, list[int]] = {}   # tokenized on first use: a quick run needs few

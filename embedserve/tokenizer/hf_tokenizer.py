@@ -14,8 +14,8 @@ library's own, so it is exact by construction; this module only adapts the libra
   that looks like ``<|endoftext|>`` is ordinary text (as in the native encoder);
 - lone surrogates (JSON can carry them) become U+FFFD, as in the native encoder (the
   library refuses such strings);
-- ``truncated`` / ``original_lengths`` come from a second, template-free encode of the
-  texts, only when truncation was asked for.
+- ``truncated`` / ``original_lengths`` of a cut text count the library's overflowing
+  encodings; of a cut pair, a second, template-free encode of the texts.
 
 Importing ``tokenizers`` loads no torch (the gateway stays torch-free). Batches run on
 the library's Rayon pool (``RAYON_NUM_THREADS`` sizes it); ``threads=1`` encodes text
@@ -147,8 +147,9 @@ class HfTokenizer:
         lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
         if limit == NO_LIMIT:
             original = lengths
-        else:
-            original = self._raw_counts(texts) + added
+        else:  # the cut-off tokens are in the overflowing encodings, each with the template again
+            original = lengths + np.fromiter((sum(len(o.ids) - added for o in e.overflowing) for e in encodings),
+                                             np.int64, len(encodings))
         return _pack(encodings, lengths, original, return_offsets)
 
     def encode_pair(self, a: str, b: str, max_length: int | None = None,

@@ -56,7 +56,9 @@ Each stage is a Numba function writing into caller-owned scratch:
 Ids everywhere are OUTPUT ids (what the model's embedding table expects): the loader
 reorders pieces so that ``pieces[i]`` is the piece of output id ``i``. Only pieces of
 kind NORMAL and USER_DEFINED are matchable in text (CONTROL pieces such as ``<s>`` are
-never produced from text: user input cannot inject control tokens).
+never produced from text: user input cannot inject control tokens). In sentencepiece
+mode USER_DEFINED pieces are also matched by the normalizer, longest first, and copied
+unnormalized (normalize_sp.py); BYTE pieces only come from byte fallback (encode.py).
 """
 
 from __future__ import annotations
@@ -161,6 +163,9 @@ class TokenizerSpec:
     single_template: tuple[TemplateItem, ...] = ("A",)
     pair_template: tuple[TemplateItem, ...] = ("A", "B")
     mask_id: int | None = None
+    # sentencepiece's byte_fallback: an unknown run becomes one BYTE piece (``<0xXX>``)
+    # per UTF-8 byte of its normalized text (compat="sentencepiece" only).
+    byte_fallback: bool = False
     # Score of an unknown character; None = min NORMAL score - 10 (in float32 for
     # sentencepiece, float64 for hf). Set it when a reference computes it differently.
     unk_score: float | None = None

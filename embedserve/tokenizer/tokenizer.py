@@ -40,6 +40,7 @@ from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_BYTE_PIECE = re.compile("<0x([0-9A-F]{2})>")
 _EMPTY = np.zeros(0, np.int32)
 # Below this many input bytes per thread a batch is encoded on the calling thread:
 # handing work to other threads costs more than it saves.
@@ -87,13 +88,13 @@ class Tokenizer:
     def _init_unigram(self, spec: TokenizerSpec, cache_dir: Path | None) -> None:
         units, strings = parse_charsmap(spec.precompiled_charsmap, spec.source)
         if spec.compat == "sentencepiece":
-            params, self._hf = sp_params(spec, units), None
+            (params, strings), self._hf = sp_params(spec, units, strings), None
         else:
             from embedserve.tokenizer.kernels.normalize_hf import hf_params
             params = self._hf = hf_params(spec, units)
         trie = load_or_build_trie(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
         self._model = Model(units, strings, params, *node_views(trie), spec.compat == "hf",
-                            int(spec.unk_id), _unk_score(spec))
+                            int(spec.unk_id), _unk_score(spec), _byte_ids(spec))
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                                         new_scratch(0, 2), _EMPTY, _EMPTY, self._hf)
@@ -296,6 +297,19 @@ def _unk_score(spec: TokenizerSpec) -> float:
         low = np.float32(spec.scores[normal].min()) if normal.any() else np.float32(0)
         return float(low - np.float32(10.0))
     return float(np.min(spec.scores) - 10.0)
+
+
+def _byte_ids(spec: TokenizerSpec) -> np.ndarray:
+    """int32 [256]: the id of piece ``<0xXX>`` for each byte (the unknown id where the model
+    lacks one, as sentencepiece's PieceToId answers); [0] without byte fallback."""
+    if not spec.byte_fallback:
+        return np.zeros(1, np.int32)
+    ids = np.full(256, spec.unk_id, np.int32)
+    for i in np.flatnonzero(spec.kinds == PieceKind.BYTE).tolist():
+        byte = _BYTE_PIECE.fullmatch(spec.pieces[i])
+        if byte:
+            ids[int(byte.group(1), 16)] = i
+    return ids
 
 
 def _split_template(template: tuple[TemplateItem, ...], slots: tuple[str, ...], source: str):

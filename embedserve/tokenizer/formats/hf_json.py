@@ -94,6 +94,9 @@ def spec_for_hf_compat(spec: TokenizerSpec) -> TokenizerSpec:
     Precompiled + Replace(" {2,}", " "), then Metaspace (always prepend, split)."""
     from dataclasses import replace
 
+    if spec.byte_fallback or (spec.kinds == PieceKind.USER_DEFINED).any():
+        raise ModelLoadError(f"{spec.source}: USER_DEFINED pieces and byte_fallback run in "
+                             "compat='sentencepiece' only; compat='hf' needs a tokenizer.json")
     steps = (("precompiled",), ("replace_run", " ", 2, " "))
     pipeline = HfPipeline(replace_rules=((" {2,}", " "),), normalizer_steps=steps,
                           has_precompiled=bool(spec.precompiled_charsmap))

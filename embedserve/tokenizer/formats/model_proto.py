@@ -1,10 +1,11 @@
 """Load a SentencePiece ``.model`` file (a ``ModelProto``) into a TokenizerSpec.
 
 A small protobuf wire-format reader, so the ``sentencepiece`` package is not needed at
-run time. Only what the Unigram encoder uses is read; everything we cannot reproduce
-exactly (BPE/WORD/CHAR models, byte fallback, user-defined symbols, whitespace as
-suffix, a normalizer without a precompiled charsmap other than ``identity``) is
-rejected with a ModelLoadError naming the file, the field and what is supported.
+run time. Only what the Unigram encoder uses is read, USER_DEFINED pieces and byte
+fallback included; everything we cannot reproduce exactly (BPE/WORD/CHAR models,
+whitespace as suffix, a normalizer without a precompiled charsmap other than
+``identity``) is rejected with a ModelLoadError naming the file, the field and what is
+supported.
 
 Field numbers are those of sentencepiece_model.proto:
 ModelProto{1: pieces, 2: trainer_spec, 3: normalizer_spec}
@@ -237,17 +238,16 @@ def load_sentencepiece_model(path: str | Path, fairseq_ids: bool = False) -> Tok
     if model_type != _UNIGRAM:
         name = _MODEL_TYPES.get(model_type, str(model_type))
         raise fail("trainer_spec.model_type", f"{name} is not supported; only UNIGRAM is")
-    if trainer[35]:
-        raise fail("trainer_spec.byte_fallback", "byte fallback is not supported")
     if trainer[24]:
         raise fail("trainer_spec.treat_whitespace_as_suffix", "only a whitespace prefix is supported")
-    supported = np.isin(kind_array[:count], [PieceKind.NORMAL, PieceKind.UNKNOWN, PieceKind.CONTROL,
-                                             PieceKind.UNUSED])
-    for i in np.flatnonzero(~supported)[:1].tolist():
+    byte_fallback = bool(trainer[35])
+    supported = [PieceKind.NORMAL, PieceKind.UNKNOWN, PieceKind.CONTROL, PieceKind.UNUSED,
+                 PieceKind.USER_DEFINED] + ([PieceKind.BYTE] if byte_fallback else [])
+    for i in np.flatnonzero(~np.isin(kind_array[:count], supported))[:1].tolist():
         kind = kinds[i]
         what = PieceKind(kind).name if kind in PieceKind._value2member_map_ else str(kind)
-        raise fail(f"pieces[{i}].type", f"{what} pieces ({pieces[i]!r}) are not supported; "
-                   "supported: NORMAL, UNKNOWN, CONTROL, UNUSED")
+        raise fail(f"pieces[{i}].type", f"{what} pieces ({pieces[i]!r}) are not supported; supported: "
+                   f"{', '.join(PieceKind(k).name for k in supported)} (BYTE only with byte_fallback)")
     name = _message(normalizer[1]).decode("utf-8", "replace")
     charsmap = _message(normalizer[2])
     if not charsmap and name not in ("", "identity"):
@@ -260,7 +260,7 @@ def load_sentencepiece_model(path: str | Path, fairseq_ids: bool = False) -> Tok
     common = dict(
         source=str(path), compat="sentencepiece", precompiled_charsmap=charsmap,
         add_dummy_prefix=bool(normalizer[3]), remove_extra_whitespaces=bool(normalizer[4]),
-        escape_whitespaces=bool(normalizer[5]), extra={"normalizer": name},
+        escape_whitespaces=bool(normalizer[5]), extra={"normalizer": name}, byte_fallback=byte_fallback,
     )
     if fairseq_ids:
         return _fairseq_spec(pieces, scores, kinds, unk, bos, eos, common)

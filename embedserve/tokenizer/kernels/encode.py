@@ -9,7 +9,10 @@ its own normalizer (a jitted function passed as an argument instead would make
 Numba's on-disk cache miss on every start).
 
 Output is "raw": token ids without specials, plus, when asked, each token's
-[start, end) in characters of the input. Templates and truncation are ``templates.py``'s
+[start, end) in characters of the input. With byte fallback (``model.byte_ids`` holds
+256 ids) every unknown token becomes one ``<0xXX>`` piece per byte of its normalized
+text, as sentencepiece's ``SentencePieceProcessor::Encode`` does after the model; each
+byte piece spans the character it is a byte of. Templates and truncation are ``templates.py``'s
 job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. Parallelism over texts is the
 caller's (threads: every kernel here releases the GIL).
@@ -42,6 +45,7 @@ class Model(NamedTuple):
     use_f64: bool
     unk_id: int
     unk_score: float
+    byte_ids: np.ndarray  # int32 [256]: id of <0xXX> per byte with byte fallback, else [0]
 
 
 class Scratch(NamedTuple):
@@ -83,9 +87,46 @@ def encode_raw(model, src, scratch, want_offsets, hf):
                      scratch.best_start, scratch.best_id, scratch.ids, scratch.spans)
     if n == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
+    if model.byte_ids.shape[0] == 256:
+        n = _bytes_for_unknowns(scratch, n, model.unk_id, model.byte_ids)
+        if n == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL
     if want_offsets:
         _spans_to_chars(src, scratch, n)
     return n
+
+
+@cached_njit(nogil=True)
+def _bytes_for_unknowns(scratch, n, unk_id, byte_ids):
+    """Replace each unknown token in scratch.ids[:n] by the byte pieces of its normalized
+    bytes, in place from the right; the new count (or SCRATCH_TOO_SMALL)."""
+    total = 0
+    unknowns = 0
+    for t in range(n):
+        if scratch.ids[t] == unk_id:
+            unknowns += 1
+            total += scratch.spans[t, 1] - scratch.spans[t, 0]
+        else:
+            total += 1
+    if unknowns == 0:
+        return n
+    if total > scratch.ids.shape[0]:
+        return SCRATCH_TOO_SMALL
+    w = total
+    for t in range(n - 1, -1, -1):
+        start, end = scratch.spans[t, 0], scratch.spans[t, 1]
+        if scratch.ids[t] != unk_id:
+            w -= 1
+            scratch.ids[w] = scratch.ids[t]
+            scratch.spans[w, 0] = start
+            scratch.spans[w, 1] = end
+            continue
+        for b in range(end - 1, start - 1, -1):
+            w -= 1
+            scratch.ids[w] = byte_ids[scratch.norm_bytes[b]]
+            scratch.spans[w, 0] = b
+            scratch.spans[w, 1] = b + 1
+    return total
 
 
 @cached_njit(nogil=True)

@@ -1,8 +1,9 @@
 """SentencePiece's normalizer (compat="sentencepiece"), as sentencepiece 0.2.3 does it.
 
 Mirrors ``Normalizer::Normalize`` in sentencepiece's src/normalizer.cc:
-the longest charsmap match over bytes at each position (no match: the UTF-8 character
-is copied); with remove_extra_whitespaces, leading pieces that normalize to exactly
+at each position first the longest USER_DEFINED piece (``PrefixMatcher``; copied
+verbatim, never normalized), else the longest charsmap match over bytes (no match: the
+UTF-8 character is copied); with remove_extra_whitespaces, leading pieces that normalize to exactly
 " " are dropped, spaces at the head of a piece that follows a piece ending in a
 space are dropped, and trailing spaces are stripped; add_dummy_prefix puts one space
 in front; escape_whitespaces writes every space as U+2581. The whole string is one
@@ -16,25 +17,64 @@ import numpy as np
 
 from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match
 from embedserve.tokenizer.kernel_cache import cached_njit
-from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
+from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, PieceKind, TokenizerSpec
 
-# params layout: [add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces, 0]
-# followed by charsmap.bmp_char_table (65536 entries): per BMP code point the longest
-# match it starts, valid when the next byte is below the entry's ``next_min``.
-_P_DUMMY, _P_REMOVE_WS, _P_ESCAPE = 0, 1, 2
+# params layout: [add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces,
+# user-defined section start (0: none)] followed by charsmap.bmp_char_table (65536
+# entries): per BMP code point the longest match it starts, valid when the next byte is
+# below the entry's ``next_min``. The user-defined section (at U): U[b]..U[b + 1] are
+# the entries of the pieces whose first byte is b (257 bounds), then the entries, two
+# int64 each (offset of the piece in the strings array, its byte length), longest first
+# within a first byte. The pieces' bytes are appended to the charsmap strings,
+# NUL-terminated, so a match is written exactly like a charsmap replacement.
+_P_DUMMY, _P_REMOVE_WS, _P_ESCAPE, _P_USER = 0, 1, 2, 3
 _P_TABLE = 4
+_USER_BOUNDS = 257
 _SPACE = 0x20
 _NOT_LOOKED_UP = -2  # neither a rule nor NO_RULE yet
 
 
-def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
-    """The int64 parameter vector for ``normalize_sp_into``."""
-    params = np.zeros(_P_TABLE + 0x10000, np.int64)
+def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray,
+              charsmap_strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int64 parameter vector for ``normalize_sp_into`` and the strings array it
+    reads (the charsmap's, plus the USER_DEFINED pieces)."""
+    user = sorted({spec.pieces[i].encode("utf-8") for i in np.flatnonzero(spec.kinds == PieceKind.USER_DEFINED)
+                   if spec.pieces[i]}, key=lambda piece: (piece[0], -len(piece), piece))
+    table_end = _P_TABLE + 0x10000
+    params = np.zeros(table_end + (_USER_BOUNDS + 2 * len(user) if user else 0), np.int64)
     params[_P_DUMMY] = spec.add_dummy_prefix
     params[_P_REMOVE_WS] = spec.remove_extra_whitespaces
     params[_P_ESCAPE] = spec.escape_whitespaces
-    params[_P_TABLE:] = bmp_char_table(charsmap_units)
-    return params
+    params[_P_TABLE:table_end] = bmp_char_table(charsmap_units)
+    if not user:
+        return params, charsmap_strings
+    params[_P_USER] = table_end
+    first_bytes = np.array([piece[0] for piece in user], np.int64)
+    params[table_end:table_end + _USER_BOUNDS] = np.searchsorted(first_bytes, np.arange(_USER_BOUNDS))
+    entries = params[table_end + _USER_BOUNDS:].reshape(-1, 2)
+    blob = bytearray()
+    for k, piece in enumerate(user):
+        entries[k] = charsmap_strings.shape[0] + len(blob), len(piece)
+        blob += piece + b"\0"
+    return params, np.concatenate([charsmap_strings, np.frombuffer(bytes(blob), np.uint8)])
+
+
+@nb.njit(inline="always")
+def _user_match(src, pos, n, params, strings):
+    """(length, strings offset) of the longest USER_DEFINED piece at src[pos:], or (0, NO_RULE)."""
+    user = params[_P_USER]
+    b = np.int64(src[pos])
+    for k in range(params[user + b], params[user + b + 1]):  # longest first
+        entry = user + _USER_BOUNDS + 2 * k
+        start, length = params[entry], params[entry + 1]
+        if length > n - pos:
+            continue
+        j = 1
+        while j < length and src[pos + j] == strings[start + j]:
+            j += 1
+        if j == length:
+            return length, start
+    return 0, NO_RULE
 
 
 @nb.njit(inline="always")
@@ -57,6 +97,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
     cap = out_bytes.shape[0] - 3  # room for one more escaped space or UTF-8 char
     remove_ws = params[_P_REMOVE_WS] != 0
     escape = params[_P_ESCAPE] != 0
+    has_user = params[_P_USER] != 0
     leading = remove_ws  # still dropping leading pieces that normalize to exactly " "
     is_prev_space = remove_ws
     o = 0
@@ -68,7 +109,11 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
         length = 1 if b < 0x80 else (2 if b < 0xE0 else (3 if b < 0xF0 else 4))
         length = min(length, n - pos)
         value = _NOT_LOOKED_UP
-        if length <= 3:
+        if has_user:  # a USER_DEFINED piece wins over the charsmap and is copied as it is
+            user_length, user_value = _user_match(src, pos, n, params, strings)
+            if user_length > 0:
+                length, value = user_length, user_value
+        if value == _NOT_LOOKED_UP and length <= 3:
             if length == 1:
                 cp = b
             elif length == 2:

@@ -127,9 +127,12 @@ def build_trie(spec: TokenizerSpec) -> np.ndarray:
     scores64 = np.asarray(spec.scores, np.float64)[token_ids]
     scores32 = scores64.astype(np.float32)
     if spec.compat == "sentencepiece":
-        # sentencepiece: a user-defined piece scores (its length in bytes * max score - 0.1).
+        # sentencepiece: a user-defined piece scores (its length in bytes * max score - 0.1),
+        # max score being the highest NORMAL score but at least FLT_MIN (its initial value).
         normal = spec.kinds == PieceKind.NORMAL
-        max_score = np.float32(spec.scores[normal].max()) if normal.any() else np.float32(0)
+        max_score = np.finfo(np.float32).tiny
+        if normal.any():
+            max_score = max(max_score, np.float32(spec.scores[normal].max()))
         lengths = np.diff(offsets).astype(np.float32)
         user = spec.kinds[token_ids] == PieceKind.USER_DEFINED
         scores32[user] = lengths[user] * max_score - np.float32(0.1)
