@@ -3,9 +3,8 @@
 One short Ray session (2 CPUs, a tiny random BERT, a few hundred documents:
 Ray is expensive to start). The Ray job's output file, errors file included,
 is byte for byte the single-process run's (with ``--long-inputs chunk``
-too); ``EmbedBatches`` used directly in
-``map_batches`` gives the same vectors and passes bad rows through with a
-reason.
+too); ``EmbedBatches`` used directly in ``map_batches`` gives the same
+vectors and passes bad rows through with a reason.
 """
 
 from __future__ import annotations
