@@ -2,9 +2,9 @@
 
 One short Ray session (2 CPUs, a tiny random BERT, a few hundred documents:
 Ray is expensive to start). The Ray job's output file, errors file included,
-is byte for byte the single-process run's; ``EmbedBatches`` used directly in
-``map_batches`` gives the same vectors and passes bad rows through with a
-reason.
+is byte for byte the single-process run's (with ``--long-inputs chunk``
+too); ``EmbedBatches`` used directly in ``map_batches`` gives the same
+vectors and passes bad rows through with a reason.
 """
 
 from __future__ import annotations
@@ -59,3 +59,19 @@ def test_ray_job_writes_the_single_process_bytes(tmp_path, tiny_bert_dir, local_
     single = embedding_matrix(pq.read_table(tmp_path / "single.parquet").column("embedding"), "float32")
     got = embedding_matrix(table.column("embedding").slice(0, 64), "float32")
     np.testing.assert_allclose(got, single[:64], rtol=0, atol=1e-6)
+
+
+def test_ray_job_chunks_long_documents_like_the_single_process_run(tmp_path, tiny_bert_dir, local_ray):
+    texts = documents(40)
+    for i in (3, 17, 30):   # thousands of tokens: several windows of the model's 512
+        texts[i] = " ".join(documents(60 + i))
+    source = write_jsonl(tmp_path / "in.jsonl", texts)
+    common = ["--model", str(tiny_bert_dir), "--part-size", "16", "--long-inputs", "chunk",
+              "--chunk-overlap", "16", "--no-progress"]
+    assert main(["embed", str(source), "-o", str(tmp_path / "single.parquet"), *common]) == 0
+    assert main(["embed", str(source), "-o", str(tmp_path / "ray.parquet"), "--ray", "local",
+                 "--ray-actors", "1", *common]) == 0
+    assert (tmp_path / "ray.parquet").read_bytes() == (tmp_path / "single.parquet").read_bytes()
+    table = pq.read_table(tmp_path / "ray.parquet")
+    assert [i for i, c in enumerate(table.column("chunked").to_pylist()) if c] == [3, 17, 30]
+    assert (tmp_path / "ray.parquet.errors.jsonl").read_text() == ""

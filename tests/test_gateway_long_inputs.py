@@ -1,10 +1,10 @@
 """Inputs longer than the model's window: refuse, truncate, or chunk and pool.
 
-The pure steps of ``gateway/long_inputs.py`` are checked directly (window
-bounds, windows, pooling, which policy a request gets). End to end, a real
-replica serves a tiny random XLM-R whose window is 32 tokens (30 besides
-``<s>``/``</s>``), so inputs of a few hundred tokens make many windows
-cheaply; gateways in front of it run with the default policy (refuse) and
+The pure steps of ``model/windows.py`` and ``gateway/long_inputs.py`` are
+checked directly (window bounds, windows, pooling, which policy a request
+gets). End to end, a real replica serves a tiny random XLM-R whose window
+is 32 tokens (30 besides ``<s>``/``</s>``), so inputs of a few hundred
+tokens make many windows cheaply; gateways in front of it run with the default policy (refuse) and
 with ``--auto-truncate chunk``. Every vector is compared with
 sentence-transformers run on token ids built by hand in this file from
 ``tokenizers``' encoding: truncated, or cut into windows, embedded one by
@@ -30,10 +30,8 @@ from conftest import _write_st_metadata, build_tiny_model
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import long_input_args
-from embedserve.gateway.long_inputs import (
-    LongInputPolicy, Windows, cut_windows, pool_windows, resolve_policy, server_policy,
-    window_bounds,
-)
+from embedserve.gateway.long_inputs import LongInputPolicy, resolve_policy, server_policy
+from embedserve.model.windows import Windows, cut_windows, pool_windows, window_bounds
 from embedserve.cli import build_parser
 from embedserve.errors import InvalidInput
 from embedserve.launch.processes import popen_listening, stop_popen

@@ -22,6 +22,7 @@ DEFAULT_PART_SIZE = 10_000
 def register(subparsers: argparse._SubParsersAction) -> None:
     from embedserve.bulk.job import OUTPUT_FORMATS
     from embedserve.bulk.reader import FORMATS
+    from embedserve.local.options import LONG_INPUT_POLICIES
     from embedserve.local.precision import PRECISIONS
     from embedserve.scheduler.settings import REPLICA_DTYPES
 
@@ -47,9 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="output format (default: npy for a .npy output, else parquet)")
     p.add_argument("--errors", type=Path, default=None,
                    help="the errors file, JSON Lines of row, id, reason (default: OUTPUT.errors.jsonl)")
-    p.add_argument("--long-inputs", choices=("refuse", "truncate"), default="refuse",
+    p.add_argument("--long-inputs", choices=LONG_INPUT_POLICIES, default="refuse",
                    help="documents longer than the model's limit: skip them (listed in the errors "
-                        "file) or cut them from the right (default: refuse)")
+                        "file), cut them from the right, or chunk: embed windows of the model's "
+                        "length and mean-pool them, weighted by their tokens (default: refuse)")
+    p.add_argument("--chunk-overlap", type=int, default=0,
+                   help="--long-inputs chunk: tokens consecutive windows share (default: 0)")
     p.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE,
                    help="rows per part, the unit that is written and resumed (default: %(default)s)")
     p.add_argument("--batch-tokens", type=int, default=None,
@@ -93,6 +97,7 @@ def _run(args: argparse.Namespace):
     spec = resolve_input(args.input, args.input_format, args.text_field, args.id_field)
     options = EmbedOptions(input_type=args.input_type, dimensions=args.dimensions,
                            precision=args.precision, long_inputs=args.long_inputs,
+                           chunk_overlap=args.chunk_overlap,
                            token_budget=args.batch_tokens, max_sequences=args.batch_sequences,
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")

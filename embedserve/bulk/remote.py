@@ -4,10 +4,12 @@ Owns the HTTP side of a bulk job: requests sized to the gateway's limits
 (read from ``/info``), as many in flight as its replicas can take, and
 retries of 429 and 503 after the server's ``Retry-After`` (else exponential
 backoff). The vectors come back as base64 float32 from ``/v1/embeddings``.
-Token counts, truncation flags and the refuse decision come from the local
-tokenizer of ``--model`` (the default model when absent); every answer's
-``usage`` is checked against them, so a gateway serving another model is an
-error, not silently different numbers.
+Token counts, truncation flags, the refuse decision and the windows of
+``chunk`` come from the local tokenizer of ``--model`` (the default model
+when absent); the gateway cuts and pools the same windows itself (asked with
+``"truncate": "chunk"``). Every answer's ``usage`` is checked against the
+local counts, so a gateway serving another model is an error, not silently
+different numbers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
-from embedserve.local.encoding import EncodedTexts, encode_texts
+from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import read_model_info
 from embedserve.tokenizer import Tokenizer
@@ -67,6 +69,8 @@ class RemoteEmbedder:
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
         self.tokenizer = Tokenizer.from_model_dir(model_dir)
+        if options.long_inputs == "chunk":
+            check_overlap(self.tokenizer, self.limit, options.chunk_overlap)
         self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
 
     def _ranges(self) -> np.ndarray:
@@ -85,18 +89,19 @@ class RemoteEmbedder:
         pass
 
     def prepare(self, texts: list[str]) -> tuple[list[str], EncodedTexts]:
-        return texts, encode_texts(self.tokenizer, texts, self.prompt, self.limit, self.options.long_inputs)
+        return texts, encode_texts(self.tokenizer, texts, self.prompt, self.limit, self.options.long_inputs,
+                                   self.options.chunk_overlap)
 
     def compute(self, prepared: tuple[list[str], EncodedTexts]) -> EmbeddedPart:
         texts, encoded = prepared
-        lengths = encoded.encoded.lengths
-        requests = self._requests(lengths)
+        tokens = encoded.tokens           # a chunked text counts all its windows, as the gateway's usage
+        requests = self._requests(tokens)
         vectors = asyncio.run(self._send_all([[texts[int(encoded.rows[i])] for i in r] for r in requests],
-                                             [int(lengths[r].sum()) for r in requests]))
+                                             [int(tokens[r].sum()) for r in requests]))
         raw = np.concatenate(vectors) if vectors else np.zeros((0, self.dimension), np.float32)
         return EmbeddedPart(encoded.rows, convert(raw, self.options.precision, self.ranges),
-                            lengths.astype(np.int32), encoded.encoded.truncated.astype(bool),
-                            np.zeros(len(encoded.rows), dtype=bool), encoded.problems)
+                            tokens, encoded.encoded.truncated.astype(bool), encoded.chunked,
+                            encoded.problems)
 
     def _requests(self, lengths: np.ndarray) -> list[np.ndarray]:
         """Consecutive runs of rows within the per-request input and token caps."""
@@ -123,8 +128,12 @@ class RemoteEmbedder:
     async def _post(self, client: Any, texts: list[str], expected_tokens: int) -> np.ndarray:
         import httpx
 
-        body: dict[str, Any] = {"input": texts, "encoding_format": "base64",
-                                "truncate": self.options.long_inputs == "truncate"}
+        body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
+        if self.options.long_inputs == "chunk":
+            body["truncate"] = "chunk"
+            body["chunk_overlap"] = self.options.chunk_overlap
+        else:
+            body["truncate"] = self.options.long_inputs == "truncate"
         if self.options.input_type is not None:
             body["input_type"] = self.options.input_type
         if self.options.dimensions is not None:

@@ -5,8 +5,8 @@ Owns applying a prompt template, running the tokenizer off the event loop
 model's special tokens around raw token ids, and the length rules: cut on
 request (``truncate`` and its direction) or refuse with ``InputTooLong``
 naming the input index and its length, or cut into windows to be pooled
-(the rules are ``long_inputs``'s, the server's default held here). Knows
-nothing about replicas.
+(the policy is ``long_inputs``'s, the windows ``model/windows``', the
+server's default held here). Knows nothing about replicas.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import numpy as np
 from embedserve import ragged, validate
 from embedserve.errors import InvalidInput
 from embedserve.gateway import long_inputs
-from embedserve.gateway.long_inputs import LongInputPolicy, Windows
+from embedserve.gateway.long_inputs import LongInputPolicy
 from embedserve.model.info import ModelInfo
+from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, TokenizerBackend
 
@@ -58,8 +59,8 @@ class Preprocessor:
 
     def cut_windows(self, packed: RaggedBatch, overlap: int) -> Windows:
         """``packed`` (specials included) as windows of the model's length."""
-        return long_inputs.cut_windows(packed, len(self._prefix), len(self._suffix),
-                                       self.model.max_positions, overlap)
+        return cut_windows(packed, len(self._prefix), len(self._suffix), self.model.max_positions,
+                           overlap)
 
     async def _run(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()

@@ -45,7 +45,7 @@ class EmbedBatches:
                  device: str = "cpu", dtype: str | None = None, cache_dir: str | Path | None = None,
                  **options: Any) -> None:
         """``options``: ``EmbedOptions`` fields (input_type, dimensions, precision,
-        long_inputs, token_budget, max_sequences, window). ``id_field``: rows whose id
+        long_inputs, chunk_overlap, token_budget, max_sequences, window). ``id_field``: rows whose id
         is null are skipped (as ``embedserve embed --id-field`` skips them). ``cache_dir``:
         where the model's int8/uint8 calibration lives (share it between nodes, or every
         node calibrates on its own)."""

@@ -15,7 +15,7 @@ import numpy as np
 class EmbeddedPart:
     rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
     stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
-    tokens: np.ndarray                   # int32 [n]
+    tokens: np.ndarray                   # int32 [n]: embedded, specials (and every window's) included
     truncated: np.ndarray                # bool [n]
-    chunked: np.ndarray                  # bool [n] (all False until chunk-and-pool exists)
+    chunked: np.ndarray                  # bool [n]: pooled from several windows
     problems: list[tuple[int, str]]

@@ -11,16 +11,17 @@ while part k computes.
 
 Long inputs (``encoding.py``): ``refuse`` skips a document longer than the
 model's limit (its reason goes to the errors file), ``truncate`` cuts it
-from the right and flags it. ``chunk`` (split, embed the pieces, mean-pool
-them, as the gateway's long-input policy does) is not implemented for bulk
-jobs yet: ``encoding.encode_texts`` is where it goes, and
-``EmbeddedPart.chunked`` is the column it fills.
+from the right and flags it, ``chunk`` cuts it into windows of the model's
+length that are packed into the same batches as every other sequence; their
+raw vectors (full width, not normalized) are pooled back per document,
+weighted by content tokens (``model/windows.py``, as the gateway pools),
+before normalization, the Matryoshka cut and the precision.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
 from embedserve.errors import InvalidInput
-from embedserve.local.encoding import encode_texts, take
+from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.packing import plan_batches
@@ -36,8 +37,9 @@ from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.model.windows import pool_windows
 from embedserve.scheduler.settings import default_max_batch_tokens
-from embedserve.tokenizer import EncodedBatch, Tokenizer
+from embedserve.tokenizer import Tokenizer
 
 # Steps handed to the engine before the oldest is awaited: one runs while the
 # next is assembled and queued, so the engine never waits for Python.
@@ -46,12 +48,14 @@ IN_FLIGHT_STEPS = 2
 
 @dataclass
 class PreparedPart:
-    """A part after the CPU work: which texts run, their tokens, and the batches."""
+    """A part after the CPU work: which texts run, their sequences, and the batches."""
 
-    rows: np.ndarray                     # int64 [n]: indices into the part's texts that run
-    encoded: EncodedBatch                # the n sequences, in ``rows`` order
-    batches: list[np.ndarray]            # indices into ``rows``, one array per engine step
-    problems: list[tuple[int, str]] = field(default_factory=list)  # (text index, reason)
+    texts: EncodedTexts                  # the texts that run, their sequences (windows), problems
+    batches: list[np.ndarray]            # indices into ``texts.sequences``, one array per engine step
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.texts.rows
 
 
 class LocalEmbedder:
@@ -73,6 +77,8 @@ class LocalEmbedder:
                                f"got {options.dimensions}", field="dimensions")
         check_precision(options.precision, self.dimension)
         self.prompt = info.prompt(options.input_type, "input_type")
+        if options.long_inputs == "chunk":
+            check_overlap(self.tokenizer, info.max_positions, options.chunk_overlap)
         self.token_budget = options.token_budget or default_max_batch_tokens(device)
         self.ranges = self._ranges(model_dir, cache_dir) if options.precision in RANGED_PRECISIONS else None
 
@@ -101,18 +107,20 @@ class LocalEmbedder:
     def prepare(self, texts: list[str]) -> PreparedPart:
         """Tokenize ``texts`` (valid, non-empty strings), apply the long-input policy, plan batches."""
         out = encode_texts(self.tokenizer, texts, self.prompt, self.info.max_positions,
-                           self.options.long_inputs)
-        batches = plan_batches(out.encoded.lengths, self.token_budget, self.options.max_sequences,
+                           self.options.long_inputs, self.options.chunk_overlap)
+        batches = plan_batches(out.sequences.lengths, self.token_budget, self.options.max_sequences,
                                self.options.window)
-        return PreparedPart(out.rows, out.encoded, batches, out.problems)
+        return PreparedPart(out, batches)
 
     # ---- the model ------------------------------------------------------------
     def compute(self, part: PreparedPart) -> EmbeddedPart:
         """Run the planned batches (``IN_FLIGHT_STEPS`` at a time) and finish the vectors."""
-        raw = np.empty((len(part.rows), self.info.dimension), dtype=np.float32)
+        texts = part.texts
+        sequences = texts.sequences
+        raw = np.empty((sequences.num_sequences, self.info.dimension), dtype=np.float32)
         pending: deque = deque()
         for batch_rows in part.batches:
-            ids, lengths = take(part.encoded, batch_rows)
+            ids, lengths = take(sequences, batch_rows)
             pending.append((batch_rows, self.engine.step(Batch.from_lengths(ids, lengths))))
             if len(pending) >= IN_FLIGHT_STEPS:
                 done_rows, lazy = pending.popleft()
@@ -120,10 +128,12 @@ class LocalEmbedder:
         while pending:
             done_rows, lazy = pending.popleft()
             raw[done_rows] = lazy.wait()
+        if texts.windows is not None:
+            raw = pool_windows(raw, texts.windows)
         vectors = postprocess_embeddings(raw, self.info.normalize, self.options.dimensions)
-        return EmbeddedPart(part.rows, convert(vectors, self.options.precision, self.ranges),
-                            part.encoded.lengths.astype(np.int32), part.encoded.truncated.astype(bool),
-                            np.zeros(len(part.rows), dtype=bool), part.problems)
+        return EmbeddedPart(texts.rows, convert(vectors, self.options.precision, self.ranges),
+                            texts.tokens, texts.encoded.truncated.astype(bool), texts.chunked,
+                            texts.problems)
 
     def embed(self, texts: list[str]) -> EmbeddedPart:
         return self.compute(self.prepare(texts))

@@ -11,8 +11,8 @@ from typing import Literal
 
 from embedserve.errors import InvalidInput
 
-LongInputPolicy = Literal["refuse", "truncate"]
-LONG_INPUT_POLICIES = ("refuse", "truncate")
+LongInputPolicy = Literal["refuse", "truncate", "chunk"]
+LONG_INPUT_POLICIES = ("refuse", "truncate", "chunk")
 
 
 @dataclass(frozen=True)
@@ -23,15 +23,21 @@ class EmbedOptions:
     dimensions: int | None = None        # Matryoshka cut
     precision: str = "float32"
     long_inputs: LongInputPolicy = "refuse"
+    chunk_overlap: int = 0               # content tokens consecutive windows share (long_inputs "chunk")
     token_budget: int | None = None      # tokens per engine step (None: the scheduler's default)
     max_sequences: int = 256             # sequences per engine step
     window: int = 4096                   # documents sorted by length together
 
     def __post_init__(self) -> None:
         if self.long_inputs not in LONG_INPUT_POLICIES:
-            raise InvalidInput(f"long-input policy must be one of {', '.join(LONG_INPUT_POLICIES)} "
-                               f"(chunk-and-pool is not available for bulk jobs yet), "
+            raise InvalidInput(f"long-input policy must be one of {', '.join(LONG_INPUT_POLICIES)}, "
                                f"got {self.long_inputs!r}", field="long_inputs")
+        # The upper bound (the model's window less its specials) is checked where the model is known.
+        if self.chunk_overlap < 0:
+            raise InvalidInput(f"chunk_overlap must be >= 0, got {self.chunk_overlap}", field="chunk_overlap")
+        if self.chunk_overlap and self.long_inputs != "chunk":
+            raise InvalidInput("chunk_overlap applies only to the long-input policy chunk",
+                               field="chunk_overlap")
         for name in ("max_sequences", "window"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"{name} must be >= 1", field=name)

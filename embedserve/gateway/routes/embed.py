@@ -20,12 +20,13 @@ from fastapi.responses import Response
 from embedserve import wire
 from embedserve.errors import InvalidInput
 from embedserve.gateway import embedding_types
-from embedserve.gateway.long_inputs import LongInputPolicy, pool_windows
+from embedserve.gateway.long_inputs import LongInputPolicy
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
                                         EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
+from embedserve.model.windows import pool_windows
 from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
