@@ -189,14 +189,39 @@ def test_a_supported_unigram_runs_natively_and_exactly(tmp_path):
     reference.encode_special_tokens = True
     # The trained vocabulary holds "<s>" as a scored piece: tokenizers' Viterbi matches it
     # in text, the native encoder never does (hf_json.py: specials are CONTROL pieces).
-    # Runs of "*" hit a near-tie on which the native hf encoder and tokenizers disagree
-    # with this vocabulary (a known gap of the native encoder, not of the dispatch).
     # Offsets: the native encoder's own contract (characters of the source), not compared.
-    texts = [t for t in _texts() if "<s>" not in t and "</s>" not in t and not re.fullmatch(r"\*+", t)]
-    _assert_matches(ours.encode_batch(texts), reference.encode_batch(texts), offsets=False)
+    texts = [t for t in _texts() if "<s>" not in t and "</s>" not in t]
+    scores = {piece: score for piece, score in json.loads(path.read_text())["model"]["vocab"]}
+    _assert_equal_up_to_exact_ties(ours.encode_batch(texts), reference.encode_batch(texts), scores)
     pairs = ours.encode_pairs("a query", texts, max_length=12, truncation="left")
     reference.enable_truncation(12, direction="left")
-    _assert_matches(pairs, reference.encode_batch([("a query", t) for t in texts]), offsets=False)
+    _assert_equal_up_to_exact_ties(pairs, reference.encode_batch([("a query", t) for t in texts]), scores)
+
+
+def _assert_equal_up_to_exact_ties(batch, encodings, scores: dict[str, float]) -> None:
+    """Equal ids, except where both segmentations spell the same pieces' text with the same
+    total score: the trainer's vocabulary (it varies between runs) can hold exact ties
+    (runs of "*"), which the native encoder and tokenizers break differently. Anything
+    else (another text, a worse score) fails."""
+    assert batch.lengths.shape[0] == len(encodings)
+    ties = 0
+    for i, encoding in enumerate(encodings):
+        got = batch.sequence(i).tolist()
+        if got == encoding.ids:
+            continue
+        ours_pieces = _pieces(got, encoding, scores)
+        assert "".join(ours_pieces) == "".join(encoding.tokens), (i, ours_pieces, encoding.tokens)
+        total = sum(scores.get(p, 0.0) for p in ours_pieces)
+        expected = sum(scores.get(p, 0.0) for p in encoding.tokens)
+        assert abs(total - expected) <= 1e-9 * max(1.0, abs(expected)), (i, ours_pieces, encoding.tokens)
+        ties += 1
+    assert ties <= max(1, len(encodings) // 100), f"{ties} of {len(encodings)} sequences differ"
+
+
+def _pieces(ids: list[int], encoding, scores: dict[str, float]) -> list[str]:
+    by_id = {token_id: token for token_id, token in zip(encoding.ids, encoding.tokens)}
+    pieces = list(scores)
+    return [by_id.get(token_id, pieces[token_id]) for token_id in ids]
 
 
 def test_a_unigram_the_native_loader_refuses_falls_back(tmp_path, caplog):
