@@ -1,7 +1,7 @@
 """compat="sentencepiece" with USER_DEFINED pieces and byte_fallback equals sentencepiece==0.2.3.
 
 Models trained here by ``SentencePieceTrainer`` on python_docs_text() (always on) and on
-the whole udhr2 corpus (with the shared data): user-defined symbols (multi-character,
+the whole udhr2 corpus (with the shared data; one model with both): user-defined symbols (multi-character,
 multilingual), byte fallback, and both together. Compared on the training text, on
 multilingual strings written here, on 2,000+ hypothesis strings with the symbols mixed
 in, and (shared data) on every udhr2 line. 0 mismatches.
