@@ -356,6 +356,25 @@ def test_chunk_then_dimensions_then_normalize(refusing, reference) -> None:
     assert_close(raw_cut.json()[0], chunk_by_hand(reference, ids, 0, 12, normalize=False)[0])
 
 
+def test_chunked_inputs_in_embedding_types_are_the_pooled_vector_quantized(refusing, reference) -> None:
+    """embedding_types on a chunked input: the gateway pools, so it quantizes (binary needs no
+    calibration ranges); the float entry is the pooled vector and the binary one its bits."""
+    from sentence_transformers.quantization import quantize_embeddings
+
+    texts = [long_text(120, seed=11), "short"]
+    with refusing.client() as http:
+        reply = http.post("/embed", json={"inputs": texts, "truncate": "chunk",
+                                          "embedding_types": ["float", "ubinary", "binary"]})
+    assert reply.status_code == 200, reply.text
+    by_type = reply.json()["embeddings"]
+    expected = np.array([chunk_by_hand(reference, ids_by_hand(reference, t), 0)[0] for t in texts])
+    for got, want in zip(by_type["float"], expected):
+        assert_close(got, want)
+    floats = np.array(by_type["float"], dtype=np.float32)
+    for kind in ("ubinary", "binary"):
+        assert by_type[kind] == quantize_embeddings(floats, precision=kind).tolist()
+
+
 def test_a_batch_of_short_and_long_inputs_keeps_its_order(chunking, reference, long_model_dir) -> None:
     texts = ["first, short", long_text(100, seed=8), "third", long_text(200, seed=9),
              long_text(28, seed=10), "last"]
