@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from leftover_processes import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (hooks)
+from st_metadata import write_st_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("EMBEDSERVE_SHARED_DATA") or ROOT.parent / "shared" / "data")
@@ -60,27 +61,6 @@ def _copy_xlmr_tokenizer(source: Path, directory: Path) -> None:
         shutil.copy(source / name, directory / name)
 
 
-def _write_st_metadata(directory: Path, pooling: str, normalize: bool,
-                       prompts: dict[str, str] | None) -> None:
-    import json
-
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(exist_ok=True)
-    (directory / "modules.json").write_text(json.dumps(modules, indent=2))
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": TINY_SIZES["hidden_size"],
-        "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
-    if prompts:
-        (directory / "config_sentence_transformers.json").write_text(json.dumps(
-            {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
-
-
 def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, seed: int = 0,
                      max_position_embeddings: int | None = None) -> Path:
     """Save a random tiny ``architecture`` (a transformers class name) into ``directory``,
@@ -106,7 +86,7 @@ def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, se
 def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """BertModel, mean pooling + Normalize, prompts query:/passage: (like e5)."""
     directory = build_tiny_model(tmp_path_factory.mktemp("tiny_bert"), "BertModel", xlmr_tokenizer_dir)
-    _write_st_metadata(directory, "mean", True, {"query": "query: ", "passage": "passage: "})
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True, {"query": "query: ", "passage": "passage: "})
     return directory
 
 
@@ -114,7 +94,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: 
 def tiny_xlmr_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """XLMRobertaModel, CLS pooling, no normalization, no prompts."""
     directory = build_tiny_model(tmp_path_factory.mktemp("tiny_xlmr"), "XLMRobertaModel", xlmr_tokenizer_dir)
-    _write_st_metadata(directory, "cls", False, None)
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "cls", False)
     return directory
 
 

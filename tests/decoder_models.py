@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from st_metadata import write_st_metadata
+
 VOCAB_SIZE = 3072                  # covers trained_tokenizers.qwen3_bpe's 3,000 ids
 HIDDEN = 64
 EOS = "<|endoftext|>"
@@ -46,28 +48,6 @@ VARIANTS: dict[str, tuple[str, type, dict]] = {
 }
 
 
-def write_st_metadata(directory: Path, pooling: str, normalize: bool,
-                      prompts: dict[str, str] | None = None) -> None:
-    """modules.json, 1_Pooling (cls / mean / lasttoken), Normalize and prompts."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(exist_ok=True)
-    (directory / "modules.json").write_text(json.dumps(modules, indent=2))
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": HIDDEN, "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": pooling == "lasttoken", "include_prompt": True}))
-    (directory / "config_sentence_transformers.json").write_text(json.dumps(
-        {"prompts": prompts or {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512,
-                                                                     "do_lower_case": False}))
-
-
 def write_tokenizer(directory: Path) -> None:
     """Qwen3-Embedding's tokenizer shape (trained_tokenizers.qwen3_bpe: byte-level BPE whose
     post-processor appends EOS) plus the tokenizer_config.json transformers reads."""
@@ -94,7 +74,8 @@ def build_decoder_dir(directory: Path, variant: str, pooling: str = "lasttoken",
     model = getattr(transformers, architecture)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
-    write_st_metadata(directory, pooling, normalize, {"query": QUERY_PROMPT, "document": ""})
+    write_st_metadata(directory, HIDDEN, pooling, normalize, {"query": QUERY_PROMPT, "document": ""},
+                      max_seq_length=512)
     if tokenizer:
         write_tokenizer(directory)
     return directory

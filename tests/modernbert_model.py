@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from st_metadata import write_st_metadata
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "ModernBERT alternates global and local attention with rotary positions.",
@@ -45,23 +47,6 @@ def build_bpe_tokenizer(directory: Path) -> int:
         "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]",
         "model_max_length": 128, "model_input_names": ["input_ids", "attention_mask"]}))
     return tokenizer.get_vocab_size()
-
-
-def write_st_metadata(directory: Path, pooling: str, normalize: bool) -> None:
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(exist_ok=True)
-    (directory / "modules.json").write_text(json.dumps(modules))
-    (directory / "sentence_bert_config.json").write_text(json.dumps(
-        {"max_seq_length": 128, "do_lower_case": False}))
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": HIDDEN,
-        "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
 
 
 def modernbert_config(global_every: int = 3, local_attention: int = 8, **overrides):
@@ -112,5 +97,5 @@ def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: boo
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(directory, safe_serialization=True)
-    write_st_metadata(directory, pooling, normalize)
+    write_st_metadata(directory, HIDDEN, pooling, normalize, max_seq_length=128)
     return directory

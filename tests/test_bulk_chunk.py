@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import _write_st_metadata, build_tiny_model
+from conftest import TINY_SIZES, build_tiny_model
+from st_metadata import write_st_metadata
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
 from embedserve.local.columns import embedding_matrix
@@ -54,7 +55,7 @@ def long_model_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir:
     """A random XLM-R with a 32-token window, mean pooling + Normalize (like e5)."""
     directory = build_tiny_model(tmp_path_factory.mktemp("tiny_chunk_xlmr"), "XLMRobertaModel",
                                  xlmr_tokenizer_dir, seed=5, max_position_embeddings=MAX_POSITIONS + 2)
-    _write_st_metadata(directory, "mean", True, None)
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True)
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_POSITIONS}))
     return directory
 

@@ -26,7 +26,8 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import _write_st_metadata, build_tiny_model
+from conftest import TINY_SIZES, build_tiny_model
+from st_metadata import write_st_metadata
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import long_input_args
@@ -190,7 +191,7 @@ def long_model_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir:
     """A random XLM-R with a 32-token window, mean pooling + Normalize (like e5)."""
     directory = build_tiny_model(tmp_path_factory.mktemp("tiny_short_xlmr"), "XLMRobertaModel",
                                  xlmr_tokenizer_dir, seed=3, max_position_embeddings=MAX_POSITIONS + 2)
-    _write_st_metadata(directory, "mean", True, None)
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True)
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_POSITIONS}))
     return directory
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tokenizers
 
-from conftest import TINY_SIZES, _write_st_metadata
+from conftest import TINY_SIZES
+from st_metadata import write_st_metadata
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 from trained_tokenizers import MULTILINGUAL, qwen3_bpe
 
@@ -34,7 +35,7 @@ def bpe_model_dir(tmp_path_factory):
                                      pad_token_id=0)
     torch.manual_seed(0)
     transformers.BertModel(config).eval().save_pretrained(directory, safe_serialization=True)
-    _write_st_metadata(directory, "mean", True, None)
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True)
     return directory
 
 
