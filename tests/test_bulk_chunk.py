@@ -14,24 +14,18 @@ with ``--url`` through a real ``embedserve serve``.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from conftest import TINY_SIZES, build_tiny_model
+from serve_harness import served
 from st_metadata import write_st_metadata
-from embedserve.entrypoint import GATEWAY_LISTENING
-from embedserve.launch.processes import popen_listening, stop_popen
 from embedserve.local.columns import embedding_matrix
 from test_bulk_embed import cosines, embed, read_output
 
-ROOT = Path(__file__).resolve().parent.parent
 MAX_POSITIONS = 32          # the tiny model's window, specials included
 ROOM = MAX_POSITIONS - 2    # content tokens per window
 COSINE_MIN = 0.99999
@@ -195,20 +189,8 @@ def test_ray_actor_class_chunks_the_same_way(long_model_dir, by_hand):
 @pytest.fixture(scope="module")
 def gateway_url(long_model_dir):
     """``embedserve serve`` with its default policy (refuse): the bulk client asks for chunk per request."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    process, match = popen_listening(
-        [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "1", "--port", "0",
-         "--model", str(long_model_dir)], GATEWAY_LISTENING, env=env)
-    try:
-        url = match.group(1)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if any(r["healthy"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]):
-                break
-            time.sleep(0.2)
+    with served("--model", str(long_model_dir)) as url:
         yield url
-    finally:
-        stop_popen(process, grace_s=30)
 
 
 def test_url_chunks_like_the_in_process_run(tmp_path, long_model_dir, gateway_url, by_hand):

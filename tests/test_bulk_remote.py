@@ -8,39 +8,22 @@ token counts and errors.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import Request, Response  # module level: the proxy's handlers' annotations name them
 
 from bulk_corpus import documents, write_jsonl
-from embedserve.entrypoint import GATEWAY_LISTENING
-from embedserve.launch.processes import popen_listening, stop_popen
+from serve_harness import served
 from test_bulk_embed import cosines, embed, read_output
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def gateway_url(default_model_dir):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    process, match = popen_listening(
-        [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "1", "--port", "0",
-         "--model", str(default_model_dir)], GATEWAY_LISTENING, env=env)
-    try:
-        url = match.group(1)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if any(r["healthy"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]):
-                break
-            time.sleep(0.2)
+    with served("--model", str(default_model_dir)) as url:
         yield url
-    finally:
-        stop_popen(process, grace_s=30)
 
 
 def test_url_gives_the_in_process_vectors(tmp_path, default_model_dir, gateway_url):
