@@ -82,6 +82,15 @@ def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, se
     return directory
 
 
+def build_short_window_model(directory: Path, tokenizer_dir: Path, seed: int, max_positions: int) -> Path:
+    """A random XLM-R whose window is ``max_positions`` tokens (specials included), mean
+    pooling + Normalize (like e5): long inputs are cheap to make."""
+    build_tiny_model(directory, "XLMRobertaModel", tokenizer_dir, seed=seed,
+                     max_position_embeddings=max_positions + 2)
+    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True, max_seq_length=max_positions)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """BertModel, mean pooling + Normalize, prompts query:/passage: (like e5)."""

@@ -13,16 +13,14 @@ with ``--url`` through a real ``embedserve serve``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import TINY_SIZES, build_tiny_model
+from conftest import build_short_window_model
 from serve_harness import served
-from st_metadata import write_st_metadata
 from embedserve.local.columns import embedding_matrix
 from test_bulk_embed import cosines, embed, read_output
 
@@ -47,11 +45,7 @@ def corpus() -> list[str]:
 @pytest.fixture(scope="module")
 def long_model_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """A random XLM-R with a 32-token window, mean pooling + Normalize (like e5)."""
-    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_chunk_xlmr"), "XLMRobertaModel",
-                                 xlmr_tokenizer_dir, seed=5, max_position_embeddings=MAX_POSITIONS + 2)
-    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True)
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_POSITIONS}))
-    return directory
+    return build_short_window_model(tmp_path_factory.mktemp("tiny_chunk_xlmr"), xlmr_tokenizer_dir, 5, MAX_POSITIONS)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ once to show the flags reach its gateway.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,8 +25,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import TINY_SIZES, build_tiny_model
-from st_metadata import write_st_metadata
+from conftest import build_short_window_model
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import long_input_args
@@ -189,11 +187,7 @@ def test_flags_parse_for_gateway_serve_and_cluster() -> None:
 @pytest.fixture(scope="module")
 def long_model_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """A random XLM-R with a 32-token window, mean pooling + Normalize (like e5)."""
-    directory = build_tiny_model(tmp_path_factory.mktemp("tiny_short_xlmr"), "XLMRobertaModel",
-                                 xlmr_tokenizer_dir, seed=3, max_position_embeddings=MAX_POSITIONS + 2)
-    write_st_metadata(directory, TINY_SIZES["hidden_size"], "mean", True)
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_POSITIONS}))
-    return directory
+    return build_short_window_model(tmp_path_factory.mktemp("tiny_short_xlmr"), xlmr_tokenizer_dir, 3, MAX_POSITIONS)
 
 
 @pytest.fixture(scope="module")
