@@ -8,11 +8,13 @@ uvicorn on a background thread bound to 127.0.0.1:0. Nothing is mocked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -138,3 +140,19 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 def gateway_settings(model_dir: Path, upstreams: list[str], **overrides) -> GatewaySettings:
     return GatewaySettings(model_dir=model_dir, upstreams=tuple(upstreams), port=0, **overrides)
+
+
+@contextlib.contextmanager
+def one_replica_stack(model_dir: Path, **overrides) -> Iterator[GatewayServer]:
+    """A real scheduler process (one thread) serving ``model_dir`` behind an in-process
+    gateway, ready; both stopped afterwards. ``overrides``: GatewaySettings fields."""
+    replica = SchedulerProcess(model_dir, threads=1)
+    try:
+        server = GatewayServer(gateway_settings(model_dir, [replica.address], **overrides))
+        try:
+            server.wait_ready(healthy=1)
+            yield server
+        finally:
+            server.stop()
+    finally:
+        replica.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import one_replica_stack
 
 QUERY = "Where is the Eiffel tower?"
 DOCS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "Paris is the capital of France.",
@@ -14,16 +14,8 @@ DOCS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "Paris is the ca
 
 @pytest.fixture(scope="module")
 def gateway(tiny_reranker_dir):
-    replica = SchedulerProcess(tiny_reranker_dir, threads=1)
-    try:
-        server = GatewayServer(gateway_settings(tiny_reranker_dir, [replica.address]))
-        try:
-            server.wait_ready()
-            yield server
-        finally:
-            server.stop()
-    finally:
-        replica.stop()
+    with one_replica_stack(tiny_reranker_dir) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

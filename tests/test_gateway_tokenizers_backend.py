@@ -16,7 +16,7 @@ import tokenizers
 
 from conftest import TINY_SIZES
 from st_metadata import write_st_metadata
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import one_replica_stack
 from trained_tokenizers import MULTILINGUAL, qwen3_bpe
 
 TEXTS = ["The with statement wraps a block.", "日本語のテキスト", "emoji 👍🏽 and  spaces ",
@@ -41,16 +41,8 @@ def bpe_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gateway(bpe_model_dir):
-    replica = SchedulerProcess(bpe_model_dir, threads=1)
-    try:
-        server = GatewayServer(gateway_settings(bpe_model_dir, [replica.address]))
-        try:
-            server.wait_ready(healthy=1)
-            yield server
-        finally:
-            server.stop()
-    finally:
-        replica.stop()
+    with one_replica_stack(bpe_model_dir) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
