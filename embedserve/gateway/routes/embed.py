@@ -26,7 +26,7 @@ from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, Emb
                                         EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
-from embedserve.model.windows import pool_windows
+from embedserve.model.windows import Windows, pool_windows
 from embedserve.ragged import RaggedBatch
 
 router = APIRouter()
@@ -60,19 +60,29 @@ async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name
 
 async def _embed(gateway: Gateway, request: Request, packed: RaggedBatch, policy: LongInputPolicy,
                  normalize: bool, dimensions: int, route: str) -> tuple[np.ndarray, int]:
-    """Vectors [B, d] for ``packed`` under ``policy``, and the tokens embedded for them.
-
-    An input cut into windows needs its windows' raw vectors (full width, not
-    normalized): they are pooled here, then cut to ``dimensions`` and
-    normalized, the order sentence-transformers' ``truncate_dim`` uses.
-    """
-    if policy.mode == "chunk":
-        windows = gateway.preprocessor.cut_windows(packed, policy.overlap)
-        if windows.split:
-            raw = await gateway.embed(request, windows.batch, False, 0, route)
-            vectors = postprocess_embeddings(pool_windows(raw, windows), normalize, dimensions or None)
-            return vectors, windows.batch.num_tokens
+    """Vectors [B, d] for ``packed`` under ``policy``, and the tokens embedded for them."""
+    windows = _split_windows(gateway, packed, policy)
+    if windows is not None:
+        return await _pooled(gateway, request, windows, normalize, dimensions, route)
     return await gateway.embed(request, packed, normalize, dimensions, route), packed.num_tokens
+
+
+def _split_windows(gateway: Gateway, packed: RaggedBatch, policy: LongInputPolicy) -> Windows | None:
+    """The windows of ``packed`` when the chunk policy cuts some input into several, else None."""
+    if policy.mode != "chunk":
+        return None
+    windows = gateway.preprocessor.cut_windows(packed, policy.overlap)
+    return windows if windows.split else None
+
+
+async def _pooled(gateway: Gateway, request: Request, windows: Windows, normalize: bool,
+                  dimensions: int, route: str) -> tuple[np.ndarray, int]:
+    """An input cut into windows needs its windows' raw vectors (full width, not
+    normalized): they are pooled here, then cut to ``dimensions`` and normalized, the
+    order sentence-transformers' ``truncate_dim`` uses."""
+    raw = await gateway.embed(request, windows.batch, False, 0, route)
+    vectors = postprocess_embeddings(pool_windows(raw, windows), normalize, dimensions or None)
+    return vectors, windows.batch.num_tokens
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
@@ -113,20 +123,18 @@ async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch
     """
     types = embedding_types.check_embedding_types(types)
     wanted = embedding_types.precisions(types)
-    if policy.mode == "chunk":
-        windows = gateway.preprocessor.cut_windows(packed, policy.overlap)
-        if windows.split:
-            vectors, tokens = await _embed(gateway, request, packed, policy, normalize, dimensions, route)
-            ranges = None
-            if any(p in RANGED_PRECISIONS for p in wanted):
-                reply = await gateway.ranges(dimensions, normalize)
-                ranges = wire.tensor_to_array(reply.ranges, field="Ranges.ranges")
-            arrays = [quantize(vectors, p, ranges) for p in wanted]
-            return ({name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)},
-                    tokens)
-    arrays = await gateway.embed_quantized(request, packed, normalize, dimensions, wanted, route)
-    return ({name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)},
-            packed.num_tokens)
+    windows = _split_windows(gateway, packed, policy)
+    if windows is not None:
+        vectors, tokens = await _pooled(gateway, request, windows, normalize, dimensions, route)
+        ranges = None
+        if any(p in RANGED_PRECISIONS for p in wanted):
+            reply = await gateway.ranges(dimensions, normalize)
+            ranges = wire.tensor_to_array(reply.ranges, field="Ranges.ranges")
+        arrays = [quantize(vectors, p, ranges) for p in wanted]
+    else:
+        arrays = await gateway.embed_quantized(request, packed, normalize, dimensions, wanted, route)
+        tokens = packed.num_tokens
+    return {name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)}, tokens
 
 
 @router.post("/embed", response_model=list[list[float]] | EmbeddingsByType, tags=["TEI"],
