@@ -31,21 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line, read_xquad
 
 RESCORE_TOP_K = 10
-
-
-def read_xquad(path: Path) -> tuple[list[str], list[str], np.ndarray]:
-    """Passages, questions, and the index of the passage each question was asked about."""
-    passages, questions, relevant = [], [], []
-    for article in json.loads(path.read_text())["data"]:
-        for paragraph in article["paragraphs"]:
-            passages.append(paragraph["context"])
-            for qa in paragraph["qas"]:
-                questions.append(qa["question"])
-                relevant.append(len(passages) - 1)
-    return passages, questions, np.array(relevant)
 
 
 def embed_texts(engine, tokenizer, texts: list[str], prompt: str, max_tokens: int = 4096) -> np.ndarray:

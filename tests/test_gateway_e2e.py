@@ -8,7 +8,6 @@ serves every test here; the failover test kills a replica and restarts it.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 import signal
@@ -21,6 +20,7 @@ import numpy as np
 import openai
 import pytest
 
+from bench import reference_data
 from conftest import shared_file
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
 
@@ -74,16 +74,7 @@ def cosines(a, b) -> np.ndarray:
 
 
 def read_xquad(lang: str) -> tuple[list[str], list[str], np.ndarray]:
-    """Passages, questions, and the passage index each question was asked about."""
-    data = json.loads(shared_file(f"eval/xquad/xquad.{lang}.json").read_text())["data"]
-    passages, questions, relevant = [], [], []
-    for article in data:
-        for paragraph in article["paragraphs"]:
-            passages.append(paragraph["context"])
-            for qa in paragraph["qas"]:
-                questions.append(qa["question"])
-                relevant.append(len(passages) - 1)
-    return passages, questions, np.array(relevant)
+    return reference_data.read_xquad(shared_file(f"eval/xquad/xquad.{lang}.json"))
 
 
 def same_tokens(st_model, hf_tokenizer, texts: list[str]) -> np.ndarray:
