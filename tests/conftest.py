@@ -149,6 +149,42 @@ def xlmr_tokenizer_dir(default_model_dir: Path) -> Path:
     return default_model_dir
 
 
+# --- shared replicas ---------------------------------------------------------
+#
+# A scheduler process costs a Python start, torch's import and a model load. Tests that
+# only send it requests share one per model for the whole session; a test that kills,
+# pauses, restarts, reconfigures or counts the calls of its replica starts its own
+# (gateway_harness.SchedulerProcess). Stopped at the session's end, before the
+# leftover-process check.
+
+def _shared_replica(model_dir: Path):
+    from gateway_harness import SchedulerProcess
+
+    replica = SchedulerProcess(model_dir, threads=1)
+    try:
+        yield replica
+    finally:
+        replica.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_replica(tiny_bert_dir: Path):
+    """``embedserve scheduler`` (one thread) serving tiny_bert_dir, shared read-only."""
+    yield from _shared_replica(tiny_bert_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_replica(tiny_reranker_dir: Path):
+    """``embedserve scheduler`` (one thread) serving tiny_reranker_dir, shared read-only."""
+    yield from _shared_replica(tiny_reranker_dir)
+
+
+@pytest.fixture(scope="session")
+def default_replica(default_model_dir: Path):
+    """``embedserve scheduler`` (one thread) serving the default model, shared read-only."""
+    yield from _shared_replica(default_model_dir)
+
+
 # --- deploy fixtures ---------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -143,16 +143,24 @@ def gateway_settings(model_dir: Path, upstreams: list[str], **overrides) -> Gate
 
 
 @contextlib.contextmanager
+def gateway_in_front_of(replica: SchedulerProcess, **overrides) -> Iterator[GatewayServer]:
+    """An in-process gateway for a running ``replica`` (its model), ready; stopped afterwards.
+    ``overrides``: GatewaySettings fields."""
+    server = GatewayServer(gateway_settings(replica.model_dir, [replica.address], **overrides))
+    try:
+        server.wait_ready(healthy=1)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
 def one_replica_stack(model_dir: Path, **overrides) -> Iterator[GatewayServer]:
     """A real scheduler process (one thread) serving ``model_dir`` behind an in-process
     gateway, ready; both stopped afterwards. ``overrides``: GatewaySettings fields."""
     replica = SchedulerProcess(model_dir, threads=1)
     try:
-        server = GatewayServer(gateway_settings(model_dir, [replica.address], **overrides))
-        try:
-            server.wait_ready(healthy=1)
+        with gateway_in_front_of(replica, **overrides) as server:
             yield server
-        finally:
-            server.stop()
     finally:
         replica.stop()

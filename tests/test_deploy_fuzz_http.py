@@ -10,8 +10,6 @@ known request correctly (vectors equal to sentence-transformers').
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import schemathesis
@@ -25,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import GatewayServer, gateway_in_front_of
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
@@ -34,20 +32,12 @@ EXAMPLES_PER_OPERATION = 15
 
 
 @pytest.fixture(scope="module")
-def fuzz_stack(default_model_dir: Path):
-    replica = SchedulerProcess(default_model_dir, threads=1)
-    try:
-        # Small request limits keep generated inputs cheap; the bounds themselves
-        # are part of what is fuzzed (413/422 answers must match the schema too).
-        gateway = GatewayServer(gateway_settings(default_model_dir, [replica.address], max_inputs=64,
-                                                 max_body_bytes=256 * 1024, request_timeout_s=30.0))
-        try:
-            gateway.wait_ready(healthy=1)
-            yield gateway
-        finally:
-            gateway.stop()
-    finally:
-        replica.stop()
+def fuzz_stack(default_replica):
+    # Small request limits keep generated inputs cheap; the bounds themselves
+    # are part of what is fuzzed (413/422 answers must match the schema too).
+    with gateway_in_front_of(default_replica, max_inputs=64, max_body_bytes=256 * 1024,
+                             request_timeout_s=30.0) as gateway:
+        yield gateway
 
 
 def test_gateway_answers_fuzzed_requests_within_its_schema(fuzz_stack: GatewayServer) -> None:

@@ -30,7 +30,7 @@ import pytest
 from embedserve.defaults.model_args import ModelSpec, parse_model_spec
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.gateway.settings import ServedModel
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
+from gateway_harness import GatewayServer, gateway_settings, metric_value
 from process_tree import alive, children
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,16 +145,9 @@ def two_models(tiny_bert_dir: Path, tiny_reranker_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def one_model_replicas(tiny_bert_dir: Path, tiny_reranker_dir: Path):
-    embedder = SchedulerProcess(tiny_bert_dir, threads=1)
-    try:
-        reranker = SchedulerProcess(tiny_reranker_dir, threads=1)
-        try:
-            yield embedder, reranker
-        finally:
-            reranker.stop()
-    finally:
-        embedder.stop()
+def one_model_replicas(tiny_bert_replica, tiny_reranker_replica):
+    """One replica per model (the session's shared ones: these tests only send requests)."""
+    return tiny_bert_replica, tiny_reranker_replica
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,10 @@ from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 CALLS = "embedserve_scheduler_calls_total"
 
 
-def test_requests_sent_one_at_a_time_use_every_replica(tiny_bert_dir: Path) -> None:
-    replicas = [SchedulerProcess(tiny_bert_dir, threads=1) for _ in range(2)]
+def test_requests_sent_one_at_a_time_use_every_replica(tiny_bert_dir: Path, tiny_bert_replica) -> None:
+    # The session's shared replica and one of our own: calls are counted as differences.
+    own = SchedulerProcess(tiny_bert_dir, threads=1)
+    replicas = [tiny_bert_replica, own]
     gateway = GatewayServer(gateway_settings(tiny_bert_dir, [r.address for r in replicas]))
     try:
         gateway.wait_ready(healthy=2)
@@ -31,5 +33,4 @@ def test_requests_sent_one_at_a_time_use_every_replica(tiny_bert_dir: Path) -> N
         assert served == [4, 4], served
     finally:
         gateway.stop()
-        for replica in replicas:
-            replica.stop()
+        own.stop()

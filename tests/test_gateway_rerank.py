@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway_harness import one_replica_stack
+from gateway_harness import gateway_in_front_of
 
 QUERY = "Where is the Eiffel tower?"
 DOCS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "Paris is the capital of France.",
@@ -13,8 +13,8 @@ DOCS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "Paris is the ca
 
 
 @pytest.fixture(scope="module")
-def gateway(tiny_reranker_dir):
-    with one_replica_stack(tiny_reranker_dir) as server:
+def gateway(tiny_reranker_replica):
+    with gateway_in_front_of(tiny_reranker_replica) as server:
         yield server
 
 

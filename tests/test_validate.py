@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import GatewayServer, gateway_settings
 
 from embedserve import ragged, validate, wire
 from embedserve.engine import Batch, Engine
@@ -89,9 +89,9 @@ def test_too_long_carries_index_length_and_limit():
 
 
 @pytest.fixture(scope="module")
-def tiers(tiny_bert_dir):
-    """A scheduler process, a gateway in front of it, a gRPC stub to it, an engine here."""
-    replica = SchedulerProcess(tiny_bert_dir, threads=1)
+def tiers(tiny_bert_dir, tiny_bert_replica):
+    """A scheduler process (the session's), a gateway in front of it, a gRPC stub to it, an engine here."""
+    replica = tiny_bert_replica
     gateway = GatewayServer(gateway_settings(tiny_bert_dir, [replica.address]))
     channel = grpc.insecure_channel(replica.address)
     engine = Engine.load(tiny_bert_dir)
@@ -103,7 +103,6 @@ def tiers(tiny_bert_dir):
         engine.close()
         channel.close()
         gateway.stop()
-        replica.stop()
 
 
 def _messages(tiers, raw_ids: list[list[int]], dimensions: int | None = None) -> tuple[str, str, str]:
