@@ -4,8 +4,10 @@ One run of the real command (2 replicas + a gateway process, default model):
 answers match sentence-transformers and both replicas serve; the container
 healthcheck probe (``python -m embedserve.healthprobe``) reports the live
 gateway and replica healthy and closed ports unhealthy; a replica
-killed with SIGKILL is restarted on its port and serves again; SIGTERM stops
-the whole tree with status 0 and leaves no process behind.
+killed with SIGKILL is restarted on its port and serves again; SIGTERM sent
+under load (tests/sigterm_load.py: the same check tests/test_launch_shutdown.py
+makes of ``serve`` and ``gateway``) loses no request and stops the whole tree
+with status 0, leaving no process behind.
 
 A second run serves two models (a tiny BERT embedder and a tiny XLM-R
 cross-encoder, one replica each): each route's answers match transformers
@@ -32,6 +34,7 @@ from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.launch.processes import free_port
 from gateway_harness import metric_value
 from process_tree import alive, children
+from sigterm_load import assert_nothing_lost, sigterm_under_load
 
 _READY = "embedserve cluster: gateway "
 
@@ -134,10 +137,12 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
             assert counts["wrong"] == 0 and counts["lost"] == 0, counts
         assert _calls_ok(restarted_metrics) > 0, "the restarted replica never got a call"
 
-        # SIGTERM stops everything with status 0.
+        # SIGTERM under load (tests/sigterm_load.py) stops everything with status 0 and
+        # loses no request: those admitted before it are answered, later ones get 503.
         tree = [cluster.popen.pid, *children(cluster.popen.pid)]
-        cluster.popen.send_signal(signal.SIGTERM)
+        tally = sigterm_under_load(cluster.popen, url)
         assert cluster.popen.wait(90) == 0, "".join(cluster.lines[-40:])
+        assert_nothing_lost(tally)
         deadline = time.monotonic() + 10
         while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
