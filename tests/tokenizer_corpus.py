@@ -87,7 +87,13 @@ Unicode whitespace, U+2581 itself, long runs of one character (never surrogates)
 def seeded_strings(count: int, strategy: st.SearchStrategy[str] = HYPOTHESIS_TEXT,
                    per_example: int = 10) -> list[str]:
     """``count`` strings from ``strategy`` with a fixed seed (derandomized), drawn
-    ``per_example`` at a time (hypothesis' cost is mostly per example)."""
+    ``per_example`` at a time (hypothesis' cost is mostly per example). The same
+    arguments give the same strings, so each set is drawn once per session (a copy each call)."""
+    return list(_seeded_strings(count, strategy, per_example))
+
+
+@lru_cache(maxsize=None)
+def _seeded_strings(count: int, strategy: st.SearchStrategy[str], per_example: int) -> tuple[str, ...]:
     from hypothesis import HealthCheck, given, settings
 
     texts: list[str] = []
@@ -99,4 +105,4 @@ def seeded_strings(count: int, strategy: st.SearchStrategy[str] = HYPOTHESIS_TEX
         texts.extend(batch)
 
     collect()
-    return texts
+    return tuple(texts)
