@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "tokenizer": "bench.tokenizer_bench",
     "engine": "bench.engine_bench",
+    "engine_profile": "bench.engine_profile",
     "modernbert": "bench.modernbert_bench",
     "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",

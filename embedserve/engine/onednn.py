@@ -6,10 +6,13 @@ same function with oneDNN (the library behind ``torch.backends.mkldnn``):
 - every weight is reordered once, at load, into oneDNN's blocked layout
   (``addmm`` re-reads the plain weight and first copies the bias into its
   output on every call);
-- the feed-forward GELU runs in the first matmul's epilogue, and both
-  residual additions in their projections' epilogues, so those activations
-  are written once instead of three times;
-- in bfloat16 the matmuls run on AMX / AVX512-BF16 where the CPU has them.
+- the feed-forward GELU runs in the first matmul's epilogue, so its
+  activation is written once; the residuals are added in place into the
+  projections' outputs (oneDNN's binary-add epilogue measured 5-18% slower
+  in bf16);
+- in bfloat16 the matmuls run on AMX / AVX512-BF16 where the CPU has them,
+  and activations stay bfloat16 between layers (where bf16 time goes:
+  ``python -m bench engine_profile``).
 
 Measured on the project's 2-core CPU (BENCHMARKS.md, engine section). The
 math is unchanged up to float rounding (the parity tests run on this path).
