@@ -12,9 +12,11 @@ generated multilingual sample when that is absent) for D minutes. Every
 ``--interval`` seconds it reads VmRSS and RssAnon from /proc of the serve
 process (the gateway runs in it) and of each replica (its children).
 
-Reports per process: RSS after warm-up (the first ``--warmup`` seconds of
+Reports per process: RSS (VmRSS) after warm-up (the first ``--warmup`` seconds of
 traffic), at the end, the maximum, final / warm-up, and the slope over the last
-half of the run (least squares, MB per minute: ~0 is flat). Writes every sample
+half of the run (least squares, MB per minute: ~0 is flat), and the anonymous
+part (RssAnon: heap and oneDNN buffers; VmRSS also counts shared-library and
+file pages, which the kernel drops under memory pressure). Writes every sample
 to ``OUT/soak-<stamp>.csv`` and a plot beside it. ``--env`` sets variables for
 the serve process and so for its replicas (e.g. to A/B an allocator setting).
 """
@@ -151,11 +153,13 @@ def summarize(rows: list[dict], warmup_s: float, duration_s: float) -> list[dict
         after_warmup = [s for s in series if s[0] >= warmup_s] or series
         warm = after_warmup[0]
         final = series[-1]
-        last_half = [(t, m) for t, m, _ in series if t >= warmup_s + (duration_s - warmup_s) / 2]
+        half = warmup_s + (duration_s - warmup_s) / 2
+        last_half = [(t, m) for t, m, _ in series if t >= half]
         out.append({"role": role, "warmup_mb": warm[1], "final_mb": final[1],
                     "max_mb": max(m for _, m, _ in series), "ratio": final[1] / warm[1],
                     "slope_mb_min": slope_mb_per_min(last_half),
-                    "warmup_anon_mb": warm[2], "final_anon_mb": final[2]})
+                    "warmup_anon_mb": warm[2], "final_anon_mb": final[2],
+                    "anon_slope_mb_min": slope_mb_per_min([(t, a) for t, _, a in series if t >= half])})
     return out
 
 
@@ -251,13 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{load.requests} requests ({load.texts} texts, {load.texts / elapsed:.1f} texts/s), "
           f"{load.errors} errors {load.error_kinds or ''} in {elapsed / 60:.1f} min; load average {load_avg[0]:.2f} {load_avg[1]:.2f} "
           f"{load_avg[2]:.2f}; env {extra_env or '{}'}")
-    print("| process | RSS at start | after warm-up | final | max | final / warm-up | last-half slope |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| process | RSS at start | after warm-up | final | max | final / warm-up | last-half slope "
+          "| anonymous: warm-up → final, slope |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     start_rss = {row["role"]: row["rss_mb"] for row in rows if row["t_s"] < 0}
     for line in table:
         print(f"| {line['role']} | {start_rss[line['role']]:.0f} MB | {line['warmup_mb']:.0f} MB | "
               f"{line['final_mb']:.0f} MB | {line['max_mb']:.0f} MB | {line['ratio']:.2f} | "
-              f"{line['slope_mb_min']:+.1f} MB/min |")
+              f"{line['slope_mb_min']:+.1f} MB/min | {line['warmup_anon_mb']:.0f} → {line['final_anon_mb']:.0f} MB, "
+              f"{line['anon_slope_mb_min']:+.1f} MB/min |")
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path = args.out / f"soak-{stamp}.csv"
