@@ -10,7 +10,7 @@ VmRSS after a 20-step warm-up and at five checkpoints. The children run at the
 same time (memory, not speed, is measured). Variants:
 
 - ``exact``: exact token counts (``Engine.load(token_buckets=False)``), the old behaviour;
-- ``buckets``: the default, token counts rounded up to buckets (engine/buckets.py);
+- ``buckets``: the default, token counts rounded up to buckets (engine/cpu_shapes.py);
 - ``onednn-cache-0``: exact counts, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (no primitive cache);
 - ``jemalloc`` / ``tcmalloc``: exact counts with that allocator preloaded (skipped if absent);
 - ``mmap-threshold``: exact counts, glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (large blocks

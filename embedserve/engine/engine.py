@@ -76,7 +76,7 @@ class Engine:
         layers on oneDNN-packed weights with fused epilogues (onednn.py) where
         the CPU and dtype allow; False keeps the plain modules (benchmarks A/B).
         token_buckets (CPU only): round each step's token count up to a bucket
-        (buckets.py) so that memory stays bounded under mixed shapes; False runs
+        (cpu_shapes.py) so that memory stays bounded under mixed shapes; False runs
         exact counts (tests and benchmarks A/B).
         """
         model_dir = Path(model_dir)

@@ -1,6 +1,6 @@
 """The CPU execution path: one worker thread runs steps in submission order.
 
-Each step's token count is rounded up to a bucket (``buckets.py``) unless the
+Each step's token count is rounded up to a bucket (``cpu_shapes.py``) unless the
 runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
 per-shape primitives, and so the replica's memory, bounded under mixed traffic.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from embedserve.engine.batch import Batch, check_batch
-from embedserve.engine.buckets import pad_to_bucket
+from embedserve.engine.cpu_shapes import pad_to_bucket
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.engine.modules.forward import Model, pooled_forward

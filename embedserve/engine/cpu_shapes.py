@@ -1,4 +1,4 @@
-"""Token-count buckets for CPU steps: a few step shapes instead of one per token count.
+"""Token-count shapes for CPU steps: a few buckets instead of one shape per token count.
 
 Owns rounding a packed batch's token count up to a bucket by appending
 padding sequences. Why: oneDNN builds (JIT-compiles) a matmul primitive for
@@ -12,9 +12,10 @@ counts and stays near its warm-up size with buckets.
 The padding sequences are whole sequences of their own, so under every
 attention implementation they never mix with the real ones (attention stays
 inside a sequence); the step's output keeps only the real sequences' rows.
-Buckets: powers of two up to ``BUCKET_STEP`` (short queries pay little),
-then multiples of ``BUCKET_STEP`` (at most 63 extra tokens, ~6 % of a
-512-token step). Knows nothing about models beyond their position limit.
+Buckets: powers of two up to 64 (short queries pay little), then the CUDA
+graphs' token buckets (``graphs/shapes.py``: multiples of 64 up to 1024, then
+of 256; at most 63 extra tokens in a 512-token step). Knows nothing about
+models beyond their position limit.
 """
 
 from __future__ import annotations
@@ -22,28 +23,27 @@ from __future__ import annotations
 import numpy as np
 
 from embedserve.engine.batch import Batch
+from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL, token_bucket
 
-# Buckets are 1, 2, 4, ..., BUCKET_STEP, then every multiple of BUCKET_STEP.
-BUCKET_STEP = 64
 # The token id padding sequences carry: 0 is in every vocabulary; its value is never read back.
 _PAD_ID = 0
 
 
-def bucket_tokens(num_tokens: int, step: int = BUCKET_STEP) -> int:
+def cpu_token_bucket(num_tokens: int) -> int:
     """The bucket ``num_tokens`` rounds up to (``num_tokens`` itself when it is one)."""
     if num_tokens <= 0:
         return num_tokens
-    if num_tokens <= step:
+    if num_tokens <= TOKEN_STEP_SMALL:
         return 1 << (num_tokens - 1).bit_length()
-    return -(-num_tokens // step) * step
+    return token_bucket(num_tokens)
 
 
-def pad_to_bucket(batch: Batch, max_length: int, step: int = BUCKET_STEP) -> Batch:
+def pad_to_bucket(batch: Batch, max_length: int) -> Batch:
     """``batch`` plus padding sequences (each at most ``max_length`` tokens) up to its bucket.
 
     The real sequences keep their indices 0..B-1; the padding follows them.
     """
-    missing = bucket_tokens(batch.num_tokens, step) - batch.num_tokens
+    missing = cpu_token_bucket(batch.num_tokens) - batch.num_tokens
     if missing == 0:
         return batch
     full, rest = divmod(missing, max_length)

@@ -1,4 +1,4 @@
-"""CPU steps rounded up to token-count buckets (engine/buckets.py).
+"""CPU steps rounded up to token-count buckets (engine/cpu_shapes.py).
 
 - the bucket table and the padding a batch gets (sequences no longer than the model allows,
   segment ids padded too, the real sequences untouched);
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.buckets import BUCKET_STEP, bucket_tokens, pad_to_bucket
+from embedserve.engine.cpu_shapes import cpu_token_bucket, pad_to_bucket
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 
 TEXTS = ["Hello, World!", "Crème brûlée is a French dessert.", "中文 and English, mixed.",
@@ -29,14 +29,14 @@ TEXTS = ["Hello, World!", "Crème brûlée is a French dessert.", "中文 and En
 
 @pytest.mark.parametrize("tokens, bucket", [
     (1, 1), (2, 2), (3, 4), (5, 8), (17, 32), (33, 64), (64, 64), (65, 128), (128, 128),
-    (129, 192), (511, 512), (512, 512), (513, 576), (4000, 4032)])
+    (129, 192), (511, 512), (512, 512), (513, 576), (1000, 1024), (1025, 1280)])
 def test_bucket_table(tokens: int, bucket: int) -> None:
-    assert bucket_tokens(tokens) == bucket
+    assert cpu_token_bucket(tokens) == bucket
 
 
 def test_few_buckets_cover_a_cpu_budget() -> None:
-    # The point of bucketing: a 512-token budget runs in 7 + 512/64 - 1 = 14 shapes, not 512.
-    assert len({bucket_tokens(t) for t in range(1, 513)}) == 7 + 512 // BUCKET_STEP - 1
+    # The point of bucketing: a 512-token budget runs in 14 shapes (1..64: 7, then 128..512: 7), not 512.
+    assert len({cpu_token_bucket(t) for t in range(1, 513)}) == 14
 
 
 def test_padding_sequences_fit_the_model_and_follow_the_real_ones() -> None:
