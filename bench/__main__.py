@@ -19,6 +19,8 @@ BENCHMARKS = {
     "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",
+    "soak": "bench.soak",
+    "engine_memory": "bench.engine_memory",
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",

@@ -66,7 +66,7 @@ class Engine:
     def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
              attention: str | None = None, model_id: str | None = None,
              max_graphs: int = 64, cuda_graphs: bool = True,
-             fused_layers: bool = True) -> "Engine":
+             fused_layers: bool = True, token_buckets: bool = True) -> "Engine":
         """Load a Hugging Face model directory.
 
         dtype: "float32" | "bfloat16" | "float16" | None (float32 on CPU, bfloat16
@@ -75,6 +75,9 @@ class Engine:
         and switch (ignored on CPU). fused_layers (CPU only): run the encoder
         layers on oneDNN-packed weights with fused epilogues (onednn.py) where
         the CPU and dtype allow; False keeps the plain modules (benchmarks A/B).
+        token_buckets (CPU only): round each step's token count up to a bucket
+        (cpu_shapes.py) so that memory stays bounded under mixed shapes; False runs
+        exact counts (tests and benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -89,7 +92,7 @@ class Engine:
         elif device == "cpu":
             if fused_layers and isinstance(model, EncoderModel):
                 fuse_layers(model)          # the BERT family's oneDNN path; the others run plain modules
-            runner = CpuRunner(model, info, attention)
+            runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
         else:
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         return cls(model, info, runner)

@@ -1,4 +1,9 @@
-"""The CPU execution path: one worker thread runs steps in submission order."""
+"""The CPU execution path: one worker thread runs steps in submission order.
+
+Each step's token count is rounded up to a bucket (``cpu_shapes.py``) unless the
+runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
+per-shape primitives, and so the replica's memory, bounded under mixed traffic.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import numpy as np
 import torch
 
 from embedserve.engine.batch import Batch, check_batch
+from embedserve.engine.cpu_shapes import pad_to_bucket
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.engine.modules.forward import Model, pooled_forward
@@ -22,7 +28,8 @@ DEFAULT_CPU_ATTENTION = "per_sequence"
 class CpuRunner:
     """Runs steps on one dedicated worker thread, in submission order."""
 
-    def __init__(self, model: Model, info: ModelInfo, attention: str | None = None) -> None:
+    def __init__(self, model: Model, info: ModelInfo, attention: str | None = None,
+                 token_buckets: bool = True) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
@@ -30,7 +37,9 @@ class CpuRunner:
         self._info = info
         self._attention = ATTENTION_IMPLS[attention]
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
+        self._token_buckets = token_buckets
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
+        self._padded_tokens = 0   # tokens run, padding included
 
     def submit(self, batch: Batch) -> LazyTensor:
         return FutureLazyTensor(self._executor.submit(self._run, batch))
@@ -39,12 +48,14 @@ class CpuRunner:
         self._counts["steps"] += 1
         try:
             check_batch(batch, self._info)
+            run = pad_to_bucket(batch, self._info.max_positions) if self._token_buckets else batch
             with torch.inference_mode():
-                out = self._forward(batch)
+                out = self._forward(run)[:batch.num_sequences]   # the padding's rows dropped
         except BaseException:
             self._counts["failed_steps"] += 1
             raise
         self._counts["tokens"] += batch.num_tokens
+        self._padded_tokens += run.num_tokens
         self._counts["eager_runs"] += 1
         return out
 
@@ -63,8 +74,10 @@ class CpuRunner:
 
     def stats(self) -> dict[str, float]:
         # The same keys as the CUDA runner's, so metrics code needs no device check.
+        padded, real = self._padded_tokens, self._counts["tokens"]
         return {**self._counts, "captures": 0, "replays": 0, "evictions": 0, "capture_failures": 0,
-                "capture_time_s": 0.0, "graphs": 0, "padding_waste": 0.0}
+                "capture_time_s": 0.0, "graphs": 0,
+                "padding_waste": (padded - real) / padded if padded else 0.0}
 
     def close(self) -> None:
         # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
