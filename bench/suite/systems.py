@@ -116,7 +116,7 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
     """``embedserve serve`` on a free port until the block exits (SIGTERM: it drains its replicas).
 
     ``dtype`` None passes no ``--dtype``: the server's default decides, and
-    the peer's ``dtype``/``note`` say what it chose (from ``/info``).
+    the peer's ``note`` and ``configuration`` say what it chose (from ``/info``).
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
