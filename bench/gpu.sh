@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite on a lent GPU (one H200): the four workloads with GPU sizes,
-# embedserve with CUDA graphs on and off, fp32 and bf16, and sentence-transformers on
-# the same device; writes the `suite-gpu` section of BENCHMARKS.md, bench/suite_gpu_*.png
+# embedserve's default (no --dtype), with CUDA graphs on and off, fp32 and bf16 (the
+# one the default chose is not run twice), and sentence-transformers on the same device; writes the `suite-gpu` section of BENCHMARKS.md, bench/suite_gpu_*.png
 # and bench/out/suite_gpu.json. Bounded to 8 minutes (the suite's time boxes keep it
 # near 5); run from the repository root:
 #
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 DATA_DIR=${DATA_DIR:-../shared/data}
 DEVICE=${DEVICE:-cuda}
-SYSTEMS=${SYSTEMS:-embedserve,embedserve-nographs,embedserve-bf16,sentence-transformers}
+SYSTEMS=${SYSTEMS:-embedserve,embedserve-fp32,embedserve-nographs,embedserve-bf16,sentence-transformers}
 LIMIT_S=${LIMIT_S:-480}
 
 "$PYTHON" - <<'PY'

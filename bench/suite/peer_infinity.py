@@ -1,18 +1,26 @@
-"""infinity-emb as a benchmark peer: its own virtual environment, then its server.
+"""infinity-emb as a benchmark peer: its own virtual environment, then its server, in three configurations.
 
-Owns installing ``infinity-emb[server,torch]==0.0.78`` into a venv of its
-own (its pins clash with ours: numpy<2, sentence-transformers<4,
-transformers<5) with torch held at the CPU build 2.13.0 by a constraints
-file (an unpinned torch pulls a multi-GB CUDA build), and running
-``infinity_emb v2 --engine torch --device cpu`` on the embedding model and
+Owns installing ``infinity-emb[server,torch,optimum]==0.0.78`` into a venv
+of its own (its pins clash with ours: numpy<2, sentence-transformers<4,
+transformers<5) with torch held at the CPU build 2.13.0 and the ONNX stack
+(optimum, optimum-onnx, onnxruntime) at the versions verified together here
+by a constraints file (an unpinned torch pulls a multi-GB CUDA build), and
+running ``infinity_emb v2 --device cpu`` on the embedding model and
 optionally a reranker, with telemetry off and the Hugging Face hub offline.
+The configurations (``InfinityConfig``) are the ones a user picks from its
+CLI: the torch engine in fp32 or bf16 (``--dtype``), and the ONNX Runtime
+engine (``--engine optimum``) on an ``optimum-cli`` export of the model,
+graph-optimized the way infinity does it (``onnx_export``; embeddings only:
+the reranker is not exported).
 
 What infinity does to inputs (read from its 0.0.78 source, checked by the
 suite's cosine probe): embeddings go through SentenceTransformer.tokenize
 with no prompt, so nothing like ``query: `` is added, and are always
 L2-normalized; rerank strips whitespace from query and documents, truncates
 the pair ``longest_first`` to the tokenizer's max length, and returns
-sigmoid(logit) sorted highest first (``raw_scores`` false by default).
+sigmoid(logit) sorted highest first (``raw_scores`` false by default). Its
+optimum engine pools with CLS unless told ``--pooling-method mean`` (it does
+not read the sentence-transformers pooling config), so it is told.
 """
 
 from __future__ import annotations
@@ -25,23 +33,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from bench.suite.onnx_export import ensure_onnx_export, infinity_cache_dir
 from bench.suite.peer_process import HttpPeer, PeerUnavailable, log_tail, running_server
 from embedserve.launch.processes import free_port
 
 INFINITY_VERSION = "0.0.78"
-INFINITY_REQUIREMENT = f"infinity-emb[server,torch]=={INFINITY_VERSION}"
+INFINITY_REQUIREMENT = f"infinity-emb[server,torch,optimum]=={INFINITY_VERSION}"
 # The versions verified together here; torch is the one that must not float.
-CONSTRAINTS = ("torch==2.13.0", "sentence-transformers==3.4.1", "transformers==4.57.6", "numpy==1.26.4")
+# huggingface-hub: transformers 4.57 needs < 1.0, and without a pin pip
+# downloads every 1.x release before it backtracks.
+CONSTRAINTS = ("torch==2.13.0", "sentence-transformers==3.4.1", "transformers==4.57.6", "numpy==1.26.4",
+               "optimum==2.1.0", "optimum-onnx==0.1.0", "onnxruntime==1.32.0", "onnx==1.23.2",
+               "huggingface-hub==0.36.2")
 INCOMPLETE_MARKER = ".embedserve-install-incomplete"
 INSTALL_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 180.0
 READY_TIMEOUT_S = 600.0          # two models load (~30 s here on 2 busy cores)
 
 _PROBE = ("import json, importlib.metadata as m; import infinity_emb, torch, sentence_transformers; "
+          "import onnxruntime, optimum.onnxruntime; "
           "print(json.dumps({p: m.version(p) for p in "
-          "('infinity-emb', 'torch', 'sentence-transformers', 'transformers')}))")
+          "('infinity-emb', 'torch', 'sentence-transformers', 'transformers', 'onnxruntime', 'optimum')}))")
 
 
 def _venv_python(venv_dir: Path) -> Path:
@@ -102,9 +117,11 @@ def ensure_infinity_venv(venv_dir: Path, work_dir: Path, log: Callable[[str], No
     if _venv_python(venv_dir).exists() or _venv_python(venv_dir).is_symlink():
         try:
             versions = probe_venv(venv_dir)
-        except PeerUnavailable:
+        except PeerUnavailable as exc:
             if not (venv_dir / INCOMPLETE_MARKER).exists():
-                raise
+                # e.g. a venv an older suite made without the ONNX packages.
+                raise PeerUnavailable(f"{exc}\n(not replaced: it may be someone's; remove it to let the "
+                                      f"suite install {INFINITY_REQUIREMENT} there)") from None
             log(f"infinity: {venv_dir} is an unfinished install; replacing it")
             shutil.rmtree(venv_dir)
         else:
@@ -139,42 +156,100 @@ def _check_model_dir(path: Path, what: str) -> None:
         raise PeerUnavailable(f"infinity: {what} {path} is not a model directory (no config.json)")
 
 
+@dataclass(frozen=True)
+class InfinityConfig:
+    """One configuration a user can pick from infinity's CLI."""
+
+    engine: str = "torch"          # "torch" (sentence-transformers) or "optimum" (ONNX Runtime)
+    dtype: str = "float32"         # the torch engine's --dtype; ONNX Runtime runs the fp32 export
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("torch", "optimum"):
+            raise ValueError(f"engine must be 'torch' or 'optimum', not {self.engine!r}")
+        if self.engine == "optimum" and self.dtype != "float32":
+            raise ValueError("the optimum engine runs the fp32 ONNX export; dtype must be float32")
+
+    @property
+    def label(self) -> str:
+        if self.engine == "optimum":
+            return "ONNX Runtime"
+        return "torch " + {"float32": "fp32", "bfloat16": "bf16"}.get(self.dtype, self.dtype)
+
+    @property
+    def reranks(self) -> bool:
+        """Whether this configuration serves the reranker too (the ONNX export is the embedder's alone)."""
+        return self.engine == "torch"
+
+
+def infinity_command(venv_dir: Path, port: int, model_id: str, reranker_dir: Path | None,
+                     config: InfinityConfig) -> list[str]:
+    """The ``infinity_emb v2`` argv; each option given once applies to every ``--model-id``."""
+    # --no-model-warmup: infinity's start-up warm-up only logs its own timings
+    # (4 batches of 32 texts per model, ~45 s of 2-core CPU for two models);
+    # the suite warms every system with its own requests instead.
+    command = [str(venv_dir / "bin" / "infinity_emb"), "v2", "--host", "127.0.0.1", "--port", str(port),
+               "--engine", config.engine, "--device", "cpu", "--no-model-warmup",
+               "--model-id", model_id, "--served-model-name", "embed"]
+    if config.engine == "torch":
+        command += ["--dtype", config.dtype]
+    else:
+        command += ["--pooling-method", "mean"]        # its optimum engine's default is CLS
+    if reranker_dir is not None:
+        command += ["--model-id", str(reranker_dir), "--served-model-name", "rerank"]
+    return command
+
+
 @contextlib.contextmanager
 def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
-                  log: Callable[[str], None], *, venv_dir: Path | None = None,
-                  install: bool = True, env: Mapping[str, str] | None = None) -> Iterator[HttpPeer]:
+                  log: Callable[[str], None], *, config: InfinityConfig = InfinityConfig(),
+                  venv_dir: Path | None = None, install: bool = True,
+                  env: Mapping[str, str] | None = None) -> Iterator[HttpPeer]:
     """infinity-emb serving ``model_dir`` (and ``reranker_dir``) on 127.0.0.1 until the block exits.
 
+    ``config`` picks the engine and dtype; the optimum engine serves the
+    ONNX export of ``model_dir`` (made on first use) and no reranker.
     ``venv_dir`` defaults to ``work_dir/infinity-venv``; ``install`` False
     reports a missing install instead of installing; ``env`` is the server's
     environment before the telemetry/offline settings (None: this process's).
     """
     model_dir, work_dir = Path(model_dir).resolve(), Path(work_dir).resolve()
     _check_model_dir(model_dir, "model")
-    if reranker_dir is not None:
+    if reranker_dir is not None and config.reranks:
         reranker_dir = Path(reranker_dir).resolve()
         _check_model_dir(reranker_dir, "reranker")
+    else:
+        reranker_dir = None
     venv_dir = Path(venv_dir).resolve() if venv_dir is not None else work_dir / "infinity-venv"
     versions = ensure_infinity_venv(venv_dir, work_dir, log, install)
+    server_env = _server_env(work_dir, env)
+    if config.engine == "torch":
+        model_id, cwd = str(model_dir), None
+    else:
+        # infinity hands optimum the ONNX file's path as its glob found it, and optimum
+        # 2.x wants a bare file name: so the model id is ".", run in the export directory.
+        export = ensure_onnx_export(model_dir, work_dir, venv_dir, log)
+        model_id, cwd = ".", export
+        hub = str(infinity_cache_dir(export))
+        server_env.update(HUGGINGFACE_HUB_CACHE=hub, HF_HUB_CACHE=hub)
 
     port = free_port()
-    # --no-model-warmup: infinity's start-up warm-up only logs its own timings
-    # (4 batches of 32 texts per model, ~45 s of 2-core CPU for two models);
-    # the suite warms every system with its own requests instead.
-    command = [str(venv_dir / "bin" / "infinity_emb"), "v2", "--host", "127.0.0.1", "--port", str(port),
-               "--engine", "torch", "--device", "cpu", "--no-model-warmup",
-               "--model-id", str(model_dir), "--served-model-name", "embed"]
-    if reranker_dir is not None:
-        command += ["--model-id", str(reranker_dir), "--served-model-name", "rerank"]
+    command = infinity_command(venv_dir, port, model_id, reranker_dir, config)
     base_url = f"http://127.0.0.1:{port}"
-    name = f"infinity-emb {versions.get('infinity-emb', '?')} (torch, cpu)"
+    name = f"infinity-emb {versions.get('infinity-emb', '?')} ({config.label}, cpu)"
+    slug = config.label.lower().replace(" ", "-")
+    if config.engine == "torch":
+        note = (f"{config.dtype}, torch {versions.get('torch', '?')}, sentence-transformers "
+                f"{versions.get('sentence-transformers', '?')}, transformers {versions.get('transformers', '?')}")
+    else:
+        note = (f"onnxruntime {versions.get('onnxruntime', '?')} (CPUExecutionProvider), optimum "
+                f"{versions.get('optimum', '?')}; fp32 `optimum-cli export onnx` graph with infinity's ORT "
+                "optimization (level 99, fused Attention/SkipLayerNorm/BiasGelu), --pooling-method mean; "
+                "embeddings only")
     with running_server(command, name=name, health_url=f"{base_url}/health",
-                        log_path=work_dir / "infinity-server.log", env=_server_env(work_dir, env),
-                        ready_timeout_s=READY_TIMEOUT_S, log=log):
+                        log_path=work_dir / f"infinity-{slug}-server.log", env=server_env,
+                        ready_timeout_s=READY_TIMEOUT_S, log=log, cwd=cwd):
         yield HttpPeer(
             name=name, base_url=base_url, embeddings_path="/embeddings", model="embed",
             rerank_path="/rerank" if reranker_dir is not None else None,
             rerank_model="rerank" if reranker_dir is not None else None,
-            note=(f"fp32, torch {versions.get('torch', '?')}, sentence-transformers "
-                  f"{versions.get('sentence-transformers', '?')}, transformers {versions.get('transformers', '?')}; "
-                  "no prefix added, always L2-normalized"))
+            note=note + "; no prefix added, always L2-normalized")

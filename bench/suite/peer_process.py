@@ -43,6 +43,9 @@ class HttpPeer:
     # adds "query: " or "passage: "). Where the suite's text already starts
     # with it, send this peer the text without it so the model sees the same bytes.
     input_prefix: str = ""
+    # What the server reports it runs as, where the suite can compare it
+    # (embedserve: device and dtype, see systems.serving_configuration); "" elsewhere.
+    configuration: str = ""
 
 
 def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
@@ -80,8 +83,9 @@ def stop_process(process: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def running_server(command: Sequence[str], *, name: str, health_url: str, log_path: Path,
                    env: Mapping[str, str] | None, ready_timeout_s: float,
-                   log: Callable[[str], None]) -> Iterator[subprocess.Popen]:
-    """Run ``command`` until the block exits; yields once ``health_url`` answers 200.
+                   log: Callable[[str], None], cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """Run ``command`` (in ``cwd``, default this process's) until the block exits; yields once
+    ``health_url`` answers 200.
 
     ``env`` None inherits this process's environment.
 
@@ -94,7 +98,7 @@ def running_server(command: Sequence[str], *, name: str, health_url: str, log_pa
         try:
             process = subprocess.Popen(list(command), stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=None if env is None else dict(env),
-                                       start_new_session=True)
+                                       cwd=cwd, start_new_session=True)
         except OSError as exc:
             raise PeerUnavailable(f"{name}: cannot run {command[0]}: {exc}") from None
     try:

@@ -2,8 +2,8 @@
 
 Owns turning a ``RunRecord`` into markdown (machine, command, date, the input
 scheme and checks, a systems table, one table per workload with each
-figure's ratio to the baseline embedserve system, the issue's targets against
-infinity-emb) and replacing the ``<!-- section: NAME -->`` ... ``<!-- end:
+figure's ratio to the baseline embedserve system, and the baseline against
+the best peer per row with the issue's targets, from ``best_peer``) and replacing the ``<!-- section: NAME -->`` ... ``<!-- end:
 NAME -->`` block of the report file (appended when missing). Text between
 ``<!-- notes -->`` and ``<!-- end notes -->`` inside the old block is kept,
 so hand-written analysis survives a re-run. Plots are ``plots``' job.
@@ -15,6 +15,7 @@ import math
 import re
 from pathlib import Path
 
+from bench.suite.best_peer import CPU_TARGETS, HEADLINE, comparisons, target_for, verdict
 from bench.suite.results import Row, RunRecord
 
 TITLES = {
@@ -83,14 +84,6 @@ def workload_table(record: RunRecord, workload: str, baseline: str) -> list[str]
     return lines + [""]
 
 
-def _find(record: RunRecord, system_prefix: str, workload: str, label: str) -> Row | None:
-    for row in record.rows:
-        if row.system.startswith(system_prefix) and row.workload == workload and row.label == label \
-                and row.status == "ok":
-            return row
-    return None
-
-
 def _overloaded(record: RunRecord) -> bool:
     try:
         return float(record.machine["load_before"]) > float(record.machine["cores"])
@@ -98,32 +91,37 @@ def _overloaded(record: RunRecord) -> bool:
         return False
 
 
-def targets_table(record: RunRecord, baseline: str) -> list[str]:
-    """The issue's CPU targets, each as embedserve's figure / infinity-emb's in this run."""
-    checks = [  # (what, workload, label, figure, target ratio, lower is better, system)
-        ("one 128-token text, p50", "latency", "128 tokens", "p50", 0.8, True, baseline),
-        ("mixed-length tokens/s", "throughput", "mixed 16-512", "tokens/s", 1.5, False, baseline),
-        ("uniform 512 tokens/s", "throughput", "512 tokens", "tokens/s", 1.1, False, baseline),
-        ("8 concurrent 512-token clients, p99", "concurrency", "8 clients", "p99", 0.9, True, baseline),
-        ("bf16 mixed-length tokens/s", "throughput", "mixed 16-512", "tokens/s", 2.0, False, "embedserve bfloat16"),
-        ("bf16 uniform 512 tokens/s", "throughput", "512 tokens", "tokens/s", 2.0, False, "embedserve bfloat16"),
-    ]
+def best_peer_table(record: RunRecord, baseline: str) -> list[str]:
+    """Every row of ``baseline`` ÷ the best peer on that row, with the CPU targets where they apply."""
+    rows = comparisons(record, baseline)
+    if not any(c.peer for c in rows):
+        return []
+    targets = CPU_TARGETS if record.profile == "cpu" else ()
     caveat = [f"**Caveat:** load average {record.machine['load_before']} on {record.machine['cores']} "
               "cores when this run started: other work shared the CPU, so 'met' describes this run only, "
-              "not the systems on a quiet machine.", ""] if _overloaded(record) else []
-    lines = ["### Targets (embedserve ÷ infinity-emb, same run)", "", *caveat,
-             "| target | embedserve | infinity-emb | ratio | target | met |", "|---|---:|---:|---:|---:|---|"]
-    for what, workload, label, figure, target, lower, system in checks:
-        ours, theirs = _find(record, system, workload, label), _find(record, "infinity", workload, label)
-        if ours is None or theirs is None:
-            lines.append(f"| {what} | — | — | — | {'≤' if lower else '≥'} {target}× | not measured |")
-            continue
-        a, b = _figures(ours)[figure], _figures(theirs)[figure]
-        ratio = a / b
-        met = ratio <= target if lower else ratio >= target
-        miss = "" if met else f" (missed by {abs(ratio - target) / target:.0%})"
-        lines.append(f"| {what} | {_number(a)} | {_number(b)} | {ratio:.2f}× | {'≤' if lower else '≥'} "
-                     f"{target}× | {'yes' if met else '**no**' + miss} |")
+              "not the systems on a quiet machine.", ""] if targets and _overloaded(record) else []
+    lines = [f"### {baseline} against the best peer configuration, row by row", "",
+             f"Each row: {baseline}'s figure ÷ the best figure any other system reached on the same "
+             "row in this run, among measurements that passed their checks (lowest latency, highest "
+             "tokens/s); the best peer may differ from row to row."
+             + (" Targets: issue 16 (CPU, default settings)." if targets else ""), "", *caveat,
+             "| workload | size | figure | " + baseline + " | best peer | its figure | ratio | target | met |",
+             "|---|---|---|---:|---|---:|---:|---:|---|"]
+    for c in rows:
+        target = target_for(c, targets)
+        sign = "≤" if c.lower_is_better else "≥"
+        goal = f"{sign} {target.ratio}×" if target else ""
+        outcome = verdict(c, target) if target else None
+        met = "" if outcome is None else \
+            f"yes ({outcome[1]:.0%} to spare)" if outcome[0] else f"**no** (missed by {outcome[1]:.0%})"
+        if target and outcome is None:
+            met = "no peer measured"
+        ratio = "—" if math.isnan(c.ratio) else f"{c.ratio:.2f}×"
+        lines.append(f"| {c.workload} | {c.label} | {c.figure} | {_number(c.ours)} | {c.peer or '—'} | "
+                     f"{_number(c.theirs)} | {ratio} | {goal} | {met} |")
+    missing = [t for t in targets if not any(target_for(c, (t,)) for c in rows)]
+    lines += [f"| {t.workload} | {t.label} | {HEADLINE[t.workload][0]} | — | — | — | — | "
+              f"{'≤' if HEADLINE[t.workload][1] else '≥'} {t.ratio}× | not measured |" for t in missing]
     return lines + [""]
 
 
@@ -135,6 +133,7 @@ def systems_table(record: RunRecord) -> list[str]:
         failed = [r for r in rows if r.failures]
         cosines = [r.worst_agreement for r in rows if r.workload != "rerank" and r.worst_agreement is not None]
         status = f"unavailable: {s.unavailable[:300]}" if s.unavailable else \
+            f"skipped: {s.skipped}" if s.skipped else \
             f"**FAILED** ({len(failed)} measurements)" if failed else "ok"
         probe = "—" if s.probe_cosine is None else f"{s.probe_cosine:.5f}"
         low = f"{min(cosines):.5f}" if cosines else "—"
@@ -160,9 +159,8 @@ def render(record: RunRecord, baseline: str, plots: dict[str, str], title: str) 
     out += [ratios + "A measurement whose answers failed a check shows no figures.", ""]
     for workload in TITLES:
         out += workload_table(record, workload, baseline)
-    if any(r.system.startswith("infinity") and r.status == "ok" for r in record.rows) \
-            and record.profile == "cpu":
-        out += targets_table(record, baseline)
+    if baseline:
+        out += best_peer_table(record, baseline)
     for name, path in plots.items():
         out += [f"![{name}]({path})", ""]
     out += [f"- {note}" for note in record.notes]

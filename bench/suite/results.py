@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 
 WORKLOADS = ("latency", "rerank", "throughput", "concurrency")
+# The system that runs `embedserve serve` as a user would, with no --dtype: the
+# report's baseline, compared row by row with the best peer.
+DEFAULT_SYSTEM = "embedserve default"
 
 
 @dataclass
@@ -70,6 +73,8 @@ class SystemOutcome:
     name: str
     note: str = ""
     unavailable: str = ""         # could not be installed or started; the run went on
+    skipped: str = ""             # not measured on purpose (e.g. the same configuration as another system)
+    configuration: str = ""       # embedserve's device and dtype (and CUDA graphs), as served
     probe_cosine: float | None = None
     min_cosine_bound: float = 0.0
 

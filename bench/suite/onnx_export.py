@@ -1,0 +1,128 @@
+"""The model as ONNX for infinity's ONNX Runtime engine: exported once by ``optimum-cli``, then reused.
+
+Owns one directory per model under ``WORK_DIR/onnx``: ``optimum-cli export
+onnx --task feature-extraction`` run with the infinity venv's own optimum
+(the version infinity loads it with), written to a temporary directory and
+renamed into place only when the export (and optimum's own check of the ONNX
+outputs against PyTorch) succeeded, so a killed export is never reused. The
+directory's name carries a fingerprint of the model directory's files
+(names, sizes, modification times): a rebuilt model gets a fresh export.
+
+infinity's optimum engine optimizes the graph when it loads a model
+(ORTOptimizer: level 99, transformer fusions, CPU, fp32) and keeps the
+result as ``$HUGGINGFACE_HUB_CACHE/infinity_onnx/CPUExecutionProvider/
+<model id>/*_optimized.onnx``, loading that instead on later starts. With
+the optimum that installs beside infinity 0.0.78 today (2.x) that step fails
+(it passes ``optimize_with_onnxruntime_only``, which 2.x removed) and
+infinity silently serves the unoptimized graph. So the same optimization
+(2.x's spelling of the same settings) is run here once, into the hub cache
+``infinity_cache_dir`` (one per export, so one export's graph is never taken
+for another's), where infinity finds it and skips its own attempt: the
+server runs the graph its authors meant it to. Knows nothing about serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.suite.peer_process import PeerUnavailable, log_tail
+
+EXPORT_TIMEOUT_S = 1200.0
+ONNX_FILE = "model.onnx"
+PROVIDER = "CPUExecutionProvider"
+OPTIMIZED_FILE = "model_optimized.onnx"
+# infinity_emb/transformer/utils_optimum.py's optimize_model for a CPU provider, with
+# optimum 2.x's name for optimize_with_onnxruntime_only=False.
+_OPTIMIZE = """
+import sys
+from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTOptimizer
+from optimum.onnxruntime.configuration import OptimizationConfig
+model = ORTModelForFeatureExtraction.from_pretrained(sys.argv[1], file_name="model.onnx", provider=sys.argv[3])
+config = OptimizationConfig(optimization_level=99, enable_transformers_specific_optimizations=True,
+                            optimize_for_gpu=False, fp16=False)
+ORTOptimizer.from_pretrained(model).optimize(optimization_config=config, save_dir=sys.argv[2],
+                                             one_external_file=True)
+"""
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """12 hex digits that change when any top-level file of ``model_dir`` changes."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def export_dir(model_dir: Path, work_dir: Path) -> Path:
+    """Where ``model_dir``'s export lives (whether or not it has been made)."""
+    return work_dir / "onnx" / f"{model_dir.name}-{model_fingerprint(model_dir)}"
+
+
+def infinity_cache_dir(export: Path) -> Path:
+    """The Hugging Face hub cache infinity keeps ``export``'s optimized graph in."""
+    return export.with_name(export.name + ".infinity-hub")
+
+
+def export_command(optimum_cli: Path, model_dir: Path, out_dir: Path) -> list[str]:
+    # feature-extraction with the transformers library: the encoder's last_hidden_state, what
+    # infinity pools (left to infer, optimum sees modules.json and exports sentence-transformers'
+    # token_embeddings/sentence_embedding outputs instead, which infinity does not read).
+    return [str(optimum_cli), "export", "onnx", "--model", str(model_dir), "--task", "feature-extraction",
+            "--library-name", "transformers", str(out_dir)]
+
+
+def optimized_graph(export: Path) -> Path:
+    """Where infinity looks for ``export``'s optimized graph (model id ".", run in ``export``)."""
+    return infinity_cache_dir(export) / "infinity_onnx" / PROVIDER / OPTIMIZED_FILE
+
+
+def _run_step(command: list[str], log_path: Path, what: str) -> None:
+    with open(log_path, "ab") as output:
+        try:
+            code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=EXPORT_TIMEOUT_S).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PeerUnavailable(f"{what} failed: {exc}") from None
+    if code != 0:
+        raise PeerUnavailable(f"{what} failed (exited {code}); log tail:\n{log_tail(log_path)}")
+
+
+def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
+                       log: Callable[[str], None]) -> Path:
+    """The export directory of ``model_dir``, made and optimized with ``venv_dir``'s optimum on first use."""
+    target = export_dir(model_dir, work_dir)
+    if (target / ONNX_FILE).is_file() and optimized_graph(target).is_file():
+        return target
+    optimum_cli = venv_dir / "bin" / "optimum-cli"
+    if not optimum_cli.exists():
+        raise PeerUnavailable(f"ONNX export: {optimum_cli} is missing (optimum is not installed in {venv_dir})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log_path = target.with_name(target.name + ".log")
+    started = time.monotonic()
+    if not (target / ONNX_FILE).is_file():
+        log(f"ONNX export: {model_dir.name} -> {target} (log: {log_path}); takes a minute or two")
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        _run_step(export_command(optimum_cli, model_dir, partial), log_path, f"ONNX export of {model_dir}")
+        if not (partial / ONNX_FILE).is_file():
+            raise PeerUnavailable(f"ONNX export of {model_dir} wrote no {ONNX_FILE}; log tail:\n{log_tail(log_path)}")
+        partial.rename(target)
+    hub = infinity_cache_dir(target)
+    partial_hub = hub.with_name(hub.name + ".partial")
+    shutil.rmtree(partial_hub, ignore_errors=True)
+    shutil.rmtree(hub, ignore_errors=True)
+    log(f"ONNX export: optimizing the graph as infinity does (level 99, transformer fusions) into {hub}")
+    save_dir = partial_hub / optimized_graph(target).parent.relative_to(hub)
+    _run_step([str(venv_dir / "bin" / "python"), "-c", _OPTIMIZE, str(target), str(save_dir), PROVIDER],
+              log_path, f"ORT optimization of {target}")
+    partial_hub.rename(hub)
+    if not optimized_graph(target).is_file():
+        raise PeerUnavailable(f"ORT optimization of {target} wrote no {optimized_graph(target)}")
+    log(f"ONNX export: done in {time.monotonic() - started:.0f} s")
+    return target
