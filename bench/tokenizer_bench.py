@@ -9,6 +9,13 @@ boundaries), in both exactness modes:
 - compat="hf" against ``tokenizers`` on XLM-R's tokenizer.json (RAYON_NUM_THREADS=1),
   and against ``sentencepiece`` (the issue's floor), each pair interleaved.
 
+Multilingual: the same pairs on the Universal Declaration of Human Rights
+(``text/udhr2``), one text per language with at least 612 tokens, each cut to 512
+tokens (specials included) on sentencepiece's token boundaries after its first 100
+tokens (skipping titles). Each pass times every text once, so nothing is repeated
+within a pass (no implementation here caches words; CPU caches stay warm only from
+other texts).
+
 Then batch throughput (tokens/s) of ``encode_batch`` on all cores against
 sentencepiece's batch encode with the same thread count.
 
@@ -38,6 +45,8 @@ WORDPIECE_LENGTHS = (130, 514, 4098)
 NOVELS = ("botchan.txt", "wagahaiwa_nekodearu.txt")
 TEXTS_PER_LENGTH = 8
 BUDGET_S = 0.4  # per (implementation, length)
+MULTILINGUAL_LENGTH = 512
+UDHR_SKIP = 100  # tokens skipped at the start of each UDHR text (the title and preamble heading)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -86,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of p50 against length")
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/embedserve/tokenizer").expanduser())
-    parser.add_argument("--only", choices=["wordpiece"], default=None, help="run only the WordPiece rows")
+    parser.add_argument("--only", choices=["wordpiece", "multilingual"], default=None,
+                        help="run only the WordPiece rows, or only the multilingual (UDHR) row")
     args = parser.parse_args(argv)
     if args.only == "wordpiece":
         os.environ["RAYON_NUM_THREADS"] = "1"
@@ -95,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render_wordpiece(rows, (load_before, os.getloadavg()[0])))
         return 0
     needed = [args.data / "xlmr" / "sentencepiece.bpe.model", args.data / "xlmr" / "tokenizer.json",
-              *(args.data / "text" / name for name in NOVELS)]
+              *(args.data / "text" / name for name in NOVELS), args.data / "text" / "udhr2"]
     if (problem := missing_line("python -m bench tokenizer", needed, "--data")) is not None:
         print(problem, file=sys.stderr)
         return MISSING_EXIT_STATUS
@@ -113,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     ours_hf = Tokenizer.from_file(hf_json, compat="hf", cache_dir=args.cache_dir)
 
     load_before = os.getloadavg()[0]
+    if args.only == "multilingual":
+        row = multilingual_row(sp, ours_sp, ours_hf, hf, args.data)
+        print(f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n")
+        print(render_multilingual(row))
+        return 0
     rows = []
     for length in LENGTHS:
         texts = windows(sp, args.data, length)
@@ -129,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {length}: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items()
                                          if isinstance(v, tuple)) + f", hf/sp {row['hf_over_sp']:.2f}",
               file=sys.stderr)
+
+    multilingual = multilingual_row(sp, ours_sp, ours_hf, hf, args.data)
 
     threads = os.cpu_count() or 1
     batch = windows(sp, args.data, 514) * 64
@@ -147,12 +164,53 @@ def main(argv: list[str] | None = None) -> int:
 
     load = (load_before, os.getloadavg()[0])
     print(render(rows, throughput, threads, len(batch), load))
+    print()
+    print(render_multilingual(multilingual))
     wordpiece_load = os.getloadavg()[0]
     print()
     print(render_wordpiece(wordpiece_rows(args.cache_dir), (wordpiece_load, os.getloadavg()[0])))
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+def udhr_windows(sp, data: Path, length: int = MULTILINGUAL_LENGTH) -> list[str]:
+    """One text of ``length`` tokens (with <s> </s>) per UDHR language long enough."""
+    texts = []
+    for path in sorted((data / "text" / "udhr2").glob("*.txt")):
+        ids = sp.encode(path.read_text(encoding="utf-8"))
+        if len(ids) >= UDHR_SKIP + length:
+            texts.append(sp.decode(ids[UDHR_SKIP:UDHR_SKIP + length - 2]))
+    return texts
+
+
+def multilingual_row(sp, ours_sp, ours_hf, hf, data: Path) -> dict:
+    """p50/p99 of each implementation over the UDHR texts, each pair interleaved per text."""
+    texts = udhr_windows(sp, data)
+    row: dict = {"texts": len(texts), "tokens": statistics.median(len(ours_hf.encode(t)) for t in texts)}
+    reference = lambda t: sp.encode(t, add_bos=True, add_eos=True)  # noqa: E731
+    row.update(timed({"ours_sp": ours_sp.encode, "sentencepiece": reference}, texts))
+    both = timed({"ours_hf": ours_hf.encode, "sp": reference}, texts)
+    row["ours_hf"], row["sp_with_hf"] = both["ours_hf"], both["sp"]
+    row.update(timed({"ours_hf_t": ours_hf.encode, "tokenizers": hf.encode}, texts))
+    print("# multilingual: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items()
+                                         if isinstance(v, tuple)), file=sys.stderr)
+    return row
+
+
+def render_multilingual(r: dict) -> str:
+    return "\n".join([
+        f"Multilingual (UDHR, {r['texts']} languages, median {r['tokens']:.0f} tokens per text), single "
+        "thread, one encode() call, microseconds; each pair interleaved per text:",
+        "",
+        "| pair | ours p50 / p99 | reference p50 / p99 | ours/reference p50 |",
+        "|---|---:|---:|---:|",
+        f"| sp mode vs sentencepiece | {r['ours_sp'][0]:.1f} / {r['ours_sp'][1]:.1f} | "
+        f"{r['sentencepiece'][0]:.1f} / {r['sentencepiece'][1]:.1f} | {r['ours_sp'][0] / r['sentencepiece'][0]:.2f} |",
+        f"| hf mode vs sentencepiece | {r['ours_hf'][0]:.1f} / {r['ours_hf'][1]:.1f} | "
+        f"{r['sp_with_hf'][0]:.1f} / {r['sp_with_hf'][1]:.1f} | {r['ours_hf'][0] / r['sp_with_hf'][0]:.2f} |",
+        f"| hf mode vs tokenizers | {r['ours_hf_t'][0]:.1f} / {r['ours_hf_t'][1]:.1f} | "
+        f"{r['tokenizers'][0]:.1f} / {r['tokenizers'][1]:.1f} | {r['ours_hf_t'][0] / r['tokenizers'][0]:.2f} |"])
 
 
 def render(rows: list[dict], throughput: dict[str, float], threads: int, batch_size: int,
