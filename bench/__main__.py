@@ -18,6 +18,7 @@ BENCHMARKS = {
     "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",
+    "overhead": "bench.overhead_bench",
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",

@@ -148,6 +148,7 @@ class Gateway:
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
+        started = time.perf_counter()
         with self.budget.hold(tokens):
             self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use)
             try:
@@ -157,7 +158,11 @@ class Gateway:
                     on_retry=self.metrics.chunk_retries.labels(self.model_id).inc))
             finally:
                 self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use - tokens)
+                timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
+                timing["rpc"] = timings.rpc_s
+                timing["replica"] = timings.replica_s
                 timing["queue"] = timings.queue_s
+                timing["wake"] = timings.wake_s
                 timing["inference"] = timings.inference_s
         self.metrics.inputs.labels(route, self.model_id).inc(packed.num_sequences)
         self.metrics.tokens.labels(route, self.model_id).inc(tokens)
