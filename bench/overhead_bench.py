@@ -68,8 +68,9 @@ class Stack:
         self.label = spec
         self.source = Path(words[0]).resolve()
         env = dict(os.environ, PYTHONPATH=str(self.source), PYTHONUNBUFFERED="1")
-        env.update(w.split("=", 1) for w in words[1:] if "=" in w and not w.startswith("-"))
-        own_flags = [w for w in words[1:] if w.startswith("-")]
+        first_flag = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+        env.update(w.split("=", 1) for w in words[1:first_flag])
+        own_flags = words[first_flag:]
         argv = [sys.executable, "-m", "embedserve.cli", "serve", "--port", "0",
                 "--log-level", "warning", *serve_flags, *own_flags]
         self.process, match = popen_listening(argv, GATEWAY_LISTENING, env=env, cwd=str(self.source))

@@ -54,12 +54,20 @@ class Gateway:
         self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
+        # The last replica report read and the ModelInfo made of it: a request reads
+        # ``model`` a few times, and a replica's Info changes only when it restarts.
+        self._merged: tuple[inference_pb2.InfoResponse, ModelInfo] | None = None
 
     @property
     def model(self) -> ModelInfo:
         """The served model: the directory's description, a healthy replica's report over it."""
         reply = self.pool.info()
-        return self._described if reply is None else wire.model_info_from_proto(reply, self._described)
+        if reply is None:
+            return self._described
+        merged = self._merged
+        if merged is None or merged[0] is not reply:
+            merged = self._merged = (reply, wire.model_info_from_proto(reply, self._described))
+        return merged[1]
 
     @property
     def served_names(self) -> tuple[str, ...]:
