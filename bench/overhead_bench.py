@@ -17,7 +17,11 @@ Reports per stack: client p50/p99, the engine compute p50 (Server-Timing
 ``inference``), overhead p50 (the per-request client time minus its
 ``inference``: the issue's target is <= 1.5 ms), and the p50 of every
 Server-Timing entry the stack sends, plus ``outside`` (client time minus the
-gateway's ``total``: the HTTP client, the socket and uvicorn's parse/write).
+gateway's ``total``: the HTTP client, the socket and uvicorn's parse/write),
+and the CPU time per request of the gateway process and of its replicas
+(``/proc``: user + system, all threads). CPU time hardly depends on how busy
+the machine is, so it compares stacks where wall times are noise; a replica's
+CPU beyond its compute is its event loop, gRPC, and OpenMP threads spinning.
 The entries a stack may send, in request order:
 
     parse      middleware entry -> route handler (body read, JSON + pydantic)
@@ -50,6 +54,25 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = "How do I reset my password if I no longer have access to my email?"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` (all its threads) so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return children
+
+
 def parse_server_timing(header: str) -> dict[str, float]:
     """``tokenize;dur=1.200, queue;dur=0.050`` -> {"tokenize": 1.2, "queue": 0.05} (ms)."""
     timing: dict[str, float] = {}
@@ -78,6 +101,20 @@ class Stack:
         self.client = httpx.Client(base_url=self.url, timeout=60)
         self.client_ms: list[float] = []
         self.timings: list[dict[str, float]] = []
+        self.gateway_cpu_s = 0.0
+        self.replica_cpu_s = 0.0
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far: the gateway (the serve process), its replicas together."""
+        return cpu_seconds(self.process.pid), sum(map(cpu_seconds, child_pids(self.process.pid)))
+
+    def run_block(self, body: dict, count: int) -> None:
+        gateway_before, replicas_before = self.cpu()
+        for _ in range(count):
+            self.query(body, record=True)
+        gateway_after, replicas_after = self.cpu()
+        self.gateway_cpu_s += gateway_after - gateway_before
+        self.replica_cpu_s += replicas_after - replicas_before
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -108,7 +145,9 @@ def summarize(stack: Stack) -> list[tuple[str, float]]:
             ("client p99", float(np.percentile(client, 99))),
             ("inference p50", float(np.nanmedian(inference))),
             ("overhead p50 (client - inference)", float(np.nanmedian(client - inference))),
-            ("outside p50 (client - total)", float(np.nanmedian(client - total)))]
+            ("outside p50 (client - total)", float(np.nanmedian(client - total))),
+            ("gateway CPU per request", 1e3 * stack.gateway_cpu_s / len(client)),
+            ("replica CPU per request", 1e3 * stack.replica_cpu_s / len(client))]
     names = list(dict.fromkeys(name for t in stack.timings for name in t))
     for name in names:
         rows.append((f"  {name}", float(np.nanmedian([t.get(name, np.nan) for t in stack.timings]))))
@@ -144,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         while done < args.iterations:
             count = min(args.block, args.iterations - done)
             for stack in stacks:
-                for _ in range(count):
-                    stack.query(body, record=True)
+                stack.run_block(body, count)
             done += count
     finally:
         for stack in stacks:

@@ -72,6 +72,9 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
 
         replicas = children(process.pid)
         assert len(replicas) == 2
+        # Their OpenMP threads stop spinning soon after a step (launch/commands.py).
+        environ = open(f"/proc/{replicas[0]}/environ", "rb").read().split(b"\0")
+        assert b"GOMP_SPINCOUNT=20000" in environ
         # Only this gateway may call the replicas: a client without the run's token is refused.
         argv = open(f"/proc/{replicas[0]}/cmdline").read().split("\0")
         token_file = Path(argv[argv.index("--replica-token-file") + 1])
