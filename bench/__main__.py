@@ -19,6 +19,7 @@ BENCHMARKS = {
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",
     "overhead": "bench.overhead_bench",
+    "grpc_transport": "bench.grpc_transport",
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",
