@@ -2,10 +2,12 @@
 
 Runs a tiny random BERT (``tiny_bert_dir``) so that three model loads stay
 cheap, with two replicas on port 0.
-Checks the banner, a request, that the replicas refuse calls that do not
-come from this gateway (a fresh token per run, in a private 0600 file
-removed at exit), that a killed replica is restarted and put back, and that
-SIGTERM stops the gateway and every replica with status 0.
+Checks the banner, a request, that the gateway calls its replicas over Unix
+domain sockets in a private directory removed at exit, that the replicas refuse
+calls that do not come from this gateway (a fresh token per run, in a private
+0600 file removed at exit), that a killed replica is restarted (on the same
+socket) and put back, and that SIGTERM stops the gateway and every replica with
+status 0. ``--replica-transport tcp`` serves over loopback TCP instead.
 """
 
 from __future__ import annotations
@@ -70,12 +72,20 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
 
         replicas = children(process.pid)
         assert len(replicas) == 2
+        # Their OpenMP threads stop spinning soon after a step (launch/commands.py).
+        environ = open(f"/proc/{replicas[0]}/environ", "rb").read().split(b"\0")
+        assert b"GOMP_SPINCOUNT=20000" in environ
         # Only this gateway may call the replicas: a client without the run's token is refused.
         argv = open(f"/proc/{replicas[0]}/cmdline").read().split("\0")
         token_file = Path(argv[argv.index("--replica-token-file") + 1])
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
-        address = httpx.get(url + "/info", timeout=10).json()["replicas"][0]["address"]
+        addresses = [r["address"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]]
+        assert all(a.startswith("unix:/") for a in addresses), addresses
+        sockets = [Path(a[len("unix:"):]) for a in addresses]
+        assert all(s.is_socket() for s in sockets) and len(set(sockets)) == 2
+        assert stat.S_IMODE(sockets[0].parent.parent.stat().st_mode) == 0o700
+        address = addresses[0]
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
                 inference_pb2_grpc.InferenceStub(channel).Info(inference_pb2.InfoRequest(), timeout=30)
@@ -93,7 +103,19 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         assert process.wait(60) == 0
         assert not any(alive(pid) for pid in current)
         assert not token_file.parent.exists()
+        assert not sockets[0].parent.parent.exists()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_serve_over_tcp_when_asked(tiny_bert_dir):
+    from serve_harness import served
+
+    with served("--model", str(tiny_bert_dir), "--replica-transport", "tcp") as url:
+        address = httpx.get(url + "/info", timeout=10).json()["replicas"][0]["address"]
+        assert address.startswith("127.0.0.1:")
+        reply = httpx.post(url + "/v1/embeddings", json={"input": "over tcp"}, timeout=60)
+        assert reply.status_code == 200
+        assert abs(np.linalg.norm(reply.json()["data"][0]["embedding"]) - 1) < 1e-5

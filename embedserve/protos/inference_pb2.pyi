@@ -54,14 +54,16 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("queue_us", "compute_us", "total_us")
+    __slots__ = ("queue_us", "compute_us", "total_us", "wake_us")
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    WAKE_US_FIELD_NUMBER: _ClassVar[int]
     queue_us: int
     compute_us: int
     total_us: int
-    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
+    wake_us: int
+    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ..., wake_us: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions")

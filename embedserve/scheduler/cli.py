@@ -37,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051,
                         help="gRPC port; 0 picks a free one (default: %(default)s)")
+    parser.add_argument("--unix-socket", type=Path, default=None, metavar="PATH",
+                        help="also serve gRPC on this Unix domain socket, for a gateway on the "
+                             "same machine (no TCP loopback per call); --port stays open "
+                             "(default: none)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
     add_engine_flags(parser)
@@ -94,7 +98,8 @@ def engine_flags(dtype: str | None, cuda_graphs: bool = True) -> tuple[str, ...]
 
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
-        model_dir=model_dir, host=args.host, port=args.port, metrics_port=args.metrics_port,
+        model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
+        metrics_port=args.metrics_port,
         device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,

@@ -28,6 +28,10 @@ class SchedulerSettings:
     host: str = "127.0.0.1"
     port: int = 0                        # 0: pick a free port (tests)
     metrics_port: int | None = None      # None: no metrics endpoint; 0: pick a free port
+    # Also listen on this Unix domain socket: a gateway on the same machine
+    # (``embedserve serve``) calls through it, without TCP loopback's per-call
+    # cost. The TCP port stays open for remote gateways and probes.
+    unix_socket: Path | None = None
     device: str = "cpu"
     dtype: str | None = None             # None: the engine's default for the device
     cuda_graphs: bool = True             # CUDA only: replay captured graphs per bucket (off: eager)
