@@ -142,12 +142,14 @@ def _check_model_dir(path: Path, what: str) -> None:
 @contextlib.contextmanager
 def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
                   log: Callable[[str], None], *, venv_dir: Path | None = None,
-                  install: bool = True, env: Mapping[str, str] | None = None) -> Iterator[HttpPeer]:
+                  install: bool = True, env: Mapping[str, str] | None = None,
+                  dtype: str | None = None) -> Iterator[HttpPeer]:
     """infinity-emb serving ``model_dir`` (and ``reranker_dir``) on 127.0.0.1 until the block exits.
 
     ``venv_dir`` defaults to ``work_dir/infinity-venv``; ``install`` False
     reports a missing install instead of installing; ``env`` is the server's
-    environment before the telemetry/offline settings (None: this process's).
+    environment before the telemetry/offline settings (None: this process's);
+    ``dtype`` is infinity's ``--dtype`` (None: its default, float32 on CPU).
     """
     model_dir, work_dir = Path(model_dir).resolve(), Path(work_dir).resolve()
     _check_model_dir(model_dir, "model")
@@ -164,6 +166,8 @@ def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
     command = [str(venv_dir / "bin" / "infinity_emb"), "v2", "--host", "127.0.0.1", "--port", str(port),
                "--engine", "torch", "--device", "cpu", "--no-model-warmup",
                "--model-id", str(model_dir), "--served-model-name", "embed"]
+    if dtype is not None:
+        command += ["--dtype", dtype]
     if reranker_dir is not None:
         command += ["--model-id", str(reranker_dir), "--served-model-name", "rerank"]
     base_url = f"http://127.0.0.1:{port}"
