@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE,
                    help="rows per part, the unit that is written and resumed (default: %(default)s)")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help="tokens per engine step (default: the scheduler's, 512)")
+                   help="tokens per engine step (default: 4096 on CPU, the scheduler's 512 on CUDA)")
     p.add_argument("--batch-sequences", type=int, default=256, help="sequences per engine step (default: 256)")
     p.add_argument("--sort-window", type=int, default=None,
                    help="documents sorted by length together (default: the whole part)")
@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace):
     from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
     from embedserve.bulk.reader import resolve_input
     from embedserve.errors import InvalidInput
-    from embedserve.local.options import EmbedOptions
+    from embedserve.local.options import EmbedOptions, bulk_token_budget
 
     if args.url and args.ray:
         raise InvalidInput("--url and --ray are two ways to run the job; pick one")
@@ -98,7 +98,8 @@ def _run(args: argparse.Namespace):
     options = EmbedOptions(input_type=args.input_type, dimensions=args.dimensions,
                            precision=args.precision, long_inputs=args.long_inputs,
                            chunk_overlap=args.chunk_overlap,
-                           token_budget=args.batch_tokens, max_sequences=args.batch_sequences,
+                           token_budget=args.batch_tokens or bulk_token_budget(args.device),
+                           max_sequences=args.batch_sequences,
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)

@@ -31,14 +31,13 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import InvalidInput
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.embedded import EmbeddedPart
-from embedserve.local.options import EmbedOptions
+from embedserve.local.options import EmbedOptions, bulk_token_budget
 from embedserve.local.packing import plan_batches
 from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.windows import pool_windows
-from embedserve.scheduler.settings import default_max_batch_tokens
 from embedserve.tokenizer import Tokenizer
 
 # Steps handed to the engine before the oldest is awaited: one runs while the
@@ -79,7 +78,7 @@ class LocalEmbedder:
         self.prompt = info.prompt(options.input_type, "input_type")
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, info.max_positions, options.chunk_overlap)
-        self.token_budget = options.token_budget or default_max_batch_tokens(device)
+        self.token_budget = options.token_budget or bulk_token_budget(device)
         self.ranges = self._ranges(model_dir, cache_dir) if options.precision in RANGED_PRECISIONS else None
 
     def _ranges(self, model_dir: Path, cache_dir: Path | None) -> np.ndarray:
