@@ -23,7 +23,8 @@ import pytest
 from bulk_corpus import documents, write_jsonl
 from embedserve.cli import main
 from embedserve.engine.dtype_choice import (DtypeChoice, auto_candidate, cpu_capabilities,
-                                            native_bf16_feature, probe_verdict, score_bound)
+                                            cpuinfo_capabilities, native_bf16_feature,
+                                            probe_verdict, score_bound)
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
 from embedserve.local.columns import embedding_matrix
@@ -60,6 +61,12 @@ def check_auto(dtype: str, reason: str) -> None:
 ])
 def test_auto_candidate_follows_the_hardware(device, capabilities, dtype, reason) -> None:
     assert auto_candidate(device, capabilities) == DtypeChoice(dtype, reason)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="no /proc/cpuinfo here")
+def test_the_cpuinfo_fallback_agrees_with_torch() -> None:
+    flags = cpuinfo_capabilities(Path("/proc/cpuinfo").read_text())
+    assert native_bf16_feature(flags) == FEATURE
 
 
 def test_the_embedding_verdict_is_the_smallest_row_cosine() -> None:

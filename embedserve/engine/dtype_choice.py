@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.ragged import RaggedBatch
@@ -64,17 +65,21 @@ class DtypeProbe:
 
 
 def cpu_capabilities() -> Mapping[str, Any]:
-    """The CPU's feature flags: torch's reading (public since torch 2.8), else /proc/cpuinfo's."""
-    import torch
-
+    """The CPU's feature flags: torch's reading (``torch.cpu.get_capabilities``, in recent
+    releases), else /proc/cpuinfo's."""
     read = getattr(torch.cpu, "get_capabilities", None)
     if read is not None:
         return read()
     try:
-        lines = _CPUINFO.read_text().splitlines()
+        return cpuinfo_capabilities(_CPUINFO.read_text())
     except OSError:
         return {}
-    flags = next((line.split(":", 1)[1].split() for line in lines
+
+
+def cpuinfo_capabilities(cpuinfo: str) -> Mapping[str, bool]:
+    """The first processor's flags in /proc/cpuinfo's text (x86 ``flags``, ARM ``Features``),
+    under the names torch uses for the bf16 ones (``amx_bf16``, ``avx512_bf16``)."""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
                   if line.startswith(("flags", "Features"))), [])
     return {flag: True for flag in flags}
 
