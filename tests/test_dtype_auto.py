@@ -93,6 +93,25 @@ def test_the_score_verdict_bounds_the_sigmoid_move() -> None:
     assert probe_verdict(candidate, logits, logits, 1.0).dtype == "bfloat16"     # identical passes 1
 
 
+@pytest.mark.parametrize("command", [["serve"], ["cluster"], ["scheduler"], ["embed", "in.jsonl", "-o", "out.parquet"]])
+def test_a_probe_bar_outside_zero_to_one_is_a_usage_error(command: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--dtype-probe-min-cosine", "1.5"])
+    assert exited.value.code == 2
+    assert "--dtype-probe-min-cosine: must be between 0 and 1, got 1.5" in capsys.readouterr().err
+
+
+def test_launchers_pass_dtype_flags_on_only_when_not_the_default(tmp_path: Path) -> None:
+    from embedserve.scheduler.cli import engine_flags, settings_from_args
+    from embedserve.cli import build_parser
+
+    assert engine_flags("auto", True, 0.9999) == ()
+    flags = engine_flags("bfloat16", True, 0.99995)
+    assert flags == ("--dtype", "bfloat16", "--dtype-probe-min-cosine", "0.99995")
+    settings = settings_from_args(build_parser().parse_args(["scheduler", *flags]), tmp_path)
+    assert (settings.dtype, settings.dtype_probe_min_cosine) == ("bfloat16", 0.99995)
+
+
 # --- real servers, real models ------------------------------------------------------
 
 def serve(*args: str) -> tuple:

@@ -35,6 +35,7 @@ from embedserve.local.documents import text_problem
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.model.info import read_model_info
 from embedserve.integrations.ray import PROBLEM, EmbedBatches
 
@@ -81,7 +82,7 @@ def _read(ray: Any, spec: InputSpec):
 
 def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, options: EmbedOptions,
                part_size: int, job: dict[str, Any], actors: int = 1, device: str = "cpu",
-               dtype: str | None = "auto", probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
+               dtype: str | None = DEFAULT_DTYPE, probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
                overwrite: bool = False, show_progress: bool = True,
                cpus_per_actor: float = 1, cache_dir: Path | None = None) -> Totals:
     """Run the job on the Ray cluster at ``address`` ("local": start one here; "auto": the

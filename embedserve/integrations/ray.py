@@ -35,6 +35,7 @@ from embedserve.local.documents import text_problem
 from embedserve.local.embedder import LocalEmbedder
 from embedserve.local.options import EmbedOptions
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 
 PROBLEM = "problem"
 
@@ -43,7 +44,7 @@ class EmbedBatches:
     """A callable class for ``Dataset.map_batches(..., batch_format="pyarrow")``."""
 
     def __init__(self, model_dir: str | Path, text_field: str = "text", id_field: str | None = None,
-                 device: str = "cpu", dtype: str | None = "auto",
+                 device: str = "cpu", dtype: str | None = DEFAULT_DTYPE,
                  probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
                  cache_dir: str | Path | None = None, **options: Any) -> None:
         """``options``: ``EmbedOptions`` fields (input_type, dimensions, precision,

@@ -93,12 +93,23 @@ def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
                              "precision is kept only if a load-time probe (a few fixed texts "
                              "embedded in it and in float32) agrees with float32, else float32 "
                              "(/info's dtype_reason says which and why) (default: %(default)s)")
-    parser.add_argument("--dtype-probe-min-cosine", type=float, default=DEFAULT_PROBE_MIN_COSINE,
+    parser.add_argument("--dtype-probe-min-cosine", type=_cosine, default=DEFAULT_PROBE_MIN_COSINE,
                         metavar="C",
                         help="--dtype auto's bar: the smallest cosine between a probe text's "
                              "vector in bfloat16 and in float32 (cross-encoders: scores may move "
                              "by sqrt(2(1-C)) after the sigmoid); 1 forces float32 "
                              "(default: %(default)s)")
+
+
+def _cosine(text: str) -> float:
+    """A cosine bar in [0, 1] (argparse type: a bad value is a usage error at every entry point)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
 
 
 def engine_flags(dtype: str | None, cuda_graphs: bool = True,
