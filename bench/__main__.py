@@ -26,6 +26,7 @@ BENCHMARKS = {
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",
+    "dtype_load": "bench.dtype_load",
 }
 
 

@@ -22,7 +22,8 @@ from embedserve.local.columns import embedding_matrix
 
 
 def embed(*argv: object) -> int:
-    return main(["embed", *map(str, argv), "--no-progress"])
+    # float32: the outputs are compared with float32 references (the command's default is auto).
+    return main(["embed", *map(str, argv), "--no-progress", "--dtype", "float32"])
 
 
 def read_output(path: Path, precision: str = "float32") -> tuple[list, np.ndarray, pa.Table]:

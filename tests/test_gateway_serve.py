@@ -46,7 +46,8 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "2", "--port", "0",
-         "--model", str(tiny_bert_dir), "--served-model-name", "tiny", "tiny-alias"],
+         "--model", str(tiny_bert_dir), "--served-model-name", "tiny", "tiny-alias",
+         "--dtype", "float32"],
         stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = None
