@@ -13,8 +13,9 @@ Multilingual: the same pairs on the Universal Declaration of Human Rights
 (``text/udhr2``), one text per language with at least 612 tokens, each cut to 512
 tokens (specials included) on sentencepiece's token boundaries after its first 100
 tokens (skipping titles). Each pass times every text once, so nothing is repeated
-within a pass (no implementation here caches words; CPU caches stay warm only from
-other texts).
+within a pass. Ours in hf mode caches words per thread (kernels/word_cache.py), warm
+mostly from the other texts (a pass has more distinct words than the table has slots);
+a second group times it cold on every text and turned off, against sentencepiece.
 
 Then batch throughput (tokens/s) of ``encode_batch`` on all cores against
 sentencepiece's batch encode with the same thread count.
@@ -193,6 +194,19 @@ def multilingual_row(sp, ours_sp, ours_hf, hf, data: Path) -> dict:
     both = timed({"ours_hf": ours_hf.encode, "sp": reference}, texts)
     row["ours_hf"], row["sp_with_hf"] = both["ours_hf"], both["sp"]
     row.update(timed({"ours_hf_t": ours_hf.encode, "tokenizers": hf.encode}, texts))
+    # hf mode's per-word cache: warm from the other texts (the rows above too: a server's
+    # steady state), cold on every text, and off, in one interleaved group. "clear" times
+    # clear_word_cache alone (it writes a field of every slot), subtracted from "cold".
+    off = type(ours_hf)(ours_hf.spec, word_cache_slots=0)
+    cold_hf = type(ours_hf)(ours_hf.spec)
+
+    def cold(text: str):
+        cold_hf.clear_word_cache()
+        return cold_hf.encode(text)
+
+    group = timed({"warm": ours_hf.encode, "cold": cold, "clear": lambda _: cold_hf.clear_word_cache(),
+                   "off": off.encode, "sp": reference}, texts)
+    row["cache"] = group
     print("# multilingual: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items()
                                          if isinstance(v, tuple)), file=sys.stderr)
     return row
@@ -210,7 +224,16 @@ def render_multilingual(r: dict) -> str:
         f"| hf mode vs sentencepiece | {r['ours_hf'][0]:.1f} / {r['ours_hf'][1]:.1f} | "
         f"{r['sp_with_hf'][0]:.1f} / {r['sp_with_hf'][1]:.1f} | {r['ours_hf'][0] / r['sp_with_hf'][0]:.2f} |",
         f"| hf mode vs tokenizers | {r['ours_hf_t'][0]:.1f} / {r['ours_hf_t'][1]:.1f} | "
-        f"{r['tokenizers'][0]:.1f} / {r['tokenizers'][1]:.1f} | {r['ours_hf_t'][0] / r['tokenizers'][0]:.2f} |"])
+        f"{r['tokenizers'][0]:.1f} / {r['tokenizers'][1]:.1f} | {r['ours_hf_t'][0] / r['tokenizers'][0]:.2f} |",
+        "",
+        "hf mode's word cache, one interleaved group against sentencepiece (p50 µs, ratio to sentencepiece):",
+        "",
+        "| hf mode | p50 | / sentencepiece |",
+        "|---|---:|---:|",
+        *(f"| {label} | {v:.1f} | {v / c['sp'][0]:.2f} |" for c in [r["cache"]] for label, v in (
+            ("cache warm from the other texts", c["warm"][0]),
+            ("cache cold on every text (clear time subtracted)", c["cold"][0] - c["clear"][0]),
+            ("cache off", c["off"][0]), ("sentencepiece", c["sp"][0])))])
 
 
 def render(rows: list[dict], throughput: dict[str, float], threads: int, batch_size: int,

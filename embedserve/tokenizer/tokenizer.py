@@ -36,6 +36,7 @@ from embedserve.tokenizer.kernels.normalize_sp import sp_params
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
+from embedserve.tokenizer.kernels.word_cache import new_word_cache
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
@@ -48,6 +49,12 @@ PARALLEL_MIN_BYTES = 1 << 15
 # A thread keeps its scratch (~75 bytes per input byte) for inputs up to this size:
 # 128 KiB covers a 16k-token text of 3-byte characters at ~10 MB per thread.
 KEEP_SCRATCH_BYTES = 1 << 17
+# Slots of each thread's hf-mode word cache (kernels/word_cache.py): 128 bytes a slot,
+# 8 MiB per thread that encodes (zeroed pages, committed as slots fill). Smaller tables
+# measured no faster than none on the 379-language bench (4096 and 16384 slots: 1.00x;
+# 32768: 0.89x; 65536: 0.79x, BENCHMARKS.md), as its ~41k distinct words a pass collide.
+WORD_CACHE_SLOTS = 1 << 16
+_NO_WORD_CACHE = new_word_cache(0)  # never written: a table of no slots caches nothing
 
 
 def to_utf8(text: str) -> bytes:
@@ -66,12 +73,19 @@ class Tokenizer:
     backend = "native-unigram"
 
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
-                 threads: int | None = None) -> None:
-        """``threads``: how many threads encode_batch uses (default: all cores)."""
+                 threads: int | None = None, word_cache_slots: int = WORD_CACHE_SLOTS) -> None:
+        """``threads``: how many threads encode_batch uses (default: all cores).
+
+        ``word_cache_slots``: slots of each thread's cache of per-word results in hf mode
+        (a power of two; 0 turns it off). sentencepiece mode never caches.
+        """
         if any(spec.single_type_ids):  # encode_batch gives single texts no segment ids
             raise ModelLoadError(f"{spec.source}: field post_processor.single: segment ids other than 0 are "
                                  "not supported; supported: type_id 0 throughout the single-text template")
         self.spec = spec
+        new_word_cache(word_cache_slots)  # checks the size before anything is built
+        # The table packs a token id in 23 bits (kernels/word_cache.py).
+        self._word_cache_slots = word_cache_slots if spec.compat == "hf" and spec.vocab_size < 1 << 23 else 0
         self._wordpiece: WordPieceEncoder | None = None
         if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
             self._wordpiece = WordPieceEncoder(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
@@ -97,13 +111,13 @@ class Tokenizer:
                             int(spec.unk_id), _unk_score(spec), _byte_ids(spec))
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
-                                        new_scratch(0, 2), _EMPTY, _EMPTY, self._hf)
+                                        new_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | Path, compat: Compat | None = None,
                   cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
-                  fairseq_ids: bool = False) -> Tokenizer:
+                  fairseq_ids: bool = False, word_cache_slots: int = WORD_CACHE_SLOTS) -> Tokenizer:
         """A ``.model`` (default compat "sentencepiece") or ``tokenizer.json`` (default "hf").
 
         ``fairseq_ids`` (``.model`` only): XLM-R id order instead of SentencePiece's.
@@ -122,7 +136,7 @@ class Tokenizer:
             if compat == "hf":
                 from embedserve.tokenizer.formats.hf_json import spec_for_hf_compat
                 spec = spec_for_hf_compat(spec)
-        return cls(spec, Path(cache_dir) if cache_dir is not None else None)
+        return cls(spec, Path(cache_dir) if cache_dir is not None else None, word_cache_slots=word_cache_slots)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, compat: Compat = "hf",
@@ -179,13 +193,14 @@ class Tokenizer:
         if self._wordpiece is not None:
             return self._wordpiece.encode_one(src, prefix, suffix)
         scratch = self._scratch(len(src))
-        ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf)
+        cache = self._word_cache()
+        ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
         factor = 4
         while not ok:  # rare: normalization expanded the text more than 2x
             scratch = new_scratch(len(src), factor)
             if len(src) <= KEEP_SCRATCH_BYTES:  # keep it for next time, but never pin a huge one
                 self._local.scratch = scratch
-            ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf)
+            ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
             factor *= 2
         return ids
 
@@ -237,6 +252,19 @@ class Tokenizer:
             scratch = self._local.scratch = new_scratch(max(src_len, 256), 2)
         return scratch
 
+    def _word_cache(self):
+        """This thread's word cache (a table is not safe to share between threads)."""
+        cache = getattr(self._local, "word_cache", None)
+        if cache is None:
+            cache = self._local.word_cache = new_word_cache(self._word_cache_slots)
+        return cache
+
+    def clear_word_cache(self) -> None:
+        """Forget the calling thread's cached words (to measure or test a cold start)."""
+        cache = getattr(self._local, "word_cache", None)
+        if cache is not None:
+            cache.lengths[:] = 0  # a slot of length 0 matches no word
+
     def _encode_raw(self, texts: Sequence[str], want_offsets: bool):
         if isinstance(texts, str):
             raise InvalidInput("expected a list of strings, got one string")
@@ -261,7 +289,8 @@ class Tokenizer:
         factor = 1
         while True:
             ids, spans, start, count, first_left = encode_run(self._model, data, text_starts, lo, hi,
-                                                              factor, want_offsets, self._hf)
+                                                              factor, want_offsets, self._hf,
+                                                              self._word_cache())
             done = first_left - lo
             parts.append((ids, spans, start[:done], count[:done]))
             if first_left == hi:

@@ -14,7 +14,8 @@ Output is "raw": token ids without specials, plus, when asked, each token's
 text, as sentencepiece's ``SentencePieceProcessor::Encode`` does after the model; each
 byte piece spans the character it is a byte of. Templates and truncation are ``templates.py``'s
 job. Scratch is caller-owned (single text) or allocated once per call (a run of
-texts); nothing is allocated per token or per match. Parallelism over texts is the
+texts); nothing is allocated per token or per match. ``cache`` is the calling thread's
+``word_cache.WordCache`` (hf mode; an empty one disables it). Parallelism over texts is the
 caller's (threads: every kernel here releases the GIL).
 
 A cached kernel here embeds the normalizers and Viterbi it calls; its on-disk cache is
@@ -69,7 +70,7 @@ def new_scratch(src_len: int, factor: int) -> Scratch:
 
 
 @cached_njit(nogil=True)
-def encode_raw(model, src, scratch, want_offsets, hf):
+def encode_raw(model, src, scratch, want_offsets, hf, cache):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
     Returns the token count, or SCRATCH_TOO_SMALL.
@@ -84,7 +85,7 @@ def encode_raw(model, src, scratch, want_offsets, hf):
         return SCRATCH_TOO_SMALL
     n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64, scratch.norm_bytes,
                      scratch.words, n_words, model.use_f64, model.unk_id, model.unk_score, scratch.best_score,
-                     scratch.best_start, scratch.best_id, scratch.ids, scratch.spans)
+                     scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, cache)
     if n == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     if model.byte_ids.shape[0] == 256:
@@ -147,7 +148,7 @@ def _spans_to_chars(src, scratch, n):
 
 
 @cached_njit(nogil=True)
-def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
+def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache):
     """Encode texts lo..hi-1 (text i is data[text_starts[i]:text_starts[i+1]]).
 
     The output holds (bytes of the run) * factor + 8 per text tokens, plenty for real
@@ -169,11 +170,11 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
     for i in range(lo, hi):
         src = data[text_starts[i]:text_starts[i + 1]]
         grow = 4
-        n = encode_raw(model, src, scratch, want_offsets, hf)
+        n = encode_raw(model, src, scratch, want_offsets, hf, cache)
         while n == SCRATCH_TOO_SMALL:  # rare: normalization expanded the text more than 2x
             scratch = new_scratch(longest, grow)
             grow *= 2
-            n = encode_raw(model, src, scratch, want_offsets, hf)
+            n = encode_raw(model, src, scratch, want_offsets, hf, cache)
         if w + n > cap:
             return ids, spans, tok_start, tok_count, i
         ids[w:w + n] = scratch.ids[:n]
@@ -186,13 +187,13 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf):
 
 
 @cached_njit(nogil=True)
-def encode_with_template(model, src, scratch, prefix, suffix, hf):
+def encode_with_template(model, src, scratch, prefix, suffix, hf, cache):
     """One text, specials around it, as a fresh int32 array.
 
     Returns an empty array with ok=False when scratch is too small (grow and retry);
     the scratch is not returned, as boxing it back costs more than a short encode.
     """
-    n = encode_raw(model, src, scratch, False, hf)
+    n = encode_raw(model, src, scratch, False, hf, cache)
     if n == SCRATCH_TOO_SMALL:
         return np.empty(0, np.int32), False
     out = np.empty(prefix.shape[0] + n + suffix.shape[0], np.int32)

@@ -20,6 +20,11 @@ pieces in double and do not rebase). It also rebases: when the score at
 the current start position leaves [-1e5, 1e5] it subtracts that score, in float32,
 from every entry set so far at or after it. Without the rebase, float32 rounding at
 ~1e5 (steps of 0.016) flips near-ties on inputs of ~16k tokens and more.
+
+hf mode looks each word up in a per-thread ``word_cache.WordCache`` first: a hit
+writes the word's cached path into best_start / best_id (so the back-track below reads
+it as if Viterbi had run), a miss runs Viterbi and stores the word's back-tracked
+tokens in the table.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
+from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES, lookup, put_token, put_word, token_at, token_count, word_hash
 from embedserve.tokenizer.kernels.trie import NO_TOKEN, SLOT_BASE, SLOT_CHILDREN, SLOT_SCORE32, SLOT_SCORE64, SLOT_TOKEN
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
@@ -40,7 +46,7 @@ _REBASE_ABOVE = np.float32(1e5)
 # trip on each of its array arguments.
 @cached_njit(nogil=True, inline="always")
 def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_words, use_f64, unk_id, unk_score,
-                 best_score, best_start, best_id, out_ids, out_spans):
+                 best_score, best_start, best_id, out_ids, out_spans, cache):
     """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
@@ -52,11 +58,26 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
     # (about a third of the time of this loop).
     one = np.uint64(1)
+    caching = use_f64 and cache.records.shape[0] > 0
     for w in range(n_words):
         start = words[w, 0]
         end = words[w, 1]
         if start >= end:
             continue
+        cacheable = caching and end - start <= MAX_WORD_BYTES
+        h = np.uint64(0)
+        if cacheable:
+            h = word_hash(text, start, end)
+            slot = lookup(cache, text, start, end, h)
+            if slot >= 0:  # the cached path, where the back-track reads it
+                prev = start
+                for t in range(token_count(cache, slot)):
+                    tid, rel_end = token_at(cache, slot, t)
+                    e = start + rel_end
+                    best_start[e] = np.int32(prev)
+                    best_id[e] = tid
+                    prev = e
+                continue
         u_end = np.uint64(end)
         # A word's paths start at 0. Where words touch, best_score[start] held the
         # previous word's total; that word's back-track reads only best_start/best_id.
@@ -112,6 +133,8 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
                     best_start[k] = np.int32(pos)
                     best_id[k] = unk_id
             pos += mblen
+        if cacheable:
+            _store(cache, text, start, end, h, best_start, best_id, unk_id)
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
     count = 0
     for w in range(n_words):
@@ -145,3 +168,30 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
             prev_unk = is_unk
             j = s
     return count
+
+
+@cached_njit(nogil=True, inline="always")
+def _store(cache, text, start, end, h, best_start, best_id, unk_id):
+    """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
+    overwriting whatever word was there."""
+    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+    count = 0
+    j = end
+    prev_unk = False
+    while j > start:
+        is_unk = best_id[j] == unk_id
+        if not (is_unk and prev_unk):
+            count += 1
+        prev_unk = is_unk
+        j = best_start[j]
+    t = count
+    j = end
+    prev_unk = False
+    while j > start:
+        is_unk = best_id[j] == unk_id
+        if not (is_unk and prev_unk):
+            t -= 1
+            put_token(cache, slot, t, best_id[j], j - start)  # a fused unknown keeps its right end
+        prev_unk = is_unk
+        j = best_start[j]
+    put_word(cache, slot, text, start, end, count)

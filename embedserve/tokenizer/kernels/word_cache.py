@@ -1,0 +1,95 @@
+"""A bounded per-word cache of Unigram Viterbi results (hf mode), in fixed numpy arrays.
+
+In hf mode each pre-tokenized word is its own Viterbi with scores from 0, so a word's
+tokens (ids, and each token's end in bytes of the word) depend on its bytes only:
+caching them is exact. The table is open addressing with one probe: a word's FNV-1a
+hash picks its slot, the slot keeps the word's bytes for verification, and a new
+word overwrites whatever was there. Token ids must fit 23 bits (the Tokenizer checks). Its size is fixed at construction (no growth, no
+eviction bookkeeping); words longer than ``MAX_WORD_BYTES`` are not cached.
+
+A table is not safe to share between threads (a reader could see a half-written
+slot): the Tokenizer gives each thread its own. sentencepiece mode runs one Viterbi
+over the whole text with float32 path scores that depend on the prefix before a word,
+so it never uses the cache (it passes an empty table).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from embedserve.tokenizer.kernel_cache import cached_njit
+
+MAX_WORD_BYTES = 24  # longer words skip the cache; each token is >= 1 byte, so <= this many tokens
+_HEAD = 7  # record ints before the tokens: length | count << 8, then the word, 4 bytes an int
+RECORD_INTS = _HEAD + MAX_WORD_BYTES + 1  # 32 ints: one 128-byte record a slot
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+class WordCache(NamedTuple):
+    # int32 [C, RECORD_INTS]: [0] word length (0: empty) | token count << 8; [1:7] the
+    # word's bytes, 4 an int; [7 + t] token t's id << 8 | its end in bytes of the word.
+    # One record, not an array per field: a lookup touches two cache lines, not six.
+    records: np.ndarray
+    lengths: np.ndarray  # a view of records[:, 0] (clearing it empties the table)
+
+
+def new_word_cache(capacity: int) -> WordCache:
+    """An empty table of ``capacity`` slots (a power of two; 0: a table that caches nothing)."""
+    if capacity < 0 or capacity & (capacity - 1):
+        raise ValueError(f"word cache capacity {capacity}: expected 0 or a power of two")
+    records = np.zeros((capacity, RECORD_INTS), np.int32)
+    return WordCache(records, records[:, 0])
+
+
+@cached_njit(nogil=True, inline="always")
+def word_hash(text, start, end):
+    h = _FNV_OFFSET
+    for i in range(start, end):
+        h = (h ^ np.uint64(text[i])) * _FNV_PRIME
+    return h
+
+
+@cached_njit(nogil=True, inline="always")
+def lookup(cache, text, start, end, h):
+    """The slot holding word text[start:end] (hash ``h``), or -1."""
+    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+    n = end - start
+    if cache.records[slot, 0] & 0xFF != n:
+        return -1
+    for i in range(n):
+        if (cache.records[slot, 1 + (i >> 2)] >> ((i & 3) * 8)) & 0xFF != text[start + i]:
+            return -1
+    return slot
+
+
+@cached_njit(nogil=True, inline="always")
+def token_count(cache, slot):
+    return cache.records[slot, 0] >> 8
+
+
+@cached_njit(nogil=True, inline="always")
+def token_at(cache, slot, t):
+    """(id, end in bytes of the word) of the slot's token t."""
+    v = cache.records[slot, _HEAD + t]
+    return v >> 8, v & 0xFF
+
+
+@cached_njit(nogil=True, inline="always")
+def put_token(cache, slot, t, token_id, end):
+    cache.records[slot, _HEAD + t] = (token_id << 8) | end
+
+
+@cached_njit(nogil=True, inline="always")
+def put_word(cache, slot, text, start, end, count):
+    n = end - start
+    for k in range(6):
+        packed = 0
+        for b in range(4):
+            i = 4 * k + b
+            if i < n:
+                packed |= np.int32(text[start + i]) << (8 * b)
+        cache.records[slot, 1 + k] = packed
+    cache.records[slot, 0] = n | (count << 8)

@@ -1,0 +1,109 @@
+"""The hf-mode per-word cache (kernels/word_cache.py) changes no token: ids equal
+tokenizers==0.23.3 with the cache cold, hot, thrashing in a two-slot table, and shared by
+threads; offsets equal those of the same tokenizer with the cache off (whose offsets
+test_tokenizer_api.py checks against the source text). The table never grows.
+
+Texts: the first 1,500 characters of each UDHR translation (../shared/data), so the
+words cover many scripts, and words longer than the cache's bound (CJK runs, a long
+made-up word) run through too.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tokenizers
+from conftest import shared_file
+from tokenizer_corpus import assert_ids_equal, udhr_texts
+
+from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES
+
+LONG_WORDS = ["x" * (MAX_WORD_BYTES + 5) + " and " + "Grüße" * 10, "日本語のテキストは空白で区切られない長い単語になります"]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return [t[:1500] for t in udhr_texts()] + LONG_WORDS
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return tokenizers.Tokenizer.from_file(str(shared_file("xlmr/tokenizer.json")))
+
+
+@pytest.fixture(scope="module")
+def expected(reference, corpus) -> dict[str, list[int]]:
+    return {t: e.ids for t, e in zip(corpus, reference.encode_batch_fast(corpus))}
+
+
+def ours(tokenizer_cache_dir, slots: int) -> Tokenizer:
+    return Tokenizer.from_file(shared_file("xlmr/tokenizer.json"), cache_dir=tokenizer_cache_dir,
+                               word_cache_slots=slots)
+
+
+def check(tokenizer: Tokenizer, texts: list[str], expected: dict[str, list[int]], no_cache: Tokenizer) -> None:
+    batch = tokenizer.encode_batch(texts, return_offsets=True)
+    assert_ids_equal(texts, batch, [expected[t] for t in texts])
+    off = no_cache.encode_batch(texts, return_offsets=True)
+    assert np.array_equal(batch.offsets, off.offsets)
+    for text in texts[::7]:  # the single-text kernel shares the cache
+        assert tokenizer.encode(text).tolist() == expected[text]
+
+
+@pytest.mark.parametrize("slots", [4096, 2])
+def test_cold_then_hot_in_varied_order(tokenizer_cache_dir, corpus, expected, slots):
+    """Two slots: almost every word overwrites another's slot, and lookups must verify."""
+    tokenizer, no_cache = ours(tokenizer_cache_dir, slots), ours(tokenizer_cache_dir, 0)
+    cache = tokenizer._word_cache()
+    shuffled = corpus[:]
+    random.Random(16).shuffle(shuffled)
+    for texts in (corpus, corpus, corpus[::-1], shuffled):
+        check(tokenizer, texts, expected, no_cache)
+    assert (cache.lengths > 0).sum() > 0  # it did cache words
+    tokenizer.clear_word_cache()
+    assert (cache.lengths == 0).all()
+    check(tokenizer, shuffled, expected, no_cache)  # cold again
+
+
+def test_table_is_bounded(tokenizer_cache_dir, corpus, expected):
+    tokenizer = Tokenizer(ours(tokenizer_cache_dir, 64).spec, cache_dir=tokenizer_cache_dir, threads=1,
+                          word_cache_slots=64)  # one thread: the batch uses this thread's table
+    cache = tokenizer._word_cache()
+    sizes = [a.nbytes for a in cache]
+    tokenizer.encode_batch(corpus)
+    tokenizer.encode_batch(corpus[::-1])
+    assert tokenizer._word_cache() is cache and [a.nbytes for a in cache] == sizes
+    assert cache.records.shape[0] == 64 and ((cache.lengths & 0xFF) <= MAX_WORD_BYTES).all()
+    assert 0 < (cache.lengths > 0).sum() <= 64
+
+
+def test_threads_each_get_reference_output(tokenizer_cache_dir, corpus, expected):
+    """Four threads on one instance, each text many times in different orders; and a
+    batch big enough for encode_batch's own thread pool."""
+    tokenizer = ours(tokenizer_cache_dir, 8)
+    orders = [random.Random(seed).sample(corpus, len(corpus)) for seed in range(8)]
+
+    def run(texts: list[str]) -> list[str]:
+        return [t for t in texts if tokenizer.encode(t, add_special_tokens=False).tolist() != expected[t][1:-1]]
+
+    with ThreadPoolExecutor(4) as pool:
+        wrong = [t for bad in pool.map(run, orders) for t in bad]
+    assert not wrong, f"{len(wrong)} texts differ, e.g. {wrong[:2]}"
+    big = corpus * 3
+    batch = Tokenizer(tokenizer.spec, cache_dir=tokenizer_cache_dir, threads=4, word_cache_slots=8).encode_batch(big)
+    assert_ids_equal(big, batch, [expected[t] for t in big])
+
+
+def test_sentencepiece_mode_never_caches(tokenizer_cache_dir):
+    sp_mode = Tokenizer.from_file(shared_file("xlmr/sentencepiece.bpe.model"), cache_dir=tokenizer_cache_dir)
+    sp_mode.encode("a few words to cache")
+    assert sp_mode._word_cache().records.shape[0] == 0
+
+
+def test_capacity_must_be_a_power_of_two(tokenizer_cache_dir):
+    with pytest.raises(ValueError, match="power of two"):
+        ours(tokenizer_cache_dir, 100)
