@@ -21,9 +21,12 @@ BENCHMARKS = {
     "gateway_memory": "bench.gateway_memory",
     "soak": "bench.soak",
     "engine_memory": "bench.engine_memory",
+    "overhead": "bench.overhead_bench",
+    "grpc_transport": "bench.grpc_transport",
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",
+    "dtype_load": "bench.dtype_load",
 }
 
 

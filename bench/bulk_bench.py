@@ -1,28 +1,42 @@
-"""``python -m bench bulk``: ``embedserve embed`` against sentence-transformers' ``encode``.
+"""``python -m bench bulk``: ``embedserve embed`` against sentence-transformers, infinity-emb and ``--url``.
 
-The corpus is real multilingual text of mixed lengths: the lines of the
-Universal Declaration of Human Rights in 388 languages (``text/udhr2`` of
-the reference data), cycled through the files so that every language
-appears, written as JSON Lines. Everything runs in float32 on the CPU.
+The defaults are issue 15's full run (``bench/bulk_corpus.py`` says what the
+corpora are): 20,000 documents of mixed lengths in real multilingual text,
+float32 and bfloat16, multilingual-e5-small on the CPU, every contender fed
+the same texts with e5's ``passage: `` prompt, long paragraphs cut at the
+model's 512 tokens (``--long-inputs truncate``; ST and infinity truncate too).
+Per dtype, one after another on the same machine:
 
-Measured in one run, on one machine, so the ratios mean something where the
-absolute numbers (a shared machine) may not:
+- ``embedserve embed`` in its own process;
+- sentence-transformers ``encode`` (its own length sorting, the best
+  ``batch_size`` of a sweep on the first 2,000 documents) in this process;
+- the same texts through infinity-emb's HTTP API (``bench/suite/peer_infinity.py``
+  starts it; requests of ``HTTP_BATCH`` texts, ``HTTP_IN_FLIGHT`` at a time so
+  its own queue can batch and sort);
+- ``embedserve embed --url`` through ``embedserve serve`` (one replica).
 
-1. throughput: ``embedserve embed`` (a child process; tokens/s from its own
-   summary, model loading excluded) vs ``SentenceTransformer.encode`` with
-   its own length sorting and the best ``batch_size`` of a short sweep
-   (model loading excluded), on the same texts; the ratio is embedserve / ST;
-2. memory: the peak resident set (VmHWM) of ``embedserve embed`` on N and on
-   10N documents (streaming: it should barely grow);
-3. Ray: ``embedserve embed --ray local`` (one actor) vs the in-process run,
-   wall time of each child process (Ray's start-up included: it is part of
-   what a user waits for).
+Then (float32): ``embedserve embed --ray local`` (one actor, so it is one
+process's worth of compute: the comparison is the Ray overhead), and the
+memory run: peak resident set (VmHWM) of ``embedserve embed`` on N and on
+10N *short* documents (one word each: the 10N run stays affordable, and per
+document state, what would grow with the corpus, is all it has).
+
+Two rates per contender, both tokens / seconds over the same token count:
+**steady** is the job with the model already loaded (embed: its own summary,
+which starts after loading and includes reading, tokenizing, packing,
+writing; ST: ``encode``; HTTP: the requests, server already up), **end to
+end** adds starting the process and loading the model (for HTTP: starting
+the server). Ratios are against sentence-transformers' steady rate.
+A markdown table (for BENCHMARKS.md) is printed and written with a PNG
+(``bulk_throughput.png``) to ``--out-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import base64
+import contextlib
 import os
 import re
 import subprocess
@@ -30,40 +44,53 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from bench import bulk_corpus
 from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"embedded (\d+) documents, (\d+) tokens in ([\d.]+) s")
+PROMPT = "passage: "
+HTTP_BATCH = 64          # texts per HTTP request to infinity
+HTTP_IN_FLIGHT = 8       # requests in flight: enough queued for its batcher to fill and sort
+CONTENDERS = ("embed", "st", "infinity", "url", "ray")
+DEFAULT_WORK_DIR = Path.home() / ".cache" / "embedserve" / "bench"   # the suite's: peer venvs, logs
 
 
-def corpus(data_dir: Path, count: int) -> list[str]:
-    """``count`` lines, taken round-robin over the UDHR files (every language, mixed lengths)."""
-    files = sorted((data_dir / "text" / "udhr2").glob("*.txt"))
-    per_file = [[line.strip() for line in f.read_text(errors="replace").splitlines() if line.strip()]
-                for f in files]
-    out: list[str] = []
-    depth = 0
-    while len(out) < count and depth < max(map(len, per_file)):
-        out += [lines[depth] for lines in per_file if depth < len(lines)]
-        depth += 1
-    while len(out) < count:  # more than the corpus has: repeat it
-        out += out[:count - len(out)]
-    return out[:count]
+@dataclass
+class Result:
+    contender: str
+    dtype: str
+    tokens: int
+    steady_s: float
+    end_to_end_s: float
+    note: str = ""
+    peak_rss_mib: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def steady_rate(self) -> float:
+        return self.tokens / self.steady_s
+
+    @property
+    def end_to_end_rate(self) -> float:
+        return self.tokens / self.end_to_end_s
 
 
-def write_jsonl(path: Path, texts: list[str]) -> Path:
-    with open(path, "w") as f:
-        for text in texts:
-            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    return path
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
+# ---- embedserve embed (a child process) ------------------------------------------------
 def run_embed(source: Path, output: Path, model_dir: Path, *extra: str) -> dict[str, float]:
     """One ``embedserve embed`` child: its summary's numbers, wall time and peak RSS (MiB)."""
     command = [sys.executable, "-m", "embedserve.cli", "embed", str(source), "-o", str(output),
-               "--model", str(model_dir), "--no-progress", "--overwrite", *extra]
+               "--model", str(model_dir), "--input-type", "passage", "--long-inputs", "truncate",
+               "--no-progress", "--overwrite", *extra]
     started = time.monotonic()
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -88,40 +115,157 @@ def run_embed(source: Path, output: Path, model_dir: Path, *extra: str) -> dict[
     if process.returncode != 0:
         raise RuntimeError(f"embedserve embed failed ({process.returncode}): {stderr[-2000:]}")
     match = SUMMARY.search(stderr)
-    docs, tokens, seconds = int(match.group(1)), int(match.group(2)), float(match.group(3))
-    return {"documents": docs, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+    return {"documents": int(match.group(1)), "tokens": int(match.group(2)), "seconds": float(match.group(3)),
             "wall_s": wall, "peak_rss_mib": peak[0] / 1024}
 
 
-def sentence_transformers_rate(model_dir: Path, texts: list[str], tokens: int,
-                               batch_sizes: tuple[int, ...]) -> tuple[float, int]:
-    """(tokens/s, batch_size) of ST's encode at its best batch size (swept on a slice first)."""
+def embed_result(name: str, dtype: str, run: dict[str, float], note: str, started_s: float = 0.0) -> Result:
+    return Result(name, dtype, run["tokens"], run["seconds"], run["wall_s"] + started_s, note,
+                  run["peak_rss_mib"])
+
+
+# ---- sentence-transformers (this process) ----------------------------------------------
+def sentence_transformers_run(model_dir: Path, texts: list[str], tokens: int, dtype: str,
+                              batch_sizes: tuple[int, ...]) -> Result:
+    import torch
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(model_dir), device="cpu")
-    sweep = texts[:min(len(texts), 2000)]
+    started = time.perf_counter()
+    model = SentenceTransformer(str(model_dir), device="cpu",
+                                model_kwargs={"torch_dtype": getattr(torch, dtype)})
+    loaded = time.perf_counter() - started
+    prompted = [PROMPT + text for text in texts]
+    sweep = prompted[:2000]
     timings = {}
     for batch_size in batch_sizes:
-        started = time.perf_counter()
+        t0 = time.perf_counter()
         model.encode(sweep, batch_size=batch_size, convert_to_numpy=True)
-        timings[batch_size] = time.perf_counter() - started
+        timings[batch_size] = time.perf_counter() - t0
     best = min(timings, key=timings.get)
+    t0 = time.perf_counter()
+    model.encode(prompted, batch_size=best, convert_to_numpy=True)
+    seconds = time.perf_counter() - t0
+    return Result("sentence-transformers", dtype, tokens, seconds, seconds + loaded,
+                  f"`encode`, batch_size {best} (best of {', '.join(map(str, batch_sizes))})")
+
+
+# ---- an HTTP API (infinity-emb) --------------------------------------------------------
+async def _post_all(base_url: str, path: str, model: str, texts: list[str]) -> int:
+    import httpx
+
+    chunks = [texts[i:i + HTTP_BATCH] for i in range(0, len(texts), HTTP_BATCH)]
+    gate = asyncio.Semaphore(HTTP_IN_FLIGHT)
+    received = 0
+
+    async def one(client: httpx.AsyncClient, chunk: list[str]) -> None:
+        nonlocal received
+        async with gate:
+            reply = await client.post(path, json={"model": model, "input": chunk, "encoding_format": "base64"})
+            reply.raise_for_status()
+            for item in reply.json()["data"]:
+                vector = item["embedding"]
+                received += len(base64.b64decode(vector)) // 4 if isinstance(vector, str) else len(vector)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+        await asyncio.gather(*(one(client, chunk) for chunk in chunks))
+    return received
+
+
+def infinity_run(model_dir: Path, texts: list[str], tokens: int, dtype: str, work_dir: Path,
+                 install: bool) -> Result:
+    from bench.suite.peer_infinity import InfinityConfig, infinity_peer
+
+    prompted = [PROMPT + text for text in texts]
     started = time.perf_counter()
-    model.encode(texts, batch_size=best, convert_to_numpy=True)
-    return tokens / (time.perf_counter() - started), best
+    with infinity_peer(model_dir, None, work_dir, log, install=install,
+                       config=InfinityConfig(dtype=dtype)) as peer:
+        up = time.perf_counter() - started
+        asyncio.run(_post_all(peer.base_url, peer.embeddings_path, peer.model, prompted[:64]))  # warm-up
+        t0 = time.perf_counter()
+        values = asyncio.run(_post_all(peer.base_url, peer.embeddings_path, peer.model, prompted))
+        seconds = time.perf_counter() - t0
+    if values % len(texts):
+        raise RuntimeError(f"infinity returned {values} values for {len(texts)} texts")
+    return Result("infinity-emb HTTP", dtype, tokens, seconds, seconds + up,
+                  f"{peer.name}; requests of {HTTP_BATCH}, {HTTP_IN_FLIGHT} in flight")
+
+
+# ---- embedserve embed --url (our gateway) ----------------------------------------------
+@contextlib.contextmanager
+def embedserve_gateway(model_dir: Path, dtype: str, work_dir: Path):
+    from bench.suite.systems import SuiteContext, embedserve_server
+
+    ctx = SuiteContext(model_dir=model_dir, reranker_dir=None, work_dir=work_dir, device="cpu",
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), log=log)
+    with embedserve_server(ctx, model_dir, f"embedserve {dtype}", dtype) as peer:
+        yield peer
+
+
+# ---- the report ------------------------------------------------------------------------
+def table(results: list[Result], reference: dict[str, float]) -> str:
+    lines = ["| contender | dtype | tokens | steady tokens/s | vs ST | end-to-end tokens/s | notes |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        ratio = r.steady_rate / reference[r.dtype] if r.dtype in reference else float("nan")
+        lines.append(f"| {r.contender} | {r.dtype} | {r.tokens:,} | {r.steady_rate:,.0f} | "
+                     f"**{ratio:.2f}x** | {r.end_to_end_rate:,.0f} | {r.note} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contenders = list(dict.fromkeys(r.contender for r in results))
+    dtypes = list(dict.fromkeys(r.dtype for r in results))
+    width = 0.8 / max(1, 2 * len(dtypes))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, dtype in enumerate(dtypes):
+        rows = {r.contender: r for r in results if r.dtype == dtype}
+        xs = np.arange(len(contenders))
+        for j, (kind, alpha) in enumerate((("steady", 1.0), ("end to end", 0.45))):
+            rates = [(rows[c].steady_rate if kind == "steady" else rows[c].end_to_end_rate) if c in rows else 0
+                     for c in contenders]
+            ax.bar(xs + (2 * i + j - len(dtypes)) * width + width / 2, rates, width, color=f"C{i}",
+                   alpha=alpha, label=f"{dtype}, {kind}")
+    ax.set_xticks(np.arange(len(contenders)))
+    ax.set_xticklabels(contenders, fontsize=8)
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench bulk", description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=20_000, help="N documents (default: %(default)s)")
-    parser.add_argument("--memory-factor", type=int, default=10, help="the memory run uses this many x N")
-    parser.add_argument("--no-memory", action="store_true", help="skip the 10N memory run")
-    parser.add_argument("--no-ray", action="store_true", help="skip the Ray run")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="compute dtypes (default: %(default)s)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS),
+                        help=f"which to run, of {', '.join(CONTENDERS)} (default: all)")
+    parser.add_argument("--memory-docs", type=int, default=20_000,
+                        help="short documents in the small memory run (default: %(default)s)")
+    parser.add_argument("--memory-factor", type=int, default=10, help="the large memory run has this many x")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory runs")
     parser.add_argument("--batch-tokens", type=int, default=None, help="embedserve embed --batch-tokens")
-    parser.add_argument("--st-batch-sizes", default="16,32,64", help="ST batch sizes swept")
+    parser.add_argument("--st-batch-sizes", default="16,32,64,128", help="ST batch sizes swept")
+    parser.add_argument("--no-install", action="store_true", help="report infinity missing instead of installing")
+    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                        help="peer venvs and server logs (default: %(default)s)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench",
+                        help="where bulk_throughput.png and bulk_results.md go (default: %(default)s)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     args = parser.parse_args(argv)
-    if (problem := missing_line("python -m bench bulk", [args.data_dir / "text" / "udhr2"], "--data-dir")):
+    wanted = set(args.contenders.split(","))
+    if wanted - set(CONTENDERS):
+        parser.error(f"unknown contenders: {', '.join(sorted(wanted - set(CONTENDERS)))}")
+    needed = [bulk_corpus.udhr_dir(args.data_dir), args.data_dir / "eval" / "xquad"]
+    if (problem := missing_line("python -m bench bulk", needed, "--data-dir")):
         print(problem, file=sys.stderr)
         return MISSING_EXIT_STATUS
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -130,29 +274,74 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = ensure_default_model(default_cache_dir())
     extra = ("--batch-tokens", str(args.batch_tokens)) if args.batch_tokens else ()
-    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    command = "python -m bench bulk " + " ".join(argv if argv is not None else sys.argv[1:])
+    load_start = os.getloadavg()[0]
+    log(f"load average at start: {load_start:.2f} on {os.cpu_count()} cores")
+    results: list[Result] = []
+    memory: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bulk-bench-") as tmp:
         work = Path(tmp)
-        texts = corpus(args.data_dir, args.docs)
-        source = write_jsonl(work / "corpus.jsonl", texts)
-        ours = run_embed(source, work / "out.parquet", model_dir, *extra)
-        print(f"embedserve embed: {ours['documents']} docs, {ours['tokens']} tokens, "
-              f"{ours['tokens_per_s']:,.0f} tokens/s, peak RSS {ours['peak_rss_mib']:.0f} MiB", flush=True)
-        st_rate, st_batch = sentence_transformers_rate(
-            model_dir, texts, ours["tokens"], tuple(int(b) for b in args.st_batch_sizes.split(",")))
-        print(f"sentence-transformers encode (batch_size={st_batch}): {st_rate:,.0f} tokens/s", flush=True)
-        print(f"ratio embedserve / sentence-transformers: {ours['tokens_per_s'] / st_rate:.2f}x", flush=True)
+        texts = bulk_corpus.mixed(args.data_dir, args.docs)
+        source = bulk_corpus.write_jsonl(work / "corpus.jsonl", texts)
+        for dtype in args.dtypes.split(","):
+            flags = ("--dtype", dtype, *extra)
+            ours = run_embed(source, work / f"out-{dtype}.parquet", model_dir, *flags)
+            tokens = ours["tokens"]
+            log(f"{dtype}: {ours['documents']} documents, {tokens} tokens "
+                f"({tokens / ours['documents']:.0f} per document)")
+            if "embed" in wanted:
+                results.append(embed_result("embedserve embed", dtype, ours, "in process"))
+                log(f"  embed: {results[-1].steady_rate:,.0f} tokens/s steady")
+            if "st" in wanted:
+                results.append(sentence_transformers_run(
+                    model_dir, texts, tokens, dtype, tuple(int(b) for b in args.st_batch_sizes.split(","))))
+                log(f"  sentence-transformers: {results[-1].steady_rate:,.0f} tokens/s steady")
+            if "infinity" in wanted:
+                try:
+                    results.append(infinity_run(model_dir, texts, tokens, dtype, args.work_dir,
+                                                not args.no_install))
+                    log(f"  infinity: {results[-1].steady_rate:,.0f} tokens/s steady")
+                except Exception as exc:  # a peer that cannot run is reported, not fatal
+                    log(f"  infinity: not measured: {exc}")
+            if "url" in wanted:
+                started = time.monotonic()
+                with embedserve_gateway(model_dir, dtype, args.work_dir) as peer:
+                    up = time.monotonic() - started
+                    run = run_embed(source, work / f"url-{dtype}.parquet", model_dir, "--url", peer.base_url,
+                                    *flags)
+                results.append(embed_result("embedserve embed --url", dtype, run,
+                                            "`embedserve serve`, 1 replica; end to end includes its start",
+                                            started_s=up))
+                log(f"  --url: {results[-1].steady_rate:,.0f} tokens/s steady")
+        if "ray" in wanted:
+            dtype = args.dtypes.split(",")[0]
+            run = run_embed(source, work / "ray.parquet", model_dir, "--ray", "local", "--dtype", dtype, *extra)
+            same = (work / "ray.parquet").read_bytes() == (work / f"out-{dtype}.parquet").read_bytes()
+            results.append(embed_result("embedserve embed --ray local", dtype, run,
+                                        f"1 actor; output identical to in process: {same}"))
+            log(f"  ray: {results[-1].steady_rate:,.0f} tokens/s steady")
         if not args.no_memory:
-            big = write_jsonl(work / "big.jsonl", corpus(args.data_dir, args.docs * args.memory_factor))
-            large = run_embed(big, work / "big.parquet", model_dir, *extra)
-            print(f"peak RSS: {ours['peak_rss_mib']:.0f} MiB for {args.docs} docs, "
-                  f"{large['peak_rss_mib']:.0f} MiB for {args.docs * args.memory_factor} docs "
-                  f"({large['tokens_per_s']:,.0f} tokens/s)", flush=True)
-        if not args.no_ray:
-            on_ray = run_embed(source, work / "ray.parquet", model_dir, "--ray", "local", *extra)
-            same = (work / "ray.parquet").read_bytes() == (work / "out.parquet").read_bytes()
-            print(f"Ray (local, 1 actor): wall {on_ray['wall_s']:.1f} s vs in-process {ours['wall_s']:.1f} s "
-                  f"({on_ray['tokens_per_s']:,.0f} vs {ours['tokens_per_s']:,.0f} tokens/s in the run); "
-                  f"output identical: {same}", flush=True)
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+            for count in (args.memory_docs, args.memory_docs * args.memory_factor):
+                short = bulk_corpus.write_jsonl(work / "short.jsonl", bulk_corpus.short(args.data_dir, count))
+                run = run_embed(short, work / "short.parquet", model_dir, *extra)
+                memory.append(f"| {count:,} | {run['tokens']:,} | {run['peak_rss_mib']:,.0f} | "
+                              f"{run['tokens'] / run['seconds']:,.0f} |")
+                log(f"  memory: {count} short documents: peak RSS {run['peak_rss_mib']:.0f} MiB")
+    load_end = os.getloadavg()[0]
+    reference = {r.dtype: r.steady_rate for r in results if r.contender == "sentence-transformers"}
+    report = [f"```bash\n{command.strip()}\n```", "",
+              f"Load average {load_start:.2f} at start, {load_end:.2f} at end; {os.cpu_count()} cores. "
+              f"{args.docs:,} mixed documents (`bench/bulk_corpus.py`).", "", table(results, reference)]
+    if memory:
+        report += ["", f"Peak RSS of `embedserve embed` (float32) on short documents, "
+                       f"{args.memory_docs:,} vs {args.memory_docs * args.memory_factor:,}:", "",
+                   "| documents | tokens | peak RSS MiB | tokens/s |", "|---:|---:|---:|---:|", *memory]
+    text = "\n".join(report)
+    print(text)
+    if results:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        png = plot(results, args.out_dir / "bulk_throughput.png",
+                   f"bulk embedding, {args.docs:,} mixed multilingual documents, multilingual-e5-small, CPU")
+        (args.out_dir / "bulk_results.md").write_text(text + f"\n\n![bulk throughput]({png.name})\n")
+        log(f"wrote {png} and {args.out_dir / 'bulk_results.md'}")
     return 0

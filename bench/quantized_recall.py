@@ -1,10 +1,11 @@
 """Retrieval quality of quantized embeddings: XQuAD recall@1 per precision, next to float32.
 
-``python -m bench quantized_recall [--langs en,de,...] [--dimensions 384,128]``
+``python -m bench quantized_recall [--langs en,de,...] [--dimensions 384,128] [--dtype bfloat16]``
 
 Each XQuAD language: its 240 passages (``passage: ``) and 1190 questions
 (``query: ``) are embedded once by an in-process Engine (the default model,
-float32 on CPU, the same tokenizer and post-processing a replica uses); each
+float32 unless ``--dtype`` says otherwise (auto: as a replica resolves and
+probes it), the same tokenizer and post-processing a replica uses); each
 question retrieves the passage with the best score; recall@1 is the share of
 questions whose own passage comes first. Quantized with the model's stored
 calibration (``embedserve.calibration``, the same file replicas read, computed
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line, read_xquad
+from embedserve.scheduler.settings import REPLICA_DTYPES
 
 RESCORE_TOP_K = 10
 
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="default: multilingual-e5-small")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where the calibration is read or stored (as replicas use)")
+    parser.add_argument("--dtype", default="float32", choices=REPLICA_DTYPES,
+                        help="the engine's compute dtype: run once per dtype and compare their "
+                             "float32 rows (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     langs = args.langs.split(",")
@@ -109,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     from embedserve import calibration
     from embedserve.defaults.model_args import default_cache_dir
     from embedserve.defaults.build import ensure_default_model
-    from embedserve.engine import Engine
     from embedserve.engine.batch import Batch
     from embedserve.model.postprocess import postprocess_embeddings
+    from embedserve.scheduler.engine_loading import load_engine
     from embedserve.tokenizer import Tokenizer
 
     cache_dir = args.cache_dir or default_cache_dir()
     model_dir = args.model or ensure_default_model(cache_dir)
-    engine = Engine.load(model_dir)
+    engine = load_engine(model_dir, "cpu", args.dtype)
     tokenizer = Tokenizer.from_model_dir(model_dir)
     info = engine.info
     started = time.perf_counter()
@@ -138,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {lang}: {len(questions)} questions, {len(passages)} passages "
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     engine.close()
-    meta = {"model": model_dir.name, "dtype": info.dtype, "calibration_id": cal.calibration_id,
+    meta = {"model": model_dir.name, "dtype": info.dtype, "dtype_reason": info.dtype_reason,
+            "calibration_id": cal.calibration_id,
             "calibration_sample_size": cal.sample_size, "load_average": os.getloadavg()[0]}
     if args.json:
         print(json.dumps({"meta": meta, "recall_at_1": results}, indent=2))

@@ -83,6 +83,7 @@ def model_info_to_proto(info: ModelInfo, *, max_batch_tokens: int, max_batch_seq
         model_id=info.model_id, dimension=info.dimension, max_positions=info.max_positions,
         max_batch_tokens=max_batch_tokens, max_batch_sequences=max_batch_sequences,
         tasks=[info.task], version=version, device=info.device or "", dtype=info.dtype or "",
+        dtype_reason=info.dtype_reason or "",
         max_queue_tokens=max_queue_tokens, calibration_id=info.calibration_id or "",
         calibration_sample_size=info.calibration_sample_size,
         calibration_texts_id=info.calibration_texts_id or "")
@@ -97,6 +98,7 @@ def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInf
     """
     return replace(described, model_id=reply.model_id or described.model_id,
                    device=reply.device or None, dtype=reply.dtype or None,
+                   dtype_reason=reply.dtype_reason or None,
                    calibration_id=reply.calibration_id or None,
                    calibration_sample_size=reply.calibration_sample_size,
                    calibration_texts_id=reply.calibration_texts_id or None)

@@ -36,7 +36,9 @@ class SchedulerProcess:
 
     def __init__(self, model_dir: Path, *extra: str, threads: int | None = None) -> None:
         self.model_dir = model_dir
-        self.extra = extra
+        # float32 unless the test names a dtype: tests compare against float32
+        # references, and the replica's own default (auto) may pick bfloat16.
+        self.extra = extra if "--dtype" in extra else ("--dtype", "float32", *extra)
         self.env = dict(os.environ)
         if threads is not None:
             self.env["OMP_NUM_THREADS"] = str(threads)

@@ -35,9 +35,13 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> dict:
 
 @contextlib.contextmanager
 def served(*args: str, stop_grace_s: float = 60.0) -> Iterator[str]:
-    """``embedserve serve --port 0 ARGS`` (one replica unless ARGS say otherwise), ready; its URL."""
+    """``embedserve serve --port 0 ARGS`` (one replica and float32 unless ARGS say otherwise),
+    ready; its URL."""
     if "--replicas" not in args:
         args = ("--replicas", "1", *args)
+    if "--dtype" not in args:
+        # Tests compare against float32 references; serve's default (auto) may pick bfloat16.
+        args = ("--dtype", "float32", *args)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     process, match = popen_listening([sys.executable, "-m", "embedserve.cli", "serve", "--port", "0", *args],
                                      GATEWAY_LISTENING, env=env, cwd=str(ROOT))

@@ -170,7 +170,8 @@ def test_ray_actor_class_chunks_the_same_way(long_model_dir, by_hand):
     from embedserve.integrations.ray import EmbedBatches
 
     texts = corpus()
-    actor = EmbedBatches(long_model_dir, long_inputs="chunk", chunk_overlap=6, token_budget=96)
+    actor = EmbedBatches(long_model_dir, dtype="float32", long_inputs="chunk", chunk_overlap=6,
+                         token_budget=96)
     table = actor(pa.table({"text": texts, "n": list(range(len(texts)))}))
     expected = [by_hand(t, 6) for t in texts]
     assert table.column("n").to_pylist() == list(range(len(texts)))

@@ -22,7 +22,8 @@ from embedserve.local.columns import embedding_matrix
 
 
 def embed(*argv: object) -> int:
-    return main(["embed", *map(str, argv), "--no-progress"])
+    # float32: the outputs are compared with float32 references (the command's default is auto).
+    return main(["embed", *map(str, argv), "--no-progress", "--dtype", "float32"])
 
 
 def read_output(path: Path, precision: str = "float32") -> tuple[list, np.ndarray, pa.Table]:
@@ -57,6 +58,32 @@ def test_vectors_equal_sentence_transformers(tmp_path, default_model_dir, senten
     assert not any(table.column("truncated").to_pylist()) and not any(table.column("chunked").to_pylist())
     assert (tmp_path / "out.parquet.errors.jsonl").read_text() == ""
     assert not (tmp_path / "out.parquet.parts").exists()  # the work directory goes once the output is whole
+
+
+def test_unsorted_steps_of_mixed_lengths_equal_sentence_transformers(tmp_path, default_model_dir,
+                                                                     sentence_transformer):
+    # A bulk job's steps hold up to BULK_CPU_TOKEN_BUDGET tokens; without length sorting
+    # (--sort-window 1) one step holds 1-word documents next to 300-word ones, and every
+    # document must still get exactly its own vector.
+    from embedserve.local.options import BULK_CPU_TOKEN_BUDGET, EmbedOptions
+    from embedserve.local.embedder import LocalEmbedder
+
+    texts = documents(60)
+    embedder = LocalEmbedder(default_model_dir, EmbedOptions(window=1))
+    try:
+        assert embedder.token_budget == BULK_CPU_TOKEN_BUDGET
+        prepared = embedder.prepare(texts)
+        lengths = prepared.texts.sequences.lengths
+        widest = max(np.ptp(lengths[rows]) for rows in prepared.batches)
+        assert len(prepared.batches) < len(texts) // 4 and widest > 100   # big steps, mixed lengths
+    finally:
+        embedder.close()
+    source = write_jsonl(tmp_path / "in.jsonl", texts)
+    assert embed(source, "-o", tmp_path / "out.parquet", "--model", default_model_dir,
+                 "--sort-window", 1) == 0
+    _, vectors, _ = read_output(tmp_path / "out.parquet")
+    reference = sentence_transformer.encode(texts, batch_size=16, convert_to_numpy=True)
+    assert cosines(vectors, reference).min() >= 0.99999
 
 
 def test_query_prompt_equals_sentence_transformers_prompt(tmp_path, default_model_dir, sentence_transformer):

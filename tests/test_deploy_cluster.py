@@ -99,7 +99,7 @@ def test_cluster_serves_survives_a_killed_replica_and_stops_cleanly(default_mode
     # --auto-truncate is a gateway flag: cluster passes it on to its gateway process.
     cluster = ClusterProcess([sys.executable, "-m", "embedserve.cli", "cluster", "--replicas", "2",
                               "--model", str(default_model_dir), "--port", str(port),
-                              "--auto-truncate", "left"])
+                              "--auto-truncate", "left", "--dtype", "float32"])
     url = f"http://127.0.0.1:{port}"
     try:
         cluster.wait_for(lambda line: line.startswith(_READY), timeout_s=240)
@@ -192,7 +192,7 @@ def test_cluster_serves_two_models_and_restarts_each_models_replica(tiny_bert_di
     port = free_port()
     cluster = ClusterProcess([sys.executable, "-m", "embedserve.cli", "cluster", "--replicas", "1",
                               "--port", str(port), "--model", f"{tiny_bert_dir}:name=embed",
-                              "--model", f"{tiny_reranker_dir}:name=rerank"])
+                              "--model", f"{tiny_reranker_dir}:name=rerank", "--dtype", "float32"])
     url = f"http://127.0.0.1:{port}"
 
     def check_answers(http: httpx.Client) -> None:

@@ -445,7 +445,7 @@ def test_an_overlap_too_large_for_the_model_fails_at_start_up(long_model_dir) ->
 
 def test_embedserve_serve_passes_the_flags_to_its_gateway(long_model_dir, reference) -> None:
     argv = [sys.executable, "-m", "embedserve.cli", "serve", "--port", "0", "--model",
-            str(long_model_dir), "--auto-truncate", "chunk", "--chunk-overlap", "5"]
+            str(long_model_dir), "--auto-truncate", "chunk", "--chunk-overlap", "5", "--dtype", "float32"]
     process, listening = popen_listening(argv, GATEWAY_LISTENING, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         url = listening.group(1)

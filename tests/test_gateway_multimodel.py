@@ -106,8 +106,9 @@ class ServeProcess:
     """``embedserve serve ARGS`` on port 0, and its URL."""
 
     def __init__(self, *args: str) -> None:
+        # float32: replies are compared with float32 references (serve's default is auto).
         self.popen = subprocess.Popen([sys.executable, "-m", "embedserve.cli", "serve", "--port", "0",
-                                       *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       "--dtype", "float32", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env=_env(), cwd=ROOT)
         self.lines: list[str] = []
         assert self.popen.stdout is not None

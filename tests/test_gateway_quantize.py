@@ -242,7 +242,8 @@ def test_calibrate_only_bakes_what_a_replica_then_reads(tiny_bert_dir, tmp_path)
     from embedserve import calibration
 
     result = subprocess.run([sys.executable, "-m", "embedserve.cli", "scheduler", "--model",
-                             str(tiny_bert_dir), "--cache-dir", str(tmp_path), "--calibrate-only"],
+                             str(tiny_bert_dir), "--cache-dir", str(tmp_path), "--calibrate-only",
+                             "--dtype", "float32"],   # the dtype SchedulerProcess starts in
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     directory = tmp_path / "calibration" / result.stdout.strip().rsplit("/", 1)[-1]

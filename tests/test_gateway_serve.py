@@ -2,13 +2,15 @@
 
 Runs the default model (so that requests are still running when the
 signal lands at the end), with two replicas on port 0.
-Checks the banner, a request, that the replicas refuse calls that do not
-come from this gateway (a fresh token per run, in a private 0600 file
-removed at exit), that a killed replica is restarted and put back, and that
-SIGTERM under load loses nothing (tests/sigterm_load.py's checks) and stops
-the gateway and every replica with status 0. One stack for all of it: the
-SIGTERM-under-load check of tests/test_launch_shutdown.py for ``serve`` is
-this test's end.
+Checks the banner, a request, that the gateway calls its replicas over Unix
+domain sockets in a private directory removed at exit, that the replicas refuse
+calls that do not come from this gateway (a fresh token per run, in a private
+0600 file removed at exit), that a killed replica is restarted (on the same
+socket) and put back, and that SIGTERM under load loses nothing
+(tests/sigterm_load.py's checks) and stops the gateway and every replica with
+status 0. One stack for all of it: the SIGTERM-under-load check for ``serve``
+(tests/test_launch_shutdown.py has the lone gateway's) is this test's end.
+``--replica-transport tcp`` serves over loopback TCP instead.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "2", "--port", "0",
-         "--model", str(default_model_dir), "--served-model-name", "tiny", "tiny-alias"],
+         "--model", str(default_model_dir), "--served-model-name", "tiny", "tiny-alias",
+         "--dtype", "float32"],
         stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = None
@@ -74,12 +77,20 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
 
         replicas = children(process.pid)
         assert len(replicas) == 2
+        # Their OpenMP threads stop spinning soon after a step (launch/commands.py).
+        environ = open(f"/proc/{replicas[0]}/environ", "rb").read().split(b"\0")
+        assert b"GOMP_SPINCOUNT=20000" in environ
         # Only this gateway may call the replicas: a client without the run's token is refused.
         argv = open(f"/proc/{replicas[0]}/cmdline").read().split("\0")
         token_file = Path(argv[argv.index("--replica-token-file") + 1])
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
-        address = httpx.get(url + "/info", timeout=10).json()["replicas"][0]["address"]
+        addresses = [r["address"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]]
+        assert all(a.startswith("unix:/") for a in addresses), addresses
+        sockets = [Path(a[len("unix:"):]) for a in addresses]
+        assert all(s.is_socket() for s in sockets) and len(set(sockets)) == 2
+        assert stat.S_IMODE(sockets[0].parent.parent.stat().st_mode) == 0o700
+        address = addresses[0]
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
                 inference_pb2_grpc.InferenceStub(channel).Info(inference_pb2.InfoRequest(), timeout=30)
@@ -98,7 +109,19 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         assert_nothing_lost(tally)
         assert not any(alive(pid) for pid in current)
         assert not token_file.parent.exists()
+        assert not sockets[0].parent.parent.exists()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_serve_over_tcp_when_asked(tiny_bert_dir):
+    from serve_harness import served
+
+    with served("--model", str(tiny_bert_dir), "--replica-transport", "tcp") as url:
+        address = httpx.get(url + "/info", timeout=10).json()["replicas"][0]["address"]
+        assert address.startswith("127.0.0.1:")
+        reply = httpx.post(url + "/v1/embeddings", json={"input": "over tcp"}, timeout=60)
+        assert reply.status_code == 200
+        assert abs(np.linalg.norm(reply.json()["data"][0]["embedding"]) - 1) < 1e-5

@@ -35,7 +35,8 @@ def scheduler_process(tiny_bert_dir):
     # One sequence per step makes the load last long enough to signal mid-way.
     with subprocess.Popen(
             [sys.executable, "-m", "embedserve.cli", "scheduler", "--model", str(tiny_bert_dir),
-             "--port", "0", "--metrics-port", "0", "--max-batch-sequences", "1"],
+             "--port", "0", "--metrics-port", "0", "--max-batch-sequences", "1",
+             "--dtype", "float32"],   # the answers are checked against Engine.load's float32
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             line = process.stdout.readline()

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from embedserve.bulk.reader import FORMATS
     from embedserve.local.options import LONG_INPUT_POLICIES
     from embedserve.local.precision import PRECISIONS
-    from embedserve.scheduler.settings import REPLICA_DTYPES
+    from embedserve.scheduler.cli import add_dtype_flags
 
     p = subparsers.add_parser("embed", help="embed a corpus of files into Parquet or .npy (resumable)",
                               description=__doc__.splitlines()[0])
@@ -41,8 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model's prompt to prepend (e5: passage or query; default: the model's default)")
     p.add_argument("--dimensions", type=int, default=None, help="Matryoshka: keep the first N dimensions")
     p.add_argument("--precision", choices=PRECISIONS, default="float32", help="stored precision (default: float32)")
-    p.add_argument("--dtype", choices=REPLICA_DTYPES, default=None,
-                   help="the model's compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    add_dtype_flags(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=None,
                    help="output format (default: npy for a .npy output, else parquet)")
@@ -57,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE,
                    help="rows per part, the unit that is written and resumed (default: %(default)s)")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help="tokens per engine step (default: the scheduler's, 512)")
+                   help="tokens per engine step (default: 4096 on CPU, the scheduler's 512 on CUDA)")
     p.add_argument("--batch-sequences", type=int, default=256, help="sequences per engine step (default: 256)")
     p.add_argument("--sort-window", type=int, default=None,
                    help="documents sorted by length together (default: the whole part)")
@@ -90,7 +89,7 @@ def _run(args: argparse.Namespace):
     from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
     from embedserve.bulk.reader import resolve_input
     from embedserve.errors import InvalidInput
-    from embedserve.local.options import EmbedOptions
+    from embedserve.local.options import EmbedOptions, bulk_token_budget
 
     if args.url and args.ray:
         raise InvalidInput("--url and --ray are two ways to run the job; pick one")
@@ -98,20 +97,24 @@ def _run(args: argparse.Namespace):
     options = EmbedOptions(input_type=args.input_type, dimensions=args.dimensions,
                            precision=args.precision, long_inputs=args.long_inputs,
                            chunk_overlap=args.chunk_overlap,
-                           token_budget=args.batch_tokens, max_sequences=args.batch_sequences,
+                           token_budget=args.batch_tokens or bulk_token_budget(args.device),
+                           max_sequences=args.batch_sequences,
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
     model_dir = model_dir_from_args(args)
     model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
-    engine = {"url": args.url} if args.url else {"device": args.device, "dtype": args.dtype}
-    job = job_parameters(spec, model, options, args.part_size, output_format, engine)
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 
+        # Each actor resolves auto on its own node: the job records what was asked.
+        engine = {"device": args.device, "dtype": args.dtype,
+                  "dtype_probe_min_cosine": args.dtype_probe_min_cosine}
+        job = job_parameters(spec, model, options, args.part_size, output_format, engine)
         return run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
                           actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
                           device=args.device, dtype=args.dtype,
+                          probe_min_cosine=args.dtype_probe_min_cosine,
                           overwrite=args.overwrite, show_progress=not args.no_progress,
                           cache_dir=args.cache_dir or default_cache_dir())
     from embedserve.bulk.run import run_job
@@ -120,12 +123,18 @@ def _run(args: argparse.Namespace):
         from embedserve.bulk.remote import RemoteEmbedder
 
         embedder = RemoteEmbedder(args.url, model_dir, options, api_key=args.api_key)
+        engine = {"url": args.url}
     else:
         from embedserve.local.embedder import LocalEmbedder
 
         embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype,
+                                 probe_min_cosine=args.dtype_probe_min_cosine,
                                  cache_dir=args.cache_dir or default_cache_dir())
+        # The dtype auto resolved to: a resume on a machine that resolves differently
+        # would mix vectors of two precisions, so it counts as a different job.
+        engine = {"device": args.device, "dtype": embedder.info.dtype}
     try:
+        job = job_parameters(spec, model, options, args.part_size, output_format, engine)
         return run_job(spec, paths, embedder, job, args.part_size, options.precision,
                        overwrite=args.overwrite, show_progress=not args.no_progress)
     finally:

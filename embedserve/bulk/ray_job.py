@@ -34,6 +34,8 @@ from embedserve.local import columns
 from embedserve.local.documents import text_problem
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.model.info import read_model_info
 from embedserve.integrations.ray import PROBLEM, EmbedBatches
 
@@ -80,7 +82,8 @@ def _read(ray: Any, spec: InputSpec):
 
 def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, options: EmbedOptions,
                part_size: int, job: dict[str, Any], actors: int = 1, device: str = "cpu",
-               dtype: str | None = None, overwrite: bool = False, show_progress: bool = True,
+               dtype: str | None = DEFAULT_DTYPE, probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
+               overwrite: bool = False, show_progress: bool = True,
                cpus_per_actor: float = 1, cache_dir: Path | None = None) -> Totals:
     """Run the job on the Ray cluster at ``address`` ("local": start one here; "auto": the
     running cluster this machine belongs to; "ray://host:10001": a remote one)."""
@@ -102,6 +105,7 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
             num_cpus=cpus_per_actor,
             fn_constructor_kwargs=dict(model_dir=str(model_dir), text_field=text_field,
                                        id_field=spec.id_field, device=device, dtype=dtype,
+                                       probe_min_cosine=probe_min_cosine,
                                        cache_dir=None if cache_dir is None else str(cache_dir),
                                        **vars(options)))
         totals = Totals()

@@ -12,6 +12,9 @@ LazyTensor with the exception; the engine keeps serving later steps.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 
 from embedserve.engine.batch import Batch
+from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, probe_verdict
 from embedserve.model.config import ModelConfig, load_model_config
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.engine.families import FAMILIES
@@ -29,6 +33,8 @@ from embedserve.engine.onednn import fuse_layers
 from embedserve.engine.weights import load_state, read_checkpoint
 from embedserve.engine.runners.cpu import CpuRunner
 from embedserve.errors import ModelLoadError, Unavailable
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,10 +52,12 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
+    """An explicit dtype as it is, checked; None: the device's static default (float32 on
+    CPU, bfloat16 on CUDA). ``auto`` is resolved by ``Engine.load`` (it may probe)."""
     if dtype is None:
         return "bfloat16" if device.startswith("cuda") else "float32"
     if dtype not in DTYPES:
-        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}")
     return dtype
 
 
@@ -66,35 +74,98 @@ class Engine:
     def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
              attention: str | None = None, model_id: str | None = None,
              max_graphs: int = 64, cuda_graphs: bool = True,
-             fused_layers: bool = True, token_buckets: bool = True) -> "Engine":
+             fused_layers: bool = True, token_buckets: bool = True,
+             probe: DtypeProbe | None = None) -> "Engine":
         """Load a Hugging Face model directory.
 
-        dtype: "float32" | "bfloat16" | "float16" | None (float32 on CPU, bfloat16
-        on CUDA). attention (CPU only): "per_sequence" | "padded" |
-        "block_diagonal". max_graphs / cuda_graphs: the CUDA graph cache bound
-        and switch (ignored on CPU). fused_layers (CPU only): run the encoder
-        layers on oneDNN-packed weights with fused epilogues (onednn.py) where
-        the CPU and dtype allow; False keeps the plain modules (benchmarks A/B).
-        token_buckets (CPU only): round each step's token count up to a bucket
-        (cpu_shapes.py) so that memory stays bounded under mixed shapes; False runs
-        exact counts (tests and benchmarks A/B).
+        dtype: "auto" | "float32" | "bfloat16" | "float16" | None (float32 on CPU,
+        bfloat16 on CUDA). "auto" picks by hardware (dtype_choice.py) and, when
+        that is a reduced precision and ``probe`` is given, keeps it only if its
+        outputs on the probe's tokens agree with float32's; ``info.dtype`` and
+        ``info.dtype_reason`` say what was chosen and why. attention (CPU only):
+        "per_sequence" | "padded" | "block_diagonal". max_graphs / cuda_graphs:
+        the CUDA graph cache bound and switch (ignored on CPU). fused_layers (CPU
+        only): run the encoder layers on oneDNN-packed weights with fused
+        epilogues (onednn.py) where the CPU and dtype allow; False keeps the
+        plain modules (benchmarks A/B). token_buckets (CPU only): round each
+        step's token count up to a bucket (cpu_shapes.py) so that memory stays
+        bounded under mixed shapes; False runs exact counts (tests and
+        benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise ModelLoadError(f"model directory not found: {model_dir}")
-        dtype_name = resolve_dtype(dtype, device)
-        model = build_model(model_dir, DTYPES[dtype_name])
-        info = replace(read_model_info(model_dir, model_id), device=device, dtype=dtype_name)
+        if device != "cpu" and not device.startswith("cuda"):
+            raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
+        info = replace(read_model_info(model_dir, model_id), device=device)
+        runner_options = {"attention": attention, "max_graphs": max_graphs,
+                          "cuda_graphs": cuda_graphs, "fused_layers": fused_layers,
+                          "token_buckets": token_buckets}
+        if dtype == AUTO:
+            choice = auto_candidate(device)
+            if choice.dtype != "float32" and probe is not None:
+                return cls._load_probed(model_dir, info, choice, probe, runner_options)
+            if choice.dtype != "float32":
+                choice = DtypeChoice(choice.dtype, f"{choice.reason}; not probed")
+        else:
+            name = resolve_dtype(dtype, device)
+            choice = DtypeChoice(name, "explicit" if dtype is not None else "device default")
+        log.info("dtype %s (%s)", choice.dtype, choice.reason)
+        model = build_model(model_dir, DTYPES[choice.dtype])
+        return cls._start(model, _chosen(info, choice), **runner_options)
+
+    @classmethod
+    def _load_probed(cls, model_dir: Path, info: ModelInfo, candidate: DtypeChoice,
+                     probe: DtypeProbe, runner_options: dict[str, Any]) -> "Engine":
+        """``auto`` with a reduced-precision candidate: float32's outputs on the probe's
+        tokens (plain modules), then the same weights cast in place to the candidate and
+        started as they will serve; kept if the two agree, else reloaded in float32. Only
+        one copy of the weights is resident at a time (the cast frees each float32
+        tensor as it goes). A probe that cannot run (no usable tokenizer) or fails in
+        the candidate dtype also means float32, with the error as the reason."""
+        model = build_model(model_dir, torch.float32)
+        plain = {**runner_options, "cuda_graphs": False, "fused_layers": False}
+        try:
+            batch = Batch.of(probe.tokens(), info.task)
+            with cls._start(model, _chosen(info, DtypeChoice("float32", "probe")), **plain) as ref:
+                reference = ref.step(batch).wait()
+        except Exception as error:
+            choice = DtypeChoice("float32", f"{candidate.reason}, but the probe could not run "
+                                            f"({error}): float32")
+            log.warning("dtype %s (%s)", choice.dtype, choice.reason)
+            return cls._start(model, _chosen(info, choice), **runner_options)
+        model = model.to(DTYPES[candidate.dtype])
+        engine = cls._start(model, _chosen(info, candidate), **runner_options)
+        try:
+            choice = probe_verdict(candidate, reference, engine.step(batch).wait(), probe.min_cosine)
+        except Exception as error:
+            choice = DtypeChoice("float32", f"{candidate.reason}, but {candidate.dtype} failed "
+                                            f"the probe ({error}): float32")
+        if choice.dtype == candidate.dtype:
+            log.info("dtype %s (%s)", choice.dtype, choice.reason)
+            engine.info = _chosen(info, choice)
+        else:
+            log.warning("dtype %s (%s)", choice.dtype, choice.reason)
+            engine.close()
+            del engine, model
+            engine = cls._start(build_model(model_dir, torch.float32), _chosen(info, choice),
+                                **runner_options)
+        _return_freed_heap()
+        return engine
+
+    @classmethod
+    def _start(cls, model: Model, info: ModelInfo, attention: str | None, max_graphs: int,
+               cuda_graphs: bool, fused_layers: bool, token_buckets: bool) -> "Engine":
+        """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
+        device = info.device or "cpu"
         if device.startswith("cuda"):
             from embedserve.engine.runners.cuda import CudaRunner
             runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
                                      use_graphs=cuda_graphs)
-        elif device == "cpu":
+        else:
             if fused_layers and isinstance(model, EncoderModel):
                 fuse_layers(model)          # the BERT family's oneDNN path; the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
-        else:
-            raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         return cls(model, info, runner)
 
     @property
@@ -129,3 +200,24 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _chosen(info: ModelInfo, choice: DtypeChoice) -> ModelInfo:
+    return replace(info, dtype=choice.dtype, dtype_reason=choice.reason)
+
+
+def _return_freed_heap() -> None:
+    """Give the heap the probe freed back to the OS (glibc keeps it otherwise).
+
+    Measured on the default model: loading tokenizer.json for the probe's ids
+    takes ~270 MB of small allocations that stay in the process after they are
+    freed, so a probed replica held ~230 MB more than one started with an
+    explicit dtype; trimmed, ~35 MB. A no-op where the C library has no
+    ``malloc_trim`` (musl, macOS).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

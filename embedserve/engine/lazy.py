@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -18,7 +19,14 @@ import numpy as np
 
 
 class LazyTensor:
-    """Base interface. ``wait()`` returns a NumPy array ([B, dim] or [B])."""
+    """Base interface. ``wait()`` returns a NumPy array ([B, dim] or [B]).
+
+    ``ready_at``: the ``time.monotonic()`` at which the producer finished, where
+    it says (the CPU worker does), so a waiter can tell its own wake-up latency
+    apart from the compute; None where unknown.
+    """
+
+    ready_at: float | None = None
 
     def ready(self) -> bool:
         raise NotImplementedError
@@ -38,6 +46,11 @@ class FutureLazyTensor(LazyTensor):
 
     def __init__(self, future: "concurrent.futures.Future[np.ndarray]") -> None:
         self._future = future
+        # Runs on the worker thread the moment it sets the result.
+        future.add_done_callback(self._mark_ready)
+
+    def _mark_ready(self, _future: concurrent.futures.Future) -> None:
+        self.ready_at = time.monotonic()
 
     def ready(self) -> bool:
         return self._future.done()

@@ -3,6 +3,8 @@
     --upstream host:port,host:port     a fixed list (replicas.StaticSource)
     --upstream dns:NAME:PORT           DnsSource: every address NAME resolves
                                        to, re-resolved every ``interval_s``
+    --upstream unix:/PATH,...          replicas on this machine, over their Unix
+                                       domain sockets (``embedserve serve`` uses these)
 
 A DNS name is how clusters publish replicas: Docker's embedded DNS answers a
 compose service name with every container of the service, and a Kubernetes
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 DNS_PREFIX = "dns:"
+UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
 
 
 def format_address(host: str, port: int) -> str:
@@ -94,4 +97,5 @@ def source_for(upstreams: Sequence[str], interval_s: float = 5.0) -> ReplicaSour
             raise ValueError("--upstream dns:NAME:PORT cannot be mixed with other entries")
         host, port = split_host_port(entries[0][len(DNS_PREFIX):])
         return DnsSource(host, port, interval_s)
-    return StaticSource(format_address(*split_host_port(entry)) for entry in entries)
+    return StaticSource(entry if entry.startswith(UNIX_PREFIX) and len(entry) > len(UNIX_PREFIX)
+                        else format_address(*split_host_port(entry)) for entry in entries)

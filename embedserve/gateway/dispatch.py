@@ -33,6 +33,9 @@ class DispatchTimings:
 
     queue_s: float = 0.0       # longest wait for a replica plus its queue time
     inference_s: float = 0.0   # longest engine compute of a chunk
+    wake_s: float = 0.0        # that chunk's engine-thread -> replica-loop hop
+    rpc_s: float = 0.0         # longest gRPC call as awaited here (replica time included)
+    replica_s: float = 0.0     # longest replica handler time (its Timings.total_us)
     attempts: int = 0          # calls made, retries included
     retries: int = 0
 
@@ -72,6 +75,12 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
     if info is not None and info.max_queue_tokens:
         max_tokens = max(1, min(max_tokens, int(info.max_queue_tokens)))
     ranges = plan_chunks(packed.lengths, policy.max_sequences, max_tokens)
+    if len(ranges) == 1:
+        # One chunk (most requests): awaited here, without a task group's task.
+        a, b = ranges[0]
+        chunk = packed if (a, b) == (0, packed.num_sequences) else packed.slice(a, b)
+        return await _run_chunk(pool, chunk, policy.max_attempts, rpc, make_request, deadline,
+                                request_id, timings, on_retry)
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_run_chunk(pool, packed.slice(a, b), policy.max_attempts, rpc,
@@ -111,8 +120,10 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceeded("the request timed out waiting for a replica")
+            called_at = time.perf_counter()
             reply = await getattr(replica.stub, rpc)(message, timeout=remaining,
                                                      metadata=(("x-request-id", request_id),))
+            timings.rpc_s = max(timings.rpc_s, time.perf_counter() - called_at)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             last_error = from_rpc_error(code, exc.details())
@@ -132,7 +143,10 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             await pool.release(replica, tokens)
         queue_s = gateway_wait + reply.timings.queue_us / 1e6
         timings.queue_s = max(timings.queue_s, queue_s)
-        timings.inference_s = max(timings.inference_s, reply.timings.compute_us / 1e6)
+        if reply.timings.compute_us / 1e6 >= timings.inference_s:
+            timings.inference_s = reply.timings.compute_us / 1e6
+            timings.wake_s = reply.timings.wake_us / 1e6
+        timings.replica_s = max(timings.replica_s, reply.timings.total_us / 1e6)
         arrays = reply_arrays(rpc, reply, f"{rpc}.result")
         for rows in arrays:
             if rows.shape[0] != chunk.num_sequences:

@@ -37,8 +37,15 @@ def precisions(types: Sequence[str]) -> list[str]:
 
 
 def json_rows(array: np.ndarray, as_base64: bool) -> list:
-    """[B, w] -> B JSON rows: lists of numbers, or base64 strings of little-endian bytes."""
+    """[B, w] -> B JSON rows: arrays of numbers (for ``routes.embed.json_response``), or base64
+    strings of little-endian bytes.
+
+    Float rows are widened to float64 first: their JSON is then the shortest text of the
+    same double ``float(x)`` gives (what ``json.dumps(array.tolist())`` wrote), which
+    reads back as exactly the float32 or float16 value.
+    """
     if not as_base64:
-        return array.tolist()
+        dtype = np.float64 if np.issubdtype(array.dtype, np.floating) else array.dtype
+        return list(np.ascontiguousarray(array, dtype=dtype))
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]

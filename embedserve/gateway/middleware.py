@@ -6,7 +6,8 @@ key). Pure ASGI rather than ``BaseHTTPMiddleware`` so the route still sees
 the client's disconnect and no extra task sits on each request.
 
 Routes record phase durations in ``scope["embedserve.timing"]`` (a dict of
-name -> seconds); ``total`` is added here.
+name -> seconds); ``total`` is added here, and ``since_start`` measures a
+phase that began when the request did (``parse``: up to the route handler).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 TIMING_KEY = "embedserve.timing"
 REQUEST_ID_KEY = "embedserve.request_id"
+STARTED_KEY = "embedserve.started"   # time.perf_counter() when the middleware saw the request
 # Probes and docs stay open when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
                         "/docs/oauth2-redirect"})
@@ -46,6 +48,7 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        scope[STARTED_KEY] = started
         headers = dict(scope.get("headers") or [])
         request_id = _clean_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
         scope[REQUEST_ID_KEY] = request_id
@@ -111,6 +114,13 @@ class GatewayMiddleware:
 
     def _too_large(self) -> tuple[int, str, str]:
         return 413, f"request body larger than {self.max_body_bytes} bytes", "body_too_large"
+
+
+def since_start(scope: Scope, phase: str) -> None:
+    """Record, as ``phase``, the time from the request's arrival here until now."""
+    started = scope.get(STARTED_KEY)
+    if started is not None:
+        scope.setdefault(TIMING_KEY, {})[phase] = time.perf_counter() - started
 
 
 def server_timing(timing: dict[str, float]) -> str:

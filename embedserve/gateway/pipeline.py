@@ -54,12 +54,20 @@ class Gateway:
         self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
+        # The last replica report read and the ModelInfo made of it: a request reads
+        # ``model`` a few times, and a replica's Info changes only when it restarts.
+        self._merged: tuple[inference_pb2.InfoResponse, ModelInfo] | None = None
 
     @property
     def model(self) -> ModelInfo:
         """The served model: the directory's description, a healthy replica's report over it."""
         reply = self.pool.info()
-        return self._described if reply is None else wire.model_info_from_proto(reply, self._described)
+        if reply is None:
+            return self._described
+        merged = self._merged
+        if merged is None or merged[0] is not reply:
+            merged = self._merged = (reply, wire.model_info_from_proto(reply, self._described))
+        return merged[1]
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -148,6 +156,7 @@ class Gateway:
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
+        started = time.perf_counter()
         with self.budget.hold(tokens):
             self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use)
             try:
@@ -157,7 +166,11 @@ class Gateway:
                     on_retry=self.metrics.chunk_retries.labels(self.model_id).inc))
             finally:
                 self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use - tokens)
+                timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
+                timing["rpc"] = timings.rpc_s
+                timing["replica"] = timings.replica_s
                 timing["queue"] = timings.queue_s
+                timing["wake"] = timings.wake_s
                 timing["inference"] = timings.inference_s
         self.metrics.inputs.labels(route, self.model_id).inc(packed.num_sequences)
         self.metrics.tokens.labels(route, self.model_id).inc(tokens)

@@ -1,7 +1,9 @@
 """Turn request inputs into packed token ids: prompts, tokenization, limits.
 
 Owns applying a prompt template, running the tokenizer off the event loop
-(in a small executor; the Numba encoder releases the GIL), adding the
+(in a small executor; the Numba encoder releases the GIL) unless the texts
+are short enough that the two thread hops would cost more than the
+tokenization itself (``INLINE_MAX_CHARS``), adding the
 model's special tokens around raw token ids, and the length rules: cut on
 request (``truncate`` and its direction) or refuse with ``InputTooLong``
 naming the input index and its length, or cut into windows to be pooled
@@ -25,6 +27,13 @@ from embedserve.model.info import ModelInfo
 from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, TokenizerBackend
+
+
+# Texts up to this many characters in all are tokenized on the event loop: a
+# one-sentence query takes tens of microseconds there, while handing it to the
+# executor and back costs two thread wake-ups (hundreds on a busy machine).
+# A few KB block the loop for well under a millisecond.
+INLINE_MAX_CHARS = 2048
 
 
 class Preprocessor:
@@ -62,7 +71,11 @@ class Preprocessor:
         return cut_windows(packed, len(self._prefix), len(self._suffix), self.model.max_positions,
                            overlap)
 
-    async def _run(self, fn, *args, **kwargs):
+    async def _run(self, chars: int, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` for inputs of ``chars`` characters: here when short, else
+        in the executor."""
+        if chars <= INLINE_MAX_CHARS:
+            return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
@@ -73,7 +86,7 @@ class Preprocessor:
         check_texts(texts, field)
         prompted = [prompt + t for t in texts] if prompt else list(texts)
         limit = self.model.max_positions
-        encoded = await self._run(self.tokenizer.encode_batch, prompted,
+        encoded = await self._run(sum(map(len, prompted)), self.tokenizer.encode_batch, prompted,
                                   max_length=limit if truncate else None,
                                   truncation=direction.lower() if truncate else None,
                                   add_special_tokens=add_special_tokens,
@@ -115,7 +128,8 @@ class Preprocessor:
         check_texts([query], "query")
         check_texts(docs, field)
         limit = self.model.max_positions
-        encoded = await self._run(self.tokenizer.encode_pairs, query, list(docs),
+        encoded = await self._run(len(query) + sum(map(len, docs)),
+                                  self.tokenizer.encode_pairs, query, list(docs),
                                   max_length=limit if truncate else None,
                                   truncation=direction.lower() if truncate else None)
         if not truncate:

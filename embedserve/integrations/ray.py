@@ -34,6 +34,8 @@ from embedserve.local import columns
 from embedserve.local.documents import text_problem
 from embedserve.local.embedder import LocalEmbedder
 from embedserve.local.options import EmbedOptions
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 
 PROBLEM = "problem"
 
@@ -42,16 +44,19 @@ class EmbedBatches:
     """A callable class for ``Dataset.map_batches(..., batch_format="pyarrow")``."""
 
     def __init__(self, model_dir: str | Path, text_field: str = "text", id_field: str | None = None,
-                 device: str = "cpu", dtype: str | None = None, cache_dir: str | Path | None = None,
-                 **options: Any) -> None:
+                 device: str = "cpu", dtype: str | None = DEFAULT_DTYPE,
+                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
+                 cache_dir: str | Path | None = None, **options: Any) -> None:
         """``options``: ``EmbedOptions`` fields (input_type, dimensions, precision,
         long_inputs, chunk_overlap, token_budget, max_sequences, window). ``id_field``: rows whose id
         is null are skipped (as ``embedserve embed --id-field`` skips them). ``cache_dir``:
         where the model's int8/uint8 calibration lives (share it between nodes, or every
-        node calibrates on its own)."""
+        node calibrates on its own). ``dtype`` / ``probe_min_cosine``: as ``embedserve embed
+        --dtype`` (auto: resolved, and probed, on each actor's node)."""
         self.text_field = text_field
         self.id_field = id_field
         self.embedder = LocalEmbedder(model_dir, EmbedOptions(**options), device=device, dtype=dtype,
+                                      probe_min_cosine=probe_min_cosine,
                                       cache_dir=None if cache_dir is None else Path(cache_dir))
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -32,7 +32,9 @@ from embedserve.healthprobe import probe
 from embedserve.launch.commands import models_gateway_command, replica_env
 from embedserve.launch.processes import first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.cli import add_engine_flags, engine_flags
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.scheduler.token_file import temporary_token_file
 
 log = logging.getLogger("embedserve.launch.cluster")
@@ -46,7 +48,8 @@ class ClusterSettings:
     models: tuple[ModelSpec, ...]
     replicas: int = 2
     device: str = "cpu"
-    dtype: str | None = None      # None: the engine's default for the device
+    dtype: str | None = DEFAULT_DTYPE   # auto: by hardware, checked by a load-time probe
+    dtype_probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE
     cuda_graphs: bool = True
     host: str = "127.0.0.1"
     port: int = 8000              # 0: the gateway picks a free port and prints it
@@ -98,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"embedserve cluster: {exc}", file=sys.stderr)
         return 2
     settings = ClusterSettings(models=tuple(specs), replicas=args.replicas,
-                               device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+                               device=args.device, dtype=args.dtype,
+                               dtype_probe_min_cosine=args.dtype_probe_min_cosine,
+                               cuda_graphs=args.cuda_graphs,
                                host=args.host, port=args.port, gateway_args=gateway_args,
                                drain_timeout_s=args.drain_timeout,
                                # where replicas keep the int8/uint8 calibration
@@ -116,7 +121,8 @@ async def run_cluster(settings: ClusterSettings) -> int:
 
 
 async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[str, ...]) -> int:
-    extra = (*engine_flags(settings.dtype, settings.cuda_graphs), *token_args,
+    extra = (*engine_flags(settings.dtype, settings.cuda_graphs,
+                           settings.dtype_probe_min_cosine), *token_args,
              *(("--metrics-port", "0") if settings.replica_metrics else ()), *settings.replica_args)
     counts = [spec.replicas or settings.replicas for spec in settings.models]
     # Replicas of every model share this machine's cores.

@@ -48,10 +48,24 @@ def models_gateway_command(models: Sequence[ModelSpec], host: str = "127.0.0.1",
     return [*argv, "--host", host, "--port", str(port), *extra]
 
 
+# Spins (about 0.1 ms) an idle OpenMP thread of a local replica makes before it
+# sleeps. libgomp's default, 300,000, keeps a worker spinning for milliseconds
+# after every step, on the core the gateway and the replica's own event loop
+# need right then to answer; the gaps between the parallel regions inside one
+# forward are far shorter than this, so the compute keeps its spinning hand-offs.
+# Only where the caller's environment does not say (OMP_WAIT_POLICY=active or a
+# GOMP_SPINCOUNT of their own win). The PyTorch CPU wheels use libgomp.
+REPLICA_OMP_SPINCOUNT = "20000"
+
+
 def replica_env(replicas: int, device: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for replicas (``base``, default ours): on CPU they split the cores."""
+    """The environment for replicas (``base``, default ours): on CPU they split the cores,
+    and their OpenMP threads stop spinning soon after a step (``REPLICA_OMP_SPINCOUNT``)."""
     env = dict(os.environ if base is None else base)
-    if replicas > 1 and device == "cpu":
-        # Without this each replica would start one thread per core.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // replicas)))
+    if device == "cpu":
+        if replicas > 1:
+            # Without this each replica would start one thread per core.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // replicas)))
+        if "OMP_WAIT_POLICY" not in env:
+            env.setdefault("GOMP_SPINCOUNT", REPLICA_OMP_SPINCOUNT)
     return env

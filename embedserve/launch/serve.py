@@ -4,7 +4,9 @@ N local scheduler+engine processes (``--replicas``) per model and the
 gateway in front of them, in this process, building the default model on
 first use. Several models: ``--model`` once per model
 (``DIR[:name=NAME[,ALIAS...]][:replicas=N]``); each gets its own replicas
-and one gateway routes requests by their ``model``. Prints
+and one gateway routes requests by their ``model``. The gateway calls its
+replicas over Unix domain sockets in a private temporary directory
+(``--replica-transport tcp``: over loopback TCP instead). Prints
 ``embedserve gateway listening on http://HOST:PORT`` once it accepts requests.
 On Ctrl-C or SIGTERM the gateway drains first (new requests get 503, those
 admitted are answered), then the replicas drain, then it exits 0.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import tempfile
 from pathlib import Path
 
 from embedserve.defaults.model_args import ModelSpec, model_specs_from_args
@@ -36,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="scheduler+engine processes to start per model (default: "
                             "%(default)s; --model DIR:replicas=N sets one model's); on CPU they "
                             "share the cores, so more replicas add fault tolerance, not speed")
+    serve.add_argument("--replica-transport", choices=("unix", "tcp"), default="unix",
+                       help="how the gateway calls its local replicas: unix (a Unix domain "
+                            "socket each: no TCP loopback per call) or tcp (127.0.0.1 ports). "
+                            "Replicas listen on TCP either way (default: %(default)s)")
     add_engine_flags(serve)
     add_gateway_flags(serve, starts_replicas=True)
     serve.set_defaults(func=run_serve)
@@ -56,22 +63,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_stack(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
-    # A fresh token per run: only this gateway can call these replicas.
-    with temporary_token_file() as token_file:
-        return await _serve_with_token(args, specs, token_file)
+    # A fresh token per run: only this gateway can call these replicas. The
+    # sockets' directory is private to this user (mkdtemp makes it 0700).
+    with temporary_token_file() as token_file, \
+            tempfile.TemporaryDirectory(prefix="embedserve-") as sockets:
+        socket_root = Path(sockets) if args.replica_transport == "unix" else None
+        return await _serve_with_token(args, specs, token_file, socket_root)
 
 
-async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], token_file: Path) -> int:
+async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], token_file: Path,
+                            socket_root: Path | None) -> int:
     counts = [spec.replicas or args.replicas for spec in specs]
     # Replicas of every model share this machine's cores.
     env = replica_env(sum(counts), args.device)
-    extra = (*engine_flags(args.dtype, args.cuda_graphs), "--replica-token-file", str(token_file),
+    extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine),
+             "--replica-token-file", str(token_file),
              # where replicas keep the int8/uint8 calibration
              *(("--cache-dir", str(args.cache_dir)) if args.cache_dir else ()))
     group = SupervisorGroup([
         ReplicaSupervisor(spec.path, count, args.device, extra_args=extra, env=env,
-                          label=_label(spec, len(specs)))
-        for spec, count in zip(specs, counts)])
+                          label=_label(spec, len(specs)),
+                          unix_socket_dir=None if socket_root is None else socket_root / str(k))
+        for k, (spec, count) in enumerate(zip(specs, counts))])
     stop = asyncio.Event()
     with stop_on_signals(stop.set):
         try:

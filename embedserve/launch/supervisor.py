@@ -6,7 +6,10 @@ restarting one that exits unexpectedly on the same port (the gateway's
 health watch then puts it back in rotation), and stopping them all at once
 (they drain in parallel). A ``ReplicaSupervisor`` keeps one model's
 replicas; ``SupervisorGroup`` starts and stops one per served model
-together. Starting and stopping one child is ``processes.py``'s job; the
+together. With ``unix_socket_dir`` each replica also listens on a Unix
+domain socket there and its address (what the gateway dials) is that
+socket's ``unix:PATH``: a gateway on this machine skips TCP loopback on
+every call. Starting and stopping one child is ``processes.py``'s job; the
 command line is ``commands.py``'s. Used by ``embedserve serve`` and
 ``embedserve cluster``.
 """
@@ -40,8 +43,9 @@ class ReplicaSupervisor:
     def __init__(self, model_dir: Path, replicas: int, device: str = "cpu", host: str = "127.0.0.1",
                  extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None,
                  start_timeout_s: float = 300.0, stop_timeout_s: float = 30.0,
-                 label: str = "") -> None:
+                 label: str = "", unix_socket_dir: Path | None = None) -> None:
         self._model_dir = model_dir
+        self._unix_socket_dir = unix_socket_dir
         # Names the model in log lines when several are supervised ("": one model).
         self._label_prefix = f"{label} " if label else ""
         self._device = device
@@ -71,14 +75,24 @@ class ReplicaSupervisor:
         self._keeper = asyncio.create_task(self._keep_alive())
         return self.addresses
 
+    def _unix_socket(self, replica: ReplicaProcess) -> Path | None:
+        if self._unix_socket_dir is None:
+            return None
+        self._unix_socket_dir.mkdir(parents=True, exist_ok=True)
+        return self._unix_socket_dir / f"replica-{replica.index}.sock"
+
     async def _spawn(self, replica: ReplicaProcess) -> None:
+        socket_path = self._unix_socket(replica)
+        extra = (*self._extra_args, *(("--unix-socket", str(socket_path)) if socket_path else ()))
         argv = scheduler_command(self._model_dir, self._host, replica.port, device=self._device,
-                                 extra=self._extra_args)
+                                 extra=extra)
         replica.process, match, replica.output = await start_child(
             argv, SCHEDULER_LISTENING, name=f"replica {self._label(replica)}", env=self._env,
             timeout_s=self._start_timeout_s)
-        replica.address = match.group(1)
-        replica.port = int(replica.address.rsplit(":", 1)[1])
+        tcp_address = match.group(1)
+        replica.port = int(tcp_address.rsplit(":", 1)[1])
+        # A restart binds the same socket path (gRPC replaces a stale socket file).
+        replica.address = f"unix:{socket_path}" if socket_path else tcp_address
         log.info("replica %s serving on %s (pid %d)", self._label(replica), replica.address,
                  replica.process.pid)
 

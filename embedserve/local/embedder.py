@@ -27,18 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from embedserve.engine.batch import Batch
-from embedserve.engine.engine import Engine
 from embedserve.errors import InvalidInput
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.embedded import EmbeddedPart
-from embedserve.local.options import EmbedOptions
+from embedserve.local.options import EmbedOptions, bulk_token_budget
 from embedserve.local.packing import plan_batches
 from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.windows import pool_windows
-from embedserve.scheduler.settings import default_max_batch_tokens
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.engine_loading import load_engine
+from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.tokenizer import Tokenizer
 
 # Steps handed to the engine before the oldest is awaited: one runs while the
@@ -62,12 +63,15 @@ class LocalEmbedder:
     """A tokenizer and an engine for one model, and the options every part is embedded with."""
 
     def __init__(self, model_dir: str | Path, options: EmbedOptions = EmbedOptions(),
-                 device: str = "cpu", dtype: str | None = None,
+                 device: str = "cpu", dtype: str | None = DEFAULT_DTYPE,
+                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
                  tokenizer_cache_dir: Path | None = None, cache_dir: Path | None = None) -> None:
-        """``cache_dir``: where the model's int8/uint8 calibration is kept (``embedserve.calibration``);
-        needed only for those precisions, computed there on first use."""
+        """``dtype``: as a replica's ``--dtype`` (auto: by hardware, checked by the load-time
+        probe at ``probe_min_cosine``; ``info.dtype_reason`` says why). ``cache_dir``: where
+        the model's int8/uint8 calibration is kept (``embedserve.calibration``); needed only
+        for those precisions, computed there on first use."""
         model_dir = Path(model_dir)
-        self.engine = Engine.load(model_dir, device=device, dtype=dtype)
+        self.engine = load_engine(model_dir, device, dtype, probe_min_cosine=probe_min_cosine)
         kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
         self.tokenizer = Tokenizer.from_model_dir(model_dir, **kwargs)
         self.options = options
@@ -79,7 +83,7 @@ class LocalEmbedder:
         self.prompt = info.prompt(options.input_type, "input_type")
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, info.max_positions, options.chunk_overlap)
-        self.token_budget = options.token_budget or default_max_batch_tokens(device)
+        self.token_budget = options.token_budget or bulk_token_budget(device)
         self.ranges = self._ranges(model_dir, cache_dir) if options.precision in RANGED_PRECISIONS else None
 
     def _ranges(self, model_dir: Path, cache_dir: Path | None) -> np.ndarray:

@@ -10,6 +10,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from embedserve.errors import InvalidInput
+from embedserve.scheduler.settings import default_max_batch_tokens
+
+# Tokens per engine step of a bulk job on CPU (measured: BENCHMARKS.md, "Bulk embedding").
+# A server's 512-token steps bound how long a query waits behind one; a bulk job has no such
+# query, and fewer, larger steps pay the per-step and per-kernel costs (the threads' fork
+# and join in every layer's kernels, Python) fewer times: on UDHR lines (~56 tokens) 4,096
+# ran 1.2-1.5x the tokens/s of 512. Padded attention in one call per layer (instead of one
+# per document) was tried for these short, length-sorted steps and measured slower.
+BULK_CPU_TOKEN_BUDGET = 4096
 
 LongInputPolicy = Literal["refuse", "truncate", "chunk"]
 LONG_INPUT_POLICIES = ("refuse", "truncate", "chunk")
@@ -24,7 +33,7 @@ class EmbedOptions:
     precision: str = "float32"
     long_inputs: LongInputPolicy = "refuse"
     chunk_overlap: int = 0               # content tokens consecutive windows share (long_inputs "chunk")
-    token_budget: int | None = None      # tokens per engine step (None: the scheduler's default)
+    token_budget: int | None = None      # tokens per engine step (None: ``bulk_token_budget``)
     max_sequences: int = 256             # sequences per engine step
     window: int = 4096                   # documents sorted by length together
 
@@ -45,3 +54,8 @@ class EmbedOptions:
             raise InvalidInput("token_budget must be >= 1", field="token_budget")
 
 
+
+
+def bulk_token_budget(device: str) -> int:
+    """Tokens per engine step of a bulk job when not given: larger than a server's on CPU."""
+    return BULK_CPU_TOKEN_BUDGET if device == "cpu" else default_max_batch_tokens(device)

@@ -34,6 +34,9 @@ class ModelInfo:
     # (the gateway, before a replica reports them).
     device: str | None = None
     dtype: str | None = None
+    # Why that dtype: "explicit", or auto's hardware fact and probe result
+    # (embedserve/engine/dtype_choice.py); None where not reported.
+    dtype_reason: str | None = None
     # The int8/uint8 calibration a replica quantizes with (embedserve/calibration.py);
     # None where there is none (or not yet reported).
     calibration_id: str | None = None

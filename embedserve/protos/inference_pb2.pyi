@@ -54,14 +54,16 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("queue_us", "compute_us", "total_us")
+    __slots__ = ("queue_us", "compute_us", "total_us", "wake_us")
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
     TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    WAKE_US_FIELD_NUMBER: _ClassVar[int]
     queue_us: int
     compute_us: int
     total_us: int
-    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
+    wake_us: int
+    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ..., wake_us: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions")
@@ -116,7 +118,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id")
+    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id", "dtype_reason")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +132,7 @@ class InfoResponse(_message.Message):
     CALIBRATION_ID_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_TEXTS_ID_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dimension: int
     max_positions: int
@@ -143,7 +146,8 @@ class InfoResponse(_message.Message):
     calibration_id: str
     calibration_sample_size: int
     calibration_texts_id: str
-    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ...) -> None: ...
+    dtype_reason: str
+    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ..., dtype_reason: _Optional[str] = ...) -> None: ...
 
 class RangesRequest(_message.Message):
     __slots__ = ("dimensions", "normalize")

@@ -164,10 +164,12 @@ class Batcher:
         # Steps run one after another in the engine: this one's own compute
         # began when it was submitted or when the previous one finished.
         compute_s = finished_at - max(submitted_at, self._engine_free_at)
+        # The part of it between the engine finishing and this task running on.
+        wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._engine_free_at = finished_at
         self._metrics.step_seconds.observe(compute_s)
         for run in runs:
-            run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s)
+            run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s, wake_s)
 
     def _fail(self, runs: list[Run], error: Exception) -> None:
         log.error("engine step of %d calls failed", len(runs), exc_info=error)

@@ -19,7 +19,8 @@ from pathlib import Path
 from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
                                             model_dir_from_args)
 from embedserve.entrypoint import configure_logging, scheduler_banner, stop_on_signals
-from embedserve.scheduler.settings import (REPLICA_DTYPES, SchedulerSettings,
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.scheduler.settings import (DEFAULT_DTYPE, REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
@@ -37,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=50051,
                         help="gRPC port; 0 picks a free one (default: %(default)s)")
+    parser.add_argument("--unix-socket", type=Path, default=None, metavar="PATH",
+                        help="also serve gRPC on this Unix domain socket, for a gateway on the "
+                             "same machine (no TCP loopback per call); --port stays open "
+                             "(default: none)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
     add_engine_flags(parser)
@@ -73,29 +78,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """``--device``, ``--dtype``, ``--cuda-graphs``: declared once for the scheduler and the
-    launchers that pass them on to their replicas (``engine_flags`` writes them back)."""
+    """``--device``, ``--dtype``, ``--dtype-probe-min-cosine``, ``--cuda-graphs``: declared
+    once for the scheduler and the launchers that pass them on to their replicas
+    (``engine_flags`` writes them back)."""
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, choices=REPLICA_DTYPES,
-                        help="engine compute dtype (default: float32 on CPU, bfloat16 on CUDA); "
-                             "bfloat16 on a CPU with AVX512-BF16/AMX is ~2x faster at cosine "
-                             ">= 0.999 vs float32")
+    add_dtype_flags(parser)
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA only: capture a graph per (token, sequence) bucket and replay "
                              "it, cutting per-step launch overhead at the cost of capture time "
                              "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
 
 
-def engine_flags(dtype: str | None, cuda_graphs: bool = True) -> tuple[str, ...]:
-    """The scheduler flags for ``dtype`` and ``cuda_graphs``; empty for the defaults."""
-    return (*(("--dtype", dtype) if dtype is not None else ()),
+def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` and ``--dtype-probe-min-cosine``: the replicas' and the bulk command's."""
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=REPLICA_DTYPES,
+                        help="engine compute dtype. auto: bfloat16 on CUDA and on a CPU with "
+                             "native bf16 (AMX or AVX512-BF16), float32 elsewhere; a reduced "
+                             "precision is kept only if a load-time probe (a few fixed texts "
+                             "embedded in it and in float32) agrees with float32, else float32 "
+                             "(/info's dtype_reason says which and why) (default: %(default)s)")
+    parser.add_argument("--dtype-probe-min-cosine", type=_cosine, default=DEFAULT_PROBE_MIN_COSINE,
+                        metavar="C",
+                        help="--dtype auto's bar: the smallest cosine between a probe text's "
+                             "vector in bfloat16 and in float32 (cross-encoders: scores may move "
+                             "by sqrt(2(1-C)) after the sigmoid); 1 forces float32 "
+                             "(default: %(default)s)")
+
+
+def _cosine(text: str) -> float:
+    """A cosine bar in [0, 1] (argparse type: a bad value is a usage error at every entry point)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def engine_flags(dtype: str | None, cuda_graphs: bool = True,
+                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE) -> tuple[str, ...]:
+    """The scheduler flags for ``dtype``, the probe's bar and ``cuda_graphs``; empty for the defaults."""
+    return (*(("--dtype", dtype) if dtype not in (None, DEFAULT_DTYPE) else ()),
+            *(("--dtype-probe-min-cosine", repr(probe_min_cosine))
+              if probe_min_cosine != DEFAULT_PROBE_MIN_COSINE else ()),
             *(() if cuda_graphs else ("--no-cuda-graphs",)))
 
 
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
-        model_dir=model_dir, host=args.host, port=args.port, metrics_port=args.metrics_port,
-        device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+        model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
+        metrics_port=args.metrics_port,
+        device=args.device, dtype=args.dtype, dtype_probe_min_cosine=args.dtype_probe_min_cosine,
+        cuda_graphs=args.cuda_graphs,
         max_batch_tokens=args.max_batch_tokens or default_max_batch_tokens(args.device),
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
@@ -115,14 +150,15 @@ def calibrate_only(settings: SchedulerSettings) -> int:
     """What a replica does at start-up about its calibration, without serving. The batches
     are the replica's (same token budget), so the vectors are the ones it would compute."""
     from embedserve import calibration
-    from embedserve.engine import Engine
     from embedserve.engine.batch import Batch
+    from embedserve.scheduler.engine_loading import load_engine
 
     if settings.calibration_cache_dir is None:
         print("embedserve scheduler: --calibrate-only needs calibration (drop --no-calibration)",
               file=sys.stderr)
         return 2
-    with Engine.load(settings.model_dir, settings.device, settings.dtype,
+    with load_engine(settings.model_dir, settings.device, settings.dtype,
+                     probe_min_cosine=settings.dtype_probe_min_cosine,
                      cuda_graphs=settings.cuda_graphs) as engine:
         if engine.info.task != "embed":
             print("embedserve scheduler: a scorer has no calibration", file=sys.stderr)
@@ -138,11 +174,12 @@ def calibrate_only(settings: SchedulerSettings) -> int:
 
 async def serve(settings: SchedulerSettings) -> int:
     """Load the engine, serve until SIGTERM/SIGINT, drain, close."""
-    from embedserve.engine import Engine
+    from embedserve.scheduler.engine_loading import load_engine
     from embedserve.scheduler.server import create_server
 
-    engine = await asyncio.to_thread(Engine.load, settings.model_dir, settings.device,
-                                     settings.dtype, cuda_graphs=settings.cuda_graphs)
+    engine = await asyncio.to_thread(load_engine, settings.model_dir, settings.device,
+                                     settings.dtype, probe_min_cosine=settings.dtype_probe_min_cosine,
+                                     cuda_graphs=settings.cuda_graphs)
     try:
         server, port = await create_server(settings, engine)
         stop = asyncio.Event()

@@ -46,6 +46,7 @@ class Call:
         self.remaining = tokens.num_sequences
         self.first_batched_at: float | None = None
         self.compute_s = 0.0
+        self.wake_s = 0.0
         self.gone_reason: str | None = None  # set once: CANCELLED, DEADLINE or FAILED
 
     @property
@@ -58,14 +59,17 @@ class Call:
             self.fail(DeadlineExceeded("the deadline passed while the call was queued"), DEADLINE)
         return self.gone_reason
 
-    def deliver(self, start: int, rows: np.ndarray, compute_s: float) -> None:
-        """Place ``rows`` (results for sequences start, start+1, ...) into the answer."""
+    def deliver(self, start: int, rows: np.ndarray, compute_s: float, wake_s: float = 0.0) -> None:
+        """Place ``rows`` (results for sequences start, start+1, ...) into the answer.
+
+        ``wake_s``: of ``compute_s``, the engine-thread -> event-loop hop."""
         if self.future.done():
             return  # failed or cancelled meanwhile; the rows are not wanted
         if self.rows is None:
             self.rows = np.empty((self.tokens.num_sequences, *rows.shape[1:]), dtype=rows.dtype)
         self.rows[start:start + rows.shape[0]] = rows
         self.compute_s += compute_s
+        self.wake_s += wake_s
         self.remaining -= rows.shape[0]
         if self.remaining == 0:
             self.future.set_result(self.rows)

@@ -92,6 +92,14 @@ class SchedulerServer:
             raise OSError(f"cannot bind the scheduler to {address}: {error}") from error
         if self.port == 0:
             raise OSError(f"cannot bind the scheduler to {address}")
+        if self.settings.unix_socket is not None:
+            target = f"unix:{self.settings.unix_socket}"
+            try:
+                bound = self.grpc_server.add_insecure_port(target)
+            except RuntimeError as error:
+                raise OSError(f"cannot bind the scheduler to {target}: {error}") from error
+            if bound == 0:
+                raise OSError(f"cannot bind the scheduler to {target}")
         await self.grpc_server.start()
         if self.settings.metrics_port is not None:
             self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host,

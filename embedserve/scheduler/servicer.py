@@ -174,6 +174,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         batched = call.first_batched_at if call.first_batched_at is not None else call.arrival
         return inference_pb2.Timings(queue_us=int((batched - call.arrival) * 1e6),
                                      compute_us=int(call.compute_s * 1e6),
+                                     wake_us=int(call.wake_s * 1e6),
                                      total_us=int((time.monotonic() - call.arrival) * 1e6))
 
     async def _answer(self, method: str, context: Context, handle: Callable[[], Awaitable]):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+
 # Token budget per step when the flag is not given. On a GPU, 512 keeps a
 # CUDA-graph bucket busy without long waits. On CPU the budget was chosen by
 # measurement (bench/scheduler_bench.py part (d), BENCHMARKS.md): on the
@@ -17,9 +19,11 @@ from pathlib import Path
 # arriving behind it wait longer. So 512 on CPU too, for its own reason.
 GPU_MAX_BATCH_TOKENS = 512
 CPU_MAX_BATCH_TOKENS = 512
-# The engine dtypes a replica accepts (``--dtype``; embedserve.engine.engine.DTYPES),
-# spelled here so entry points can offer them without importing torch.
-REPLICA_DTYPES = ("float32", "bfloat16", "float16")
+# The engine dtypes a replica accepts (``--dtype``; embedserve.engine.engine.DTYPES
+# and auto, embedserve/engine/dtype_choice.py), spelled here so entry points can
+# offer them without importing torch. auto is the default.
+REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_DTYPE = "auto"
 
 
 @dataclass(frozen=True)
@@ -28,8 +32,15 @@ class SchedulerSettings:
     host: str = "127.0.0.1"
     port: int = 0                        # 0: pick a free port (tests)
     metrics_port: int | None = None      # None: no metrics endpoint; 0: pick a free port
+    # Also listen on this Unix domain socket: a gateway on the same machine
+    # (``embedserve serve``) calls through it, without TCP loopback's per-call
+    # cost. The TCP port stays open for remote gateways and probes.
+    unix_socket: Path | None = None
     device: str = "cpu"
-    dtype: str | None = None             # None: the engine's default for the device
+    # auto: bfloat16 where the hardware runs it natively and the load-time probe
+    # agrees with float32 (min cosine >= dtype_probe_min_cosine), else float32.
+    dtype: str | None = DEFAULT_DTYPE
+    dtype_probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE
     cuda_graphs: bool = True             # CUDA only: replay captured graphs per bucket (off: eager)
     max_batch_tokens: int = CPU_MAX_BATCH_TOKENS
     max_batch_sequences: int = 256
@@ -52,6 +63,9 @@ class SchedulerSettings:
                      "in_flight_depth", "max_concurrent_rpcs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dtype_probe_min_cosine <= 1.0:
+            raise ValueError(f"dtype_probe_min_cosine must be in [0, 1], "
+                             f"got {self.dtype_probe_min_cosine}")
 
 
 def default_max_batch_tokens(device: str) -> int:

@@ -11,9 +11,10 @@ would otherwise cost more than the inference.
 
 from __future__ import annotations
 
-import json
+import time
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -21,6 +22,7 @@ from embedserve import wire
 from embedserve.errors import InvalidInput
 from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import LongInputPolicy
+from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
                                         EmbedRequest, QuantizationRanges)
@@ -33,7 +35,11 @@ router = APIRouter()
 
 
 def json_response(payload: object) -> Response:
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+    """``payload`` as compact JSON. orjson writes NumPy arrays and scalars itself (rows from
+    ``embedding_types.json_rows``) and floats as their shortest round-trip text, as
+    ``json.dumps`` does, at a tenth of its time for a vector of a few hundred floats."""
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+                    media_type="application/json")
 
 
 async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name: str | None,
@@ -88,6 +94,7 @@ async def _pooled(gateway: Gateway, request: Request, windows: Windows, normaliz
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, tags=["OpenAI"],
              summary="Create embeddings (OpenAI-compatible)")
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    since_start(request.scope, "parse")
     gateway, model = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
@@ -104,12 +111,15 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
         vectors, tokens = await _embed(gateway, request, packed, policy, gateway.model.normalize,
                                        dimensions, "/v1/embeddings")
         items = embedding_types.json_rows(vectors, body.encoding_format == "base64")
-    return json_response({
+    encoding = time.perf_counter()
+    response = json_response({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(items)],
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })
+    request.scope[TIMING_KEY]["encode"] = time.perf_counter() - encoding
+    return response
 
 
 async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch,
@@ -140,6 +150,7 @@ async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch
 @router.post("/embed", response_model=list[list[float]] | EmbeddingsByType, tags=["TEI"],
              summary="Embed inputs (text-embeddings-inference-compatible)")
 async def embed(body: EmbedRequest, request: Request) -> Response:
+    since_start(request.scope, "parse")
     gateway, _ = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
@@ -150,7 +161,7 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
                                           body.normalize, dimensions, "/embed", False)
         return json_response({"embeddings": by_type, "response_type": "embeddings_by_type"})
     vectors, _ = await _embed(gateway, request, packed, policy, body.normalize, dimensions, "/embed")
-    return json_response(np.asarray(vectors).tolist())
+    return json_response(embedding_types.json_rows(np.asarray(vectors), False))
 
 
 @router.get("/v1/quantization/ranges", response_model=QuantizationRanges, tags=["embedserve"],

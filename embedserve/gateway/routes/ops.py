@@ -57,6 +57,8 @@ def _model_info(gateway: Gateway) -> dict:
         "tokenizer_backend": gateway.preprocessor.tokenizer.backend,
         "device": model.device,
         "model_dtype": model.dtype,
+        # Why that dtype: "explicit", or --dtype auto's hardware fact and probe result.
+        "dtype_reason": model.dtype_reason,
         "version": __version__,
         "quantization": {
             "embedding_types": list(EMBEDDING_TYPES),

@@ -1,0 +1,207 @@
+"""Stack overhead: what the gateway, gRPC and the scheduler add to a short query's compute.
+
+    python -m bench overhead [--iterations 400] [--text "..."] [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...]
+                             [-- SERVE FLAGS]
+
+Starts ``embedserve serve --port 0`` (default model and settings unless flags
+follow ``--``) once per ``--stack``: a source tree put first on PYTHONPATH
+(default: this checkout), optionally followed by environment variables and
+extra serve flags for that stack alone (``--stack ". GOMP_SPINCOUNT=300000"``,
+``--stack ". --replica-transport tcp"``). Then it sends the same one-sentence query as
+``POST /v1/embeddings`` over one keep-alive httpx connection, one request at
+a time, to each stack in turn in blocks of ``--block`` requests, so background
+load on a shared machine hits every stack alike (``--stack /work/main
+--stack .`` is a before/after in one run).
+
+Reports per stack: client p50/p99, the engine compute p50 (Server-Timing
+``inference``), overhead p50 (the per-request client time minus its
+``inference``: the issue's target is <= 1.5 ms), and the p50 of every
+Server-Timing entry the stack sends, plus ``outside`` (client time minus the
+gateway's ``total``: the HTTP client, the socket and uvicorn's parse/write),
+and the CPU time per request of the gateway process and of its replicas
+(``/proc``: user + system, all threads). CPU time hardly depends on how busy
+the machine is, so it compares stacks where wall times are noise; a replica's
+CPU beyond its compute is its event loop, gRPC, and OpenMP threads spinning.
+The entries a stack may send, in request order:
+
+    parse      middleware entry -> route handler (body read, JSON + pydantic)
+    tokenize   prompt + tokenization, with its executor hop
+    dispatch   packing, chunking, replica choice, protobuf build (gateway)
+    rpc        the gRPC call as the gateway awaits it (replica time included)
+    replica    the replica's handler: decode, admit, wait for rows, post-process
+    queue      waiting for a replica and in its queue
+    wake       engine result ready -> its awaiting task runs (thread -> loop hop)
+    inference  engine compute as the replica's loop sees it
+    encode     response JSON
+    total      the gateway's middleware, first byte in -> response start
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from embedserve.entrypoint import GATEWAY_LISTENING
+from embedserve.launch.processes import popen_listening, stop_popen
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEXT = "How do I reset my password if I no longer have access to my email?"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` (all its threads) so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return children
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """``tokenize;dur=1.200, queue;dur=0.050`` -> {"tokenize": 1.2, "queue": 0.05} (ms)."""
+    timing: dict[str, float] = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        if rest.startswith("dur="):
+            timing[name] = float(rest[4:])
+    return timing
+
+
+class Stack:
+    """One ``embedserve serve`` from one source tree, and what it measured."""
+
+    def __init__(self, spec: str, serve_flags: list[str]) -> None:
+        words = spec.split()
+        self.label = spec
+        self.source = Path(words[0]).resolve()
+        env = dict(os.environ, PYTHONPATH=str(self.source), PYTHONUNBUFFERED="1")
+        first_flag = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+        env.update(w.split("=", 1) for w in words[1:first_flag])
+        own_flags = words[first_flag:]
+        argv = [sys.executable, "-m", "embedserve.cli", "serve", "--port", "0",
+                "--log-level", "warning", *serve_flags, *own_flags]
+        self.process, match = popen_listening(argv, GATEWAY_LISTENING, env=env, cwd=str(self.source))
+        self.url = match.group(1)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client_ms: list[float] = []
+        self.timings: list[dict[str, float]] = []
+        self.gateway_cpu_s = 0.0
+        self.replica_cpu_s = 0.0
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far: the gateway (the serve process), its replicas together."""
+        return cpu_seconds(self.process.pid), sum(map(cpu_seconds, child_pids(self.process.pid)))
+
+    def run_block(self, body: dict, count: int) -> None:
+        gateway_before, replicas_before = self.cpu()
+        for _ in range(count):
+            self.query(body, record=True)
+        gateway_after, replicas_after = self.cpu()
+        self.gateway_cpu_s += gateway_after - gateway_before
+        self.replica_cpu_s += replicas_after - replicas_before
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.client.get("/ready").status_code != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url} never became ready")
+            time.sleep(0.1)
+
+    def query(self, body: dict, record: bool) -> None:
+        started = time.perf_counter()
+        reply = self.client.post("/v1/embeddings", json=body)
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        reply.raise_for_status()
+        if record:
+            self.client_ms.append(elapsed_ms)
+            self.timings.append(parse_server_timing(reply.headers.get("server-timing", "")))
+
+    def close(self) -> None:
+        self.client.close()
+        stop_popen(self.process, 60.0)
+
+
+def summarize(stack: Stack) -> list[tuple[str, float]]:
+    client = np.array(stack.client_ms)
+    inference = np.array([t.get("inference", np.nan) for t in stack.timings])
+    total = np.array([t.get("total", np.nan) for t in stack.timings])
+    rows = [("client p50", float(np.median(client))),
+            ("client p99", float(np.percentile(client, 99))),
+            ("inference p50", float(np.nanmedian(inference))),
+            ("overhead p50 (client - inference)", float(np.nanmedian(client - inference))),
+            ("outside p50 (client - total)", float(np.nanmedian(client - total))),
+            ("gateway CPU per request", 1e3 * stack.gateway_cpu_s / len(client)),
+            ("replica CPU per request", 1e3 * stack.replica_cpu_s / len(client))]
+    names = list(dict.fromkeys(name for t in stack.timings for name in t))
+    for name in names:
+        rows.append((f"  {name}", float(np.nanmedian([t.get(name, np.nan) for t in stack.timings]))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench overhead",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=400, help="measured requests per stack")
+    parser.add_argument("--warmup", type=int, default=50, help="unmeasured requests per stack first")
+    parser.add_argument("--block", type=int, default=20, help="requests per stack per turn")
+    parser.add_argument("--text", default=DEFAULT_TEXT, help="the query (default: one sentence)")
+    parser.add_argument("--stack", action="append", default=None,
+                        help="a source tree to serve from, then VAR=VALUE and --flags for it "
+                             "(repeat to compare; default: this checkout)")
+    parser.add_argument("serve_flags", nargs=argparse.REMAINDER,
+                        help="flags for embedserve serve, after --")
+    args = parser.parse_args(argv)
+    serve_flags = [f for f in args.serve_flags if f != "--"]
+    specs = args.stack or [str(ROOT)]
+    body = {"input": args.text}
+    load_before = os.getloadavg()
+    stacks: list[Stack] = []
+    try:
+        for spec in specs:
+            stacks.append(Stack(spec, serve_flags))
+        for stack in stacks:
+            stack.wait_ready()
+            for _ in range(args.warmup):
+                stack.query(body, record=False)
+        done = 0
+        while done < args.iterations:
+            count = min(args.block, args.iterations - done)
+            for stack in stacks:
+                stack.run_block(body, count)
+            done += count
+    finally:
+        for stack in stacks:
+            stack.close()
+    load_after = os.getloadavg()
+    print(f"overhead bench: {args.iterations} sequential requests per stack, {len(args.text)} chars, "
+          f"serve {' '.join(serve_flags) or '(defaults)'}; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    summaries = [dict(summarize(s)) for s in stacks]
+    labels = list(dict.fromkeys(label for summary in summaries for label in summary))
+    for k, stack in enumerate(stacks):
+        print(f"[{k}] {stack.label}")
+    print(f"{'ms':<36}" + "".join(f"{f'[{k}]':>10}" for k in range(len(stacks))))
+    for label in labels:
+        cells = "".join(f"{summary.get(label, float('nan')):>10.3f}" for summary in summaries)
+        print(f"{label:<36}{cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
