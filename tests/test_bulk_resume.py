@@ -1,8 +1,10 @@
 """``embedserve embed`` survives kill -9: the rerun skips finished parts and writes the same bytes.
 
 The job runs as a real process (the default model, small parts so that it
-takes many steps); it is killed with SIGKILL once its manifest records a
-finished part and before it ends. A changed parameter is then refused, and
+takes several steps); it is killed with SIGKILL once its manifest records a
+finished part and before it ends: the job is run in short slices between
+SIGSTOPs and the manifest is read while it is stopped, so the kill lands
+mid-run however fast or slow the machine is. A changed parameter is then refused, and
 the same command resumes, skipping what was recorded. The result is compared
 byte for byte with an uninterrupted run of the same command.
 """
@@ -22,8 +24,8 @@ import pyarrow.parquet as pq
 from bulk_corpus import documents, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = 16
-PART_SIZE = 25
+PARTS = 5
+PART_SIZE = 8
 
 
 def command(source: Path, output: Path, model: Path, *extra: str) -> list[str]:
@@ -51,8 +53,12 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path, default_model_dir):
                                stderr=subprocess.PIPE, text=True)
     try:
         while finished_parts(manifest) < 1:
-            assert process.poll() is None, f"the job ended before a part was recorded: {process.stderr.read()}"
-            time.sleep(0.05)
+            process.send_signal(signal.SIGCONT)
+            time.sleep(0.01)
+            process.send_signal(signal.SIGSTOP)
+            # Wait until it has really stopped: the manifest is then read with the job frozen.
+            _, status = os.waitpid(process.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status), f"the job ended before a part was recorded: {process.stderr.read()}"
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()

@@ -17,7 +17,7 @@ import pytest
 from tests.faults.suite import PhaseResult, render_table, run_suite
 from tests.faults.netns import namespaces_available
 
-PHASE_SECONDS = 3.0
+PHASE_SECONDS = 2.0
 PHASES = ("baseline", "kill -9", "restart", "hang", "link cut", "slow", "SIGTERM", "overload")
 
 

@@ -175,13 +175,16 @@ def test_a_cross_encoder_is_probed_on_its_scores(tiny_reranker_dir: Path) -> Non
         replica.stop()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_an_explicit_dtype_is_kept_and_reported(tiny_bert_dir: Path, dtype: str) -> None:
-    replica = SchedulerProcess(tiny_bert_dir, "--dtype", dtype, "--dtype-probe-min-cosine", "1",
+def test_an_explicit_dtype_is_kept_and_reported(tiny_bert_dir: Path, tiny_bert_replica) -> None:
+    # float32: the session's shared replica, which the harness starts with --dtype float32.
+    info = grpc_info(tiny_bert_replica.address)
+    assert (info.dtype, info.dtype_reason) == ("float32", "explicit")
+    # bfloat16 is kept even under a probe bar it would fail.
+    replica = SchedulerProcess(tiny_bert_dir, "--dtype", "bfloat16", "--dtype-probe-min-cosine", "1",
                                threads=1)
     try:
         info = grpc_info(replica.address)
-        assert (info.dtype, info.dtype_reason) == (dtype, "explicit")
+        assert (info.dtype, info.dtype_reason) == ("bfloat16", "explicit")
     finally:
         replica.stop()
 

@@ -27,6 +27,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedserve.cli import main as cli_main
 from embedserve.defaults.model_args import ModelSpec, parse_model_spec
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.gateway.settings import ServedModel
@@ -80,10 +81,19 @@ def test_malformed_model_specs_are_refused(text: str, message: str) -> None:
 ])
 def test_gateway_refuses_ambiguous_model_flags(args: list[str], message: str, tiny_bert_dir: Path,
                                                tiny_reranker_dir: Path) -> None:
+    # In process through the CLI's main(): the flags are refused before anything is started.
     argv = [arg.format(a=tiny_bert_dir, b=tiny_reranker_dir) for arg in args]
-    result = subprocess.run([sys.executable, "-m", "embedserve.cli", "gateway", "--port", "0", *argv],
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["gateway", "--port", "0", *argv])
+    assert refused.value.code not in (0, None) and message in str(refused.value.code)
+
+
+def test_the_gateway_process_exits_nonzero_saying_why(tiny_bert_dir: Path, tiny_reranker_dir: Path) -> None:
+    # One of the refusals above as a real process: a non-zero exit and the reason on stderr.
+    result = subprocess.run([sys.executable, "-m", "embedserve.cli", "gateway", "--port", "0",
+                             "--model", f"{tiny_bert_dir}:upstream=127.0.0.1:1", "--model", str(tiny_reranker_dir)],
                             capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
-    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert result.returncode != 0 and "give each its replicas" in result.stderr, result.stderr
 
 
 # -- the two-model deployment and its one-model references ----------------------

@@ -1,13 +1,16 @@
 """``embedserve serve``: the whole stack from one command, as a real process tree.
 
-Runs a tiny random BERT (``tiny_bert_dir``) so that three model loads stay
-cheap, with two replicas on port 0.
+Runs the default model (so that requests are still running when the
+signal lands at the end), with two replicas on port 0.
 Checks the banner, a request, that the gateway calls its replicas over Unix
 domain sockets in a private directory removed at exit, that the replicas refuse
 calls that do not come from this gateway (a fresh token per run, in a private
 0600 file removed at exit), that a killed replica is restarted (on the same
-socket) and put back, and that SIGTERM stops the gateway and every replica with
-status 0. ``--replica-transport tcp`` serves over loopback TCP instead.
+socket) and put back, and that SIGTERM under load loses nothing
+(tests/sigterm_load.py's checks) and stops the gateway and every replica with
+status 0. One stack for all of it: the SIGTERM-under-load check for ``serve``
+(tests/test_launch_shutdown.py has the lone gateway's) is this test's end.
+``--replica-transport tcp`` serves over loopback TCP instead.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 from embedserve.entrypoint import GATEWAY_LISTENING
 from process_tree import alive, children
+from sigterm_load import assert_nothing_lost, sigterm_under_load
 
 
 def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
@@ -42,11 +46,11 @@ def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
     raise TimeoutError(f"never saw {count} healthy replicas")
 
 
-def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
+def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "2", "--port", "0",
-         "--model", str(tiny_bert_dir), "--served-model-name", "tiny", "tiny-alias",
+         "--model", str(default_model_dir), "--served-model-name", "tiny", "tiny-alias",
          "--dtype", "float32"],
         stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -67,9 +71,9 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         assert [m["id"] for m in models] == ["tiny", "tiny-alias"]
         aliased = httpx.post(url + "/v1/embeddings", json={"input": "x", "model": "tiny-alias"}, timeout=60)
         assert aliased.json()["model"] == "tiny-alias"
-        unknown = httpx.post(url + "/v1/embeddings", json={"input": "x", "model": str(tiny_bert_dir)}, timeout=60)
+        unknown = httpx.post(url + "/v1/embeddings", json={"input": "x", "model": str(default_model_dir)}, timeout=60)
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-        assert vector.shape == (32,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+        assert vector.shape == (384,) and abs(np.linalg.norm(vector) - 1) < 1e-5
 
         replicas = children(process.pid)
         assert len(replicas) == 2
@@ -100,8 +104,9 @@ def test_serve_runs_restarts_and_stops_cleanly(tiny_bert_dir):
         assert httpx.post(url + "/embed", json={"inputs": "again"}, timeout=60).status_code == 200
 
         current = children(process.pid)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+        tally = sigterm_under_load(process, url)
+        assert process.wait(90) == 0
+        assert_nothing_lost(tally)
         assert not any(alive(pid) for pid in current)
         assert not token_file.parent.exists()
         assert not sockets[0].parent.parent.exists()

@@ -14,7 +14,8 @@ sends SIGTERM, and lets the clients carry on until each is refused. It checks:
   unanswered (the gateway keeps its socket open while it drains);
 - the process exits 0 and leaves no child behind.
 
-The same for ``serve`` and a lone ``gateway`` in front of a replica. ``cluster``
+The same for a lone ``gateway`` in front of a replica; for ``serve`` it is
+the end of tests/test_gateway_serve.py's run (one stack for both). ``cluster``
 gets the same check at the end of its one run in tests/test_deploy_cluster.py
 (a second cluster start only for this would cost a model load per replica).
 """
@@ -88,10 +89,6 @@ def check_sigterm_loses_nothing(command: Command) -> None:
         assert not any(alive(pid) for pid in tree), command.output()
     finally:
         command.close()
-
-
-def test_serve_sigterm_under_load_loses_nothing(default_model_dir: Path) -> None:
-    check_sigterm_loses_nothing(Command("serve", "--model", str(default_model_dir), "--port", "0"))
 
 
 def test_lone_gateway_sigterm_under_load_loses_nothing(default_model_dir: Path, default_replica) -> None:
