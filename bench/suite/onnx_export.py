@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.suite.peer_process import PeerUnavailable, log_tail
+from bench.suite.peer_process import PeerUnavailable, log_tail, run_logged_step
 
 EXPORT_TIMEOUT_S = 1200.0
 ONNX_FILE = "model.onnx"
@@ -82,17 +81,6 @@ def optimized_graph(export: Path) -> Path:
     return infinity_cache_dir(export) / "infinity_onnx" / PROVIDER / OPTIMIZED_FILE
 
 
-def _run_step(command: list[str], log_path: Path, what: str) -> None:
-    with open(log_path, "ab") as output:
-        try:
-            code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=EXPORT_TIMEOUT_S).returncode
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise PeerUnavailable(f"{what} failed: {exc}") from None
-    if code != 0:
-        raise PeerUnavailable(f"{what} failed (exited {code}); log tail:\n{log_tail(log_path)}")
-
-
 def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
                        log: Callable[[str], None]) -> Path:
     """The export directory of ``model_dir``, made and optimized with ``venv_dir``'s optimum on first use."""
@@ -109,7 +97,8 @@ def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
         log(f"ONNX export: {model_dir.name} -> {target} (log: {log_path}); takes a minute or two")
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        _run_step(export_command(optimum_cli, model_dir, partial), log_path, f"ONNX export of {model_dir}")
+        run_logged_step(export_command(optimum_cli, model_dir, partial), log_path, f"ONNX export of {model_dir}",
+                        EXPORT_TIMEOUT_S)
         if not (partial / ONNX_FILE).is_file():
             raise PeerUnavailable(f"ONNX export of {model_dir} wrote no {ONNX_FILE}; log tail:\n{log_tail(log_path)}")
         partial.rename(target)
@@ -119,8 +108,8 @@ def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
     shutil.rmtree(hub, ignore_errors=True)
     log(f"ONNX export: optimizing the graph as infinity does (level 99, transformer fusions) into {hub}")
     save_dir = partial_hub / optimized_graph(target).parent.relative_to(hub)
-    _run_step([str(venv_dir / "bin" / "python"), "-c", _OPTIMIZE, str(target), str(save_dir), PROVIDER],
-              log_path, f"ORT optimization of {target}")
+    run_logged_step([str(venv_dir / "bin" / "python"), "-c", _OPTIMIZE, str(target), str(save_dir), PROVIDER],
+                    log_path, f"ORT optimization of {target}", EXPORT_TIMEOUT_S)
     partial_hub.rename(hub)
     if not optimized_graph(target).is_file():
         raise PeerUnavailable(f"ORT optimization of {target} wrote no {optimized_graph(target)}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.suite.onnx_export import ensure_onnx_export, infinity_cache_dir
-from bench.suite.peer_process import HttpPeer, PeerUnavailable, log_tail, running_server
+from bench.suite.peer_process import HttpPeer, PeerUnavailable, run_logged_step, running_server
 from embedserve.launch.processes import free_port
 
 INFINITY_VERSION = "0.0.78"
@@ -91,19 +91,12 @@ def _install(venv_dir: Path, work_dir: Path, log: Callable[[str], None]) -> None
     log(f"infinity: installing {INFINITY_REQUIREMENT} into {venv_dir} (log: {install_log}); "
         "this takes minutes")
     started = time.monotonic()
-    with open(install_log, "wb") as output:
-        for i, step in enumerate(steps):
-            try:
-                code = subprocess.run(step, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      timeout=INSTALL_TIMEOUT_S).returncode
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise PeerUnavailable(f"infinity install failed ({' '.join(step[:4])}): {exc}") from None
-            if code != 0:
-                raise PeerUnavailable(f"infinity install failed ({' '.join(step[:4])} exited {code}); "
-                                      f"log tail:\n{log_tail(install_log)}")
-            if i == 0:
-                # Marks a venv this code created, so a half-finished one may be replaced.
-                (venv_dir / INCOMPLETE_MARKER).touch()
+    install_log.write_bytes(b"")
+    for i, step in enumerate(steps):
+        run_logged_step(step, install_log, f"infinity install ({' '.join(step[:4])})", INSTALL_TIMEOUT_S)
+        if i == 0:
+            # Marks a venv this code created, so a half-finished one may be replaced.
+            (venv_dir / INCOMPLETE_MARKER).touch()
     log(f"infinity: installed in {time.monotonic() - started:.0f} s")
 
 

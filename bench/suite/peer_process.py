@@ -48,6 +48,19 @@ class HttpPeer:
     configuration: str = ""
 
 
+def run_logged_step(command: list[str], log_path: Path, what: str, timeout_s: float) -> None:
+    """Run one setup command (an install, an export) with its output appended to
+    ``log_path``; any failure is a ``PeerUnavailable`` naming ``what``, with the log's tail."""
+    with open(log_path, "ab") as output:
+        try:
+            code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout_s).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PeerUnavailable(f"{what} failed: {exc}") from None
+    if code != 0:
+        raise PeerUnavailable(f"{what} failed (exited {code}); log tail:\n{log_tail(log_path)}")
+
+
 def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")

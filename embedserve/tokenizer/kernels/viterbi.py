@@ -138,15 +138,7 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
     count = 0
     for w in range(n_words):
-        start = words[w, 0]
-        j = words[w, 1]
-        prev_unk = False
-        while j > start:
-            is_unk = best_id[j] == unk_id
-            if not (is_unk and prev_unk):
-                count += 1
-            prev_unk = is_unk
-            j = best_start[j]
+        count += _fused_token_count(best_start, best_id, words[w, 0], words[w, 1], unk_id)
     if count > out_ids.shape[0]:
         return SCRATCH_TOO_SMALL
     t = count
@@ -171,10 +163,9 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
 
 
 @cached_njit(nogil=True, inline="always")
-def _store(cache, text, start, end, h, best_start, best_id, unk_id):
-    """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
-    overwriting whatever word was there."""
-    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+def _fused_token_count(best_start, best_id, start, end, unk_id):
+    """How many tokens the best path of text[start:end] back-tracks to, each run of
+    unknown pieces counted once (they are fused into one token)."""
     count = 0
     j = end
     prev_unk = False
@@ -184,6 +175,15 @@ def _store(cache, text, start, end, h, best_start, best_id, unk_id):
             count += 1
         prev_unk = is_unk
         j = best_start[j]
+    return count
+
+
+@cached_njit(nogil=True, inline="always")
+def _store(cache, text, start, end, h, best_start, best_id, unk_id):
+    """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
+    overwriting whatever word was there."""
+    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+    count = _fused_token_count(best_start, best_id, start, end, unk_id)
     t = count
     j = end
     prev_unk = False
