@@ -54,8 +54,6 @@ class EmbedOptions:
             raise InvalidInput("token_budget must be >= 1", field="token_budget")
 
 
-
-
 def bulk_token_budget(device: str) -> int:
     """Tokens per engine step of a bulk job when not given: larger than a server's on CPU."""
     return BULK_CPU_TOKEN_BUDGET if device == "cpu" else default_max_batch_tokens(device)
