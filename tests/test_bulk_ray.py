@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk_corpus import documents, write_jsonl
+from embedserve.bulk.ray_job import cpus_per_actor_for, local_cpus
 from embedserve.cli import main
 from embedserve.local.columns import embedding_matrix
 
@@ -25,7 +26,8 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # As `--ray local` starts it for one actor of 2 CPUs (the chunking test's).
+    ray.init(num_cpus=local_cpus(1, 2), include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -69,9 +71,26 @@ def test_ray_job_chunks_long_documents_like_the_single_process_run(tmp_path, tin
     common = ["--model", str(tiny_bert_dir), "--part-size", "16", "--long-inputs", "chunk",
               "--chunk-overlap", "16", "--no-progress"]
     assert main(["embed", str(source), "-o", str(tmp_path / "single.parquet"), *common]) == 0
+    # An actor holding 2 CPUs: Ray Data's read tasks still get the one local_cpus leaves them.
     assert main(["embed", str(source), "-o", str(tmp_path / "ray.parquet"), "--ray", "local",
-                 "--ray-actors", "1", *common]) == 0
+                 "--ray-actors", "1", "--ray-cpus-per-actor", "2", *common]) == 0
     assert (tmp_path / "ray.parquet").read_bytes() == (tmp_path / "single.parquet").read_bytes()
     table = pq.read_table(tmp_path / "ray.parquet")
     assert [i for i, c in enumerate(table.column("chunked").to_pylist()) if c] == [3, 17, 30]
     assert (tmp_path / "ray.parquet.errors.jsonl").read_text() == ""
+
+
+def test_a_local_cluster_leaves_a_cpu_beside_the_actors(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert local_cpus(1, 1) == 2        # the machine's cores when the actors leave one free
+    assert local_cpus(1, 2) == 3        # one actor on every core: one more for reading
+    assert local_cpus(2, 1.5) == 4
+
+
+def test_actors_share_the_cores_of_a_local_ray_unless_told(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert cpus_per_actor_for("local", 1, None) == 8
+    assert cpus_per_actor_for("local", 3, None) == 2
+    assert cpus_per_actor_for("local", 16, None) == 1
+    assert cpus_per_actor_for("auto", 1, None) == 1     # a cluster's nodes are not this machine
+    assert cpus_per_actor_for("local", 1, 0.5) == 0.5

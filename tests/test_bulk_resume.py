@@ -30,7 +30,8 @@ PART_SIZE = 8
 
 def command(source: Path, output: Path, model: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "embedserve.cli", "embed", str(source), "-o", str(output),
-            "--model", str(model), "--part-size", str(PART_SIZE), "--no-progress", *extra]
+            "--model", str(model), "--part-size", str(PART_SIZE), "--no-progress",
+            "--dtype", "float32", *extra]  # an explicit dtype: no load-time probe in any of the runs
 
 
 def environment() -> dict[str, str]:

@@ -70,8 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run on a Ray cluster: local, auto or ray://host:port")
     p.add_argument("--ray-actors", type=int, default=1, help="--ray: model copies (actors) (default: 1)")
-    p.add_argument("--ray-cpus-per-actor", type=float, default=1,
-                   help="--ray: CPUs Ray reserves per actor (torch uses them; default: 1)")
+    p.add_argument("--ray-cpus-per-actor", type=float, default=None,
+                   help="--ray: CPUs Ray reserves per actor, the threads torch uses in it (default: "
+                        "with --ray local, this machine's cores shared among the actors; else 1)")
     p.set_defaults(func=run_command)
 
 

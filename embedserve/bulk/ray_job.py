@@ -17,6 +17,8 @@ at every Unicode line boundary (``str.splitlines``), not only at ``\\n``.
 
 from __future__ import annotations
 
+import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -80,14 +82,34 @@ def _read(ray: Any, spec: InputSpec):
     return lines
 
 
+def cpus_per_actor_for(address: str, actors: int, asked: float | None) -> float:
+    """The CPUs each actor reserves: as asked, else on a Ray started here the machine's cores
+    shared among the actors (torch in an actor runs as many threads as it reserves), else 1."""
+    if asked is not None:
+        return asked
+    if address == "local":
+        return float(max(1, (os.cpu_count() or 1) // actors))
+    return 1.0
+
+
+def local_cpus(actors: int, cpus_per_actor: float) -> int:
+    """Logical CPUs for a Ray started here: this machine's cores, and always one more than
+    the actors reserve. The actors hold their CPUs for the whole job, and Ray Data's read
+    and repartition tasks need one of their own, or the job waits forever."""
+    return max(os.cpu_count() or 1, math.ceil(actors * cpus_per_actor) + 1)
+
+
 def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, options: EmbedOptions,
                part_size: int, job: dict[str, Any], actors: int = 1, device: str = "cpu",
                dtype: str | None = DEFAULT_DTYPE, probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
                overwrite: bool = False, show_progress: bool = True,
-               cpus_per_actor: float = 1, cache_dir: Path | None = None) -> Totals:
+               cpus_per_actor: float | None = None, cache_dir: Path | None = None) -> Totals:
     """Run the job on the Ray cluster at ``address`` ("local": start one here; "auto": the
-    running cluster this machine belongs to; "ray://host:10001": a remote one)."""
+    running cluster this machine belongs to; "ray://host:10001": a remote one).
+    ``cpus_per_actor``: see ``cpus_per_actor_for``."""
     import ray
+
+    cpus_per_actor = cpus_per_actor_for(address, actors, cpus_per_actor)
 
     manifest = prepare_output(paths, dict(job, ray=True), overwrite)
     manifest.parts.clear()  # a Ray job is not resumable: an interrupted one begins again
@@ -95,7 +117,7 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=None if address == "local" else address, log_to_driver=False,
-                 include_dashboard=False)
+                 include_dashboard=False, num_cpus=local_cpus(actors, cpus_per_actor) if address == "local" else None)
     try:
         ray.data.DataContext.get_current().execution_options.preserve_order = True
         text_field = "text" if spec.format == "text" else spec.text_field
