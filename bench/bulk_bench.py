@@ -315,11 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  --url: {results[-1].steady_rate:,.0f} tokens/s steady")
         if "ray" in wanted:
             dtype = args.dtypes.split(",")[0]
-            # One actor with every core, as the in-process run has: Ray caps an actor's
-            # OpenMP threads at its num_cpus (1 unless asked).
+            # One actor: `--ray local` gives it every core, as the in-process run has them.
             cores = os.cpu_count() or 1
-            run = run_embed(source, work / "ray.parquet", model_dir, "--ray", "local", "--dtype", dtype,
-                            "--ray-cpus-per-actor", str(cores), *extra)
+            run = run_embed(source, work / "ray.parquet", model_dir, "--ray", "local", "--dtype", dtype, *extra)
             same = (work / "ray.parquet").read_bytes() == (work / f"out-{dtype}.parquet").read_bytes()
             results.append(embed_result("embedserve embed --ray local", dtype, run,
                                         f"1 actor, {cores} CPUs; output identical to in process: {same}"))

@@ -116,8 +116,10 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
     dimension = options.dimensions or read_model_info(model_dir).dimension
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=None if address == "local" else address, log_to_driver=False,
-                 include_dashboard=False, num_cpus=local_cpus(actors, cpus_per_actor) if address == "local" else None)
+        if address == "local":
+            ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False, include_dashboard=False)
+        else:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False)
     try:
         ray.data.DataContext.get_current().execution_options.preserve_order = True
         text_field = "text" if spec.format == "text" else spec.text_field
