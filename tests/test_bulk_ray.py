@@ -10,6 +10,8 @@ vectors and passes bad rows through with a reason.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk_corpus import documents, write_jsonl
-from embedserve.bulk.ray_job import cpus_per_actor_for, local_cpus
+from embedserve.bulk.ray_job import cpus_per_actor_for, local_cpus, start_local_ray
 from embedserve.cli import main
 from embedserve.local.columns import embedding_matrix
 
@@ -27,7 +29,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def local_ray():
     # As `--ray local` starts it for one actor of 2 CPUs (the chunking test's).
-    ray.init(num_cpus=local_cpus(1, 2), include_dashboard=False, log_to_driver=False)
+    start_local_ray(1, 2)
     yield
     ray.shutdown()
 
@@ -78,6 +80,16 @@ def test_ray_job_chunks_long_documents_like_the_single_process_run(tmp_path, tin
     table = pq.read_table(tmp_path / "ray.parquet")
     assert [i for i, c in enumerate(table.column("chunked").to_pylist()) if c] == [3, 17, 30]
     assert (tmp_path / "ray.parquet.errors.jsonl").read_text() == ""
+
+
+def test_a_local_clusters_workers_run_at_the_drivers_priority(local_ray):
+    # Ray's default (nice 15) lets every daemon wake-up preempt the model's threads.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
+    assert ray.get(ray.remote(num_cpus=1)(_niceness).remote()) == _niceness()
+
+
+def _niceness() -> int:
+    return os.nice(0)
 
 
 def test_a_local_cluster_leaves_a_cpu_beside_the_actors(monkeypatch):
