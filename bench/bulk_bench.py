@@ -206,9 +206,9 @@ def table(results: list[Result], reference: dict[str, float]) -> str:
     lines = ["| contender | dtype | tokens | steady tokens/s | vs ST | end-to-end tokens/s | notes |",
              "|---|---|---:|---:|---:|---:|---|"]
     for r in results:
-        ratio = r.steady_rate / reference[r.dtype] if r.dtype in reference else float("nan")
+        ratio = f"**{r.steady_rate / reference[r.dtype]:.2f}x**" if r.dtype in reference else "–"  # ST not run
         lines.append(f"| {r.contender} | {r.dtype} | {r.tokens:,} | {r.steady_rate:,.0f} | "
-                     f"**{ratio:.2f}x** | {r.end_to_end_rate:,.0f} | {r.note} |")
+                     f"{ratio} | {r.end_to_end_rate:,.0f} | {r.note} |")
     return "\n".join(lines)
 
 
@@ -231,7 +231,7 @@ def plot(results: list[Result], path: Path, title: str) -> Path:
             ax.bar(xs + (2 * i + j - len(dtypes)) * width + width / 2, rates, width, color=f"C{i}",
                    alpha=alpha, label=f"{dtype}, {kind}")
     ax.set_xticks(np.arange(len(contenders)))
-    ax.set_xticklabels(contenders, fontsize=8)
+    ax.set_xticklabels([c.replace(" --", "\n--") for c in contenders], fontsize=8)  # long labels collide
     ax.set_ylabel("tokens/s")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
