@@ -197,6 +197,34 @@ def probe_reference(default_model_dir: Path):
 
 # --- tokenizer fixtures ------------------------------------------------------
 
+@pytest.fixture(scope="session", autouse=True)
+def tokenizer_kernels_warmed(default_model_dir: Path, minilm_dir: Path,
+                             tmp_path_factory: pytest.TempPathFactory):
+    """tests/kernel_warmup.py running beside the session: compiles the tokenizer's kernels
+    into the on-disk cache on another core while the first tests run (a fresh checkout
+    has none cached). Stopped at the session's end if still running, before the
+    leftover-process check; a failure only costs the tests their own compiles, and is
+    reported as a warning."""
+    import subprocess
+    import sys
+    import warnings
+
+    from embedserve.launch.processes import die_with_parent_hook, stop_popen
+
+    log = tmp_path_factory.mktemp("kernel_warmup") / "stderr.txt"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "kernel_warmup.py"), str(default_model_dir), str(minilm_dir),
+             str(tmp_path_factory.mktemp("warmup_tries"))],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=die_with_parent_hook())
+    yield
+    finished = process.poll() is not None
+    status = stop_popen(process, grace_s=10)
+    if finished and status != 0:
+        warnings.warn(f"tests/kernel_warmup.py exited with status {status}:\n{log.read_text()[-3000:]}")
+
+
 @pytest.fixture(scope="session")
 def tokenizer_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One trie cache per test session (each tokenizer builds its trie once)."""

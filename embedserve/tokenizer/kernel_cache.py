@@ -1,7 +1,7 @@
 """Numba's on-disk cache for the tokenizer's kernels, made stale by an edit to any of them.
 
 ``cached_njit(**options)`` is ``numba.njit(cache=True, **options)`` with a different
-staleness rule. Numba's own rule stamps a cached kernel with the source of its own
+staleness rule, and one compiled version per argument *type* (see ``KernelDispatcher``). Numba's own rule stamps a cached kernel with the source of its own
 file only, but a compiled kernel embeds every jitted function it calls (inlined or
 linked), so after an edit to viterbi.py the cached ``encode_raw`` still counts as
 fresh and runs the old Viterbi (once it segfaulted on a changed layout). Here the
@@ -18,8 +18,8 @@ Where the caches go (the first writable, the order Numba itself tries)::
 
 Directories of older sources are never read again; deleting them is always safe.
 
-This module owns where kernel caches live and when they are stale, not what is
-compiled. It imports nothing from embedserve (a test runs it from a copied package).
+This module owns where kernel caches live, when they are stale and which argument
+types a kernel is compiled for, not what is compiled. It imports nothing from embedserve (a test runs it from a copied package).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-import numba as nb
-from numba.core import config
+from numba.core import config, types
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
-from numba.core.dispatcher import Dispatcher
+from numba.core.registry import CPUDispatcher
 from numba.misc.appdirs import AppDirs
 
 SOURCE_ROOT = Path(__file__).resolve().parent  # every module a kernel may call lives under here
@@ -110,16 +109,38 @@ class SourceTreeCache(FunctionCache):
         return super()._index_key(sig, codegen) + (source_tree_hash(SOURCE_ROOT),)
 
 
+class KernelDispatcher(CPUDispatcher):
+    """Numba's CPU dispatcher, compiling a kernel called from another kernel for the plain
+    types of its arguments, never for their constant values.
+
+    Numba types a constant argument (``_feed(tables, 32, ...)``, ``encode_raw(..., False,
+    ...)``) as a literal and compiles the callee anew for it; while it infers a caller's
+    types it even compiles callees for a variable's first, literal type (a counter that
+    starts as ``Literal[int](0)``) before that settles to ``int64``. Each of those compiles
+    costs as much as the general one and runs the same code: cold, the WordPiece
+    normalizer's ``_feed`` compiled four times (24 s of a 51 s load). Kernels here never
+    need a literal argument, so a call is typed, compiled and cached for the literals'
+    plain types.
+    """
+
+    def get_call_template(self, args, kws):
+        return super().get_call_template(tuple(types.unliteral(a) for a in args),
+                                         {k: types.unliteral(v) for k, v in kws.items()})
+
+
 def cached_njit(**options) -> Callable:
-    """``numba.njit(**options)`` with its on-disk cache in a ``SourceTreeCache``."""
+    """``numba.njit(**options)`` as a ``KernelDispatcher``, its on-disk cache a ``SourceTreeCache``."""
     if "cache" in options:
         raise TypeError("cached_njit always caches; pass no 'cache' option")
 
     def decorate(fn):
-        dispatcher = nb.njit(**options)(fn)
-        if isinstance(dispatcher, Dispatcher):  # a plain function under NUMBA_DISABLE_JIT
-            # What Dispatcher.enable_caching() (cache=True) does, with this cache class.
-            dispatcher._cache = SourceTreeCache(dispatcher.py_func)
+        if config.DISABLE_JIT:  # what numba.njit returns then: the plain function
+            return fn
+        # What numba.njit(**options) builds, as this dispatcher class.
+        dispatcher = KernelDispatcher(py_func=fn, locals={},
+                                      targetoptions={**options, "nopython": True, "boundscheck": None})
+        # What Dispatcher.enable_caching() (cache=True) does, with this cache class.
+        dispatcher._cache = SourceTreeCache(dispatcher.py_func)
         return dispatcher
 
     return decorate

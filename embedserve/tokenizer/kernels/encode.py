@@ -2,11 +2,11 @@
 
 ``Model`` bundles what a kernel needs from a loaded tokenizer (charsmap tables,
 normalizer parameters, the trie, unknown-token handling) so it passes to Numba as one
-tuple. Which normalizer runs is decided by the ``hf`` argument: ``None`` selects
-``normalize_sp_into``, an array (the HF parameters) selects ``normalize_hf_into``.
-Numba prunes the branch on ``hf is None`` before typing, so each mode compiles only
-its own normalizer (a jitted function passed as an argument instead would make
-Numba's on-disk cache miss on every start).
+tuple. Which normalizer runs is decided by the type of the ``hf`` argument: ``None``
+selects ``normalize_sp_into``, an array (the HF parameters) selects ``normalize_hf_into``.
+``normalize`` makes that choice while a kernel is typed, so each mode types and
+compiles only its own normalizer (a jitted function passed as an argument instead
+would make Numba's on-disk cache miss on every start).
 
 Output is "raw": token ids without specials, plus, when asked, each token's
 [start, end) in characters of the input. With byte fallback (``model.byte_ids`` holds
@@ -28,6 +28,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numba.core import types
+from numba.extending import overload
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
@@ -69,18 +71,39 @@ def new_scratch(src_len: int, factor: int) -> Scratch:
                    np.empty(src_len + 1, np.int32), np.empty(n, np.int32), np.empty((n, 2), np.int32))
 
 
+def normalize(model, src, scratch, hf):
+    """Normalize + pre-tokenize ``src`` into scratch: (bytes written, words), or
+    SCRATCH_TOO_SMALL bytes. Kernels only: ``_normalize_for`` gives its code."""
+    raise NotImplementedError("normalize is typed inside kernels only")
+
+
+@overload(normalize)
+def _normalize_for(model, src, scratch, hf):
+    """The normalizer for the type of ``hf``, chosen while the calling kernel is typed.
+
+    A branch on ``hf is None`` in the kernel would do the same for ``None`` only: Numba
+    prunes it before typing when ``hf`` is None, but with the HF parameters (an array)
+    it types both branches and compiles SentencePiece's normalizer as well.
+    """
+    if isinstance(hf, types.NoneType):
+        def sentencepiece(model, src, scratch, hf):
+            return normalize_sp_into(src, model.units, model.strings, model.params,
+                                     scratch.norm_bytes, scratch.norm_origin, scratch.words)
+        return sentencepiece
+
+    def huggingface(model, src, scratch, hf):
+        return normalize_hf_into(src, model.units, model.strings, hf,
+                                 scratch.norm_bytes, scratch.norm_origin, scratch.words)
+    return huggingface
+
+
 @cached_njit(nogil=True)
 def encode_raw(model, src, scratch, want_offsets, hf, cache):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
     Returns the token count, or SCRATCH_TOO_SMALL.
     """
-    if hf is None:
-        n_bytes, n_words = normalize_sp_into(src, model.units, model.strings, model.params,
-                                             scratch.norm_bytes, scratch.norm_origin, scratch.words)
-    else:
-        n_bytes, n_words = normalize_hf_into(src, model.units, model.strings, hf,
-                                             scratch.norm_bytes, scratch.norm_origin, scratch.words)
+    n_bytes, n_words = normalize(model, src, scratch, hf)
     if n_bytes == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     n = viterbi_into(model.nodes_u64, model.nodes_i32, model.nodes_f32, model.nodes_f64, scratch.norm_bytes,

@@ -254,22 +254,30 @@ def _build(key_bytes, offsets, token_ids):
     return base[:size].copy(), check[:size].copy(), token[:size].copy(), bitmap[:size].copy()
 
 
+# The _grow functions copy in loops, not with ``out[:n] = a``: a slice assignment makes
+# Numba compile its shape-mismatch error path too (string formatting), seconds of each
+# cold compile for a copy that runs a few times per build.
+
 @cached_njit()
 def _grow1(a, cap, fill):
     out = np.full(cap, fill, a.dtype)
-    out[:a.shape[0]] = a
+    for i in range(a.shape[0]):
+        out[i] = a[i]
     return out
 
 
 @cached_njit()
 def _grow2(a, cap):
     out = np.zeros((cap, a.shape[1]), a.dtype)
-    out[:a.shape[0]] = a
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[i, j] = a[i, j]
     return out
 
 
 @cached_njit()
 def _grow_bool(a, cap):
     out = np.zeros(cap, np.bool_)
-    out[:a.shape[0]] = a
+    for i in range(a.shape[0]):
+        out[i] = a[i]
     return out

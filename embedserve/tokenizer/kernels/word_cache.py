@@ -33,7 +33,16 @@ class WordCache(NamedTuple):
     # word's bytes, 4 an int; [7 + t] token t's id << 8 | its end in bytes of the word.
     # One record, not an array per field: a lookup touches two cache lines, not six.
     records: np.ndarray
-    lengths: np.ndarray  # a view of records[:, 0] (clearing it empties the table)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """A view of records[:, 0] (clearing it empties the table).
+
+        Not a field: a strided view is typed by Numba as an 'A'-layout array, but
+        records[:, 0] of an empty table is contiguous ('C'), so a table of no slots and a
+        real one would compile every kernel that takes a cache twice.
+        """
+        return self.records[:, 0]
 
 
 def new_word_cache(capacity: int) -> WordCache:
@@ -41,7 +50,7 @@ def new_word_cache(capacity: int) -> WordCache:
     if capacity < 0 or capacity & (capacity - 1):
         raise ValueError(f"word cache capacity {capacity}: expected 0 or a power of two")
     records = np.zeros((capacity, RECORD_INTS), np.int32)
-    return WordCache(records, records[:, 0])
+    return WordCache(records)
 
 
 @cached_njit(nogil=True, inline="always")
