@@ -1,9 +1,9 @@
 """Numba's on-disk cache for the tokenizer's kernels, made stale by an edit to any of them.
 
 ``cached_njit(**options)`` is ``numba.njit(cache=True, **options)`` with a different
-staleness rule, and one compiled version per argument *type* (see ``KernelDispatcher``). Numba's own rule stamps a cached kernel with the source of its own
-file only, but a compiled kernel embeds every jitted function it calls (inlined or
-linked), so after an edit to viterbi.py the cached ``encode_raw`` still counts as
+staleness rule, and one compiled version per argument *type* (see ``KernelDispatcher``).
+Numba's own rule stamps a cached kernel with the source of its own file only, but a
+compiled kernel embeds every jitted function it calls (inlined or linked), so after an edit to viterbi.py the cached ``encode_raw`` still counts as
 fresh and runs the old Viterbi (once it segfaulted on a changed layout). Here the
 stamp is a hash over every ``.py`` file under this package, and the cache directory
 is named after it: any edit to any module a kernel can call gives an empty directory.
@@ -19,7 +19,8 @@ Where the caches go (the first writable, the order Numba itself tries)::
 Directories of older sources are never read again; deleting them is always safe.
 
 This module owns where kernel caches live, when they are stale and which argument
-types a kernel is compiled for, not what is compiled. It imports nothing from embedserve (a test runs it from a copied package).
+types a kernel is compiled for, not what is compiled. It imports nothing from
+embedserve (a test runs it from a copied package).
 """
 
 from __future__ import annotations
