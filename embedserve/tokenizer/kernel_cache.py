@@ -3,8 +3,9 @@
 ``cached_njit(**options)`` is ``numba.njit(cache=True, **options)`` with a different
 staleness rule, and one compiled version per argument *type* (see ``KernelDispatcher``).
 Numba's own rule stamps a cached kernel with the source of its own file only, but a
-compiled kernel embeds every jitted function it calls (inlined or linked), so after an edit to viterbi.py the cached ``encode_raw`` still counts as
-fresh and runs the old Viterbi (once it segfaulted on a changed layout). Here the
+compiled kernel embeds every jitted function it calls (inlined or linked), so after an
+edit to viterbi.py the cached ``encode_raw`` still counts as fresh and runs the old
+Viterbi (once it segfaulted on a changed layout). Here the
 stamp is a hash over every ``.py`` file under this package, and the cache directory
 is named after it: any edit to any module a kernel can call gives an empty directory.
 The rule this relies on, that kernels call only jitted functions defined in this
