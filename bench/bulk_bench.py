@@ -315,12 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  --url: {results[-1].steady_rate:,.0f} tokens/s steady")
         if "ray" in wanted:
             dtype = args.dtypes.split(",")[0]
+            from embedserve.bulk.ray_job import cpus_per_actor_for  # imports the engine
+
             # One actor: `--ray local` gives it every core, as the in-process run has them.
-            cores = os.cpu_count() or 1
+            cores = cpus_per_actor_for("local", 1, None)
             run = run_embed(source, work / "ray.parquet", model_dir, "--ray", "local", "--dtype", dtype, *extra)
             same = (work / "ray.parquet").read_bytes() == (work / f"out-{dtype}.parquet").read_bytes()
             results.append(embed_result("embedserve embed --ray local", dtype, run,
-                                        f"1 actor, {cores} CPUs; output identical to in process: {same}"))
+                                        f"1 actor, {cores:g} CPUs; output identical to in process: {same}"))
             log(f"  ray: {results[-1].steady_rate:,.0f} tokens/s steady")
         if not args.no_memory:
             for count in (args.memory_docs, args.memory_docs * args.memory_factor):
