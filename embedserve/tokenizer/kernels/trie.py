@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embedserve.tokenizer.huge_pages import on_huge_pages
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.spec import PieceKind, TokenizerSpec
 
@@ -87,14 +88,15 @@ def spec_hash(spec: TokenizerSpec) -> str:
 
 
 def load_or_build_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarray:
-    """The trie for ``spec``, from ``cache_dir`` when present there, else built (and saved)."""
+    """The trie for ``spec`` on huge pages (``huge_pages.py``), from ``cache_dir`` when
+    present there, else built (and saved)."""
     if cache_dir is None:
-        return build_trie(spec)
+        return on_huge_pages(build_trie(spec))
     path = Path(cache_dir) / f"trie-{spec_hash(spec)}.npy"
     try:
         trie = np.load(path, allow_pickle=False)
         if trie.dtype == NODE_DTYPE and trie.ndim == 1:
-            return trie
+            return on_huge_pages(trie)
     except (OSError, ValueError):
         pass
     trie = build_trie(spec)
@@ -106,7 +108,7 @@ def load_or_build_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarra
         os.replace(tmp, path)  # atomic: a concurrent loader sees all or nothing
     except OSError:
         pass  # an unwritable cache only costs the next start-up a rebuild
-    return trie
+    return on_huge_pages(trie)
 
 
 def build_trie(spec: TokenizerSpec) -> np.ndarray:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from embedserve.tokenizer.huge_pages import huge_page_zeros
 from embedserve.tokenizer.kernel_cache import cached_njit
 
 MAX_WORD_BYTES = 24  # longer words skip the cache; each token is >= 1 byte, so <= this many tokens
@@ -49,7 +50,7 @@ def new_word_cache(capacity: int) -> WordCache:
     """An empty table of ``capacity`` slots (a power of two; 0: a table that caches nothing)."""
     if capacity < 0 or capacity & (capacity - 1):
         raise ValueError(f"word cache capacity {capacity}: expected 0 or a power of two")
-    records = np.zeros((capacity, RECORD_INTS), np.int32)
+    records = huge_page_zeros((capacity, RECORD_INTS), np.int32)  # probed at random: huge pages pay
     return WordCache(records)
 
 
