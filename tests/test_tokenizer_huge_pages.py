@@ -1,8 +1,7 @@
 """The tokenizer's big tables live on transparent huge pages (tokenizer/huge_pages.py).
 
 Viterbi's trie walk and the word cache's probes are dependent loads spread over tens of
-MB; on 4 KiB pages most of them also miss the TLB (BENCHMARKS.md: huge pages take
-about a sixth off encode time). The kernel reads /proc/self/smaps, so these tests say
+MB, which on 4 KiB pages can also miss the TLB (BENCHMARKS.md, tokenizer section). The tests read /proc/self/smaps, so these tests say
 whether the memory really is backed by 2 MiB pages, not only that it was asked for.
 """
 
