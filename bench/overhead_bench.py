@@ -1,17 +1,23 @@
 """Stack overhead: what the gateway, gRPC and the scheduler add to a short query's compute.
 
-    python -m bench overhead [--iterations 400] [--text "..."] [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...]
-                             [-- SERVE FLAGS]
+    python -m bench overhead [--iterations 400] [--text "..."] [--client http.client|httpx]
+                             [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...] [-- SERVE FLAGS]
 
 Starts ``embedserve serve --port 0`` (default model and settings unless flags
 follow ``--``) once per ``--stack``: a source tree put first on PYTHONPATH
 (default: this checkout), optionally followed by environment variables and
 extra serve flags for that stack alone (``--stack ". GOMP_SPINCOUNT=300000"``,
 ``--stack ". --replica-transport tcp"``). Then it sends the same one-sentence query as
-``POST /v1/embeddings`` over one keep-alive httpx connection, one request at
-a time, to each stack in turn in blocks of ``--block`` requests, so background
-load on a shared machine hits every stack alike (``--stack /work/main
---stack .`` is a before/after in one run).
+``POST /v1/embeddings`` over one keep-alive connection, one request at a time, to
+each stack in turn in blocks of ``--block`` requests, so background load on a shared
+machine hits every stack alike (``--stack /work/main --stack .`` is a before/after in
+one run).
+
+The client is the standard library's ``http.client`` with TCP_NODELAY (default): the
+overhead is the stack's, so the client should add as little as a client can. httpx
+(``--client httpx``) spends about 1.1 ms more of the client's own time per request on
+this machine (BENCHMARKS.md, "Stack overhead per hop"), which earlier runs counted as
+overhead.
 
 Reports per stack: client p50/p99, the engine compute p50 (Server-Timing
 ``inference``), overhead p50 (the per-request client time minus its
@@ -39,9 +45,13 @@ The entries a stack may send, in request order:
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
+import socket
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import httpx
@@ -83,10 +93,50 @@ def parse_server_timing(header: str) -> dict[str, float]:
     return timing
 
 
+class LeanClient:
+    """One keep-alive HTTP/1.1 connection (``http.client``), Nagle off as in the gateway."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self._connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+        """(status, Server-Timing header) of one request; the body is read whole."""
+        if self._connection.sock is None:
+            self._connection.connect()
+            self._connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        self._connection.request(method, path, body=body, headers=headers)
+        reply = self._connection.getresponse()
+        reply.read()
+        return reply.status, reply.getheader("server-timing") or ""
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+class HttpxClient:
+    """The same requests through one keep-alive ``httpx.Client``."""
+
+    def __init__(self, url: str) -> None:
+        self._client = httpx.Client(base_url=url, timeout=60)
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        reply = self._client.request(method, path, content=body, headers=headers)
+        return reply.status_code, reply.headers.get("server-timing", "")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+CLIENTS = {"http.client": LeanClient, "httpx": HttpxClient}
+
+
 class Stack:
     """One ``embedserve serve`` from one source tree, and what it measured."""
 
-    def __init__(self, spec: str, serve_flags: list[str]) -> None:
+    def __init__(self, spec: str, serve_flags: list[str], client: str = "http.client") -> None:
         words = spec.split()
         self.label = spec
         self.source = Path(words[0]).resolve()
@@ -98,7 +148,7 @@ class Stack:
                 "--log-level", "warning", *serve_flags, *own_flags]
         self.process, match = popen_listening(argv, GATEWAY_LISTENING, env=env, cwd=str(self.source))
         self.url = match.group(1)
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = CLIENTS[client](self.url)
         self.client_ms: list[float] = []
         self.timings: list[dict[str, float]] = []
         self.gateway_cpu_s = 0.0
@@ -108,7 +158,7 @@ class Stack:
         """CPU seconds so far: the gateway (the serve process), its replicas together."""
         return cpu_seconds(self.process.pid), sum(map(cpu_seconds, child_pids(self.process.pid)))
 
-    def run_block(self, body: dict, count: int) -> None:
+    def run_block(self, body: bytes, count: int) -> None:
         gateway_before, replicas_before = self.cpu()
         for _ in range(count):
             self.query(body, record=True)
@@ -118,19 +168,20 @@ class Stack:
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while self.client.get("/ready").status_code != 200:
+        while self.client.request("GET", "/ready")[0] != 200:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.url} never became ready")
             time.sleep(0.1)
 
-    def query(self, body: dict, record: bool) -> None:
+    def query(self, body: bytes, record: bool) -> None:
         started = time.perf_counter()
-        reply = self.client.post("/v1/embeddings", json=body)
+        status, server_timing = self.client.request("POST", "/v1/embeddings", body)
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        reply.raise_for_status()
+        if status != 200:
+            raise RuntimeError(f"{self.url}/v1/embeddings answered {status}")
         if record:
             self.client_ms.append(elapsed_ms)
-            self.timings.append(parse_server_timing(reply.headers.get("server-timing", "")))
+            self.timings.append(parse_server_timing(server_timing))
 
     def close(self) -> None:
         self.client.close()
@@ -161,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured requests per stack first")
     parser.add_argument("--block", type=int, default=20, help="requests per stack per turn")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the query (default: one sentence)")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="http.client",
+                        help="the HTTP client (default: the standard library's, the leanest)")
     parser.add_argument("--stack", action="append", default=None,
                         help="a source tree to serve from, then VAR=VALUE and --flags for it "
                              "(repeat to compare; default: this checkout)")
@@ -169,12 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serve_flags = [f for f in args.serve_flags if f != "--"]
     specs = args.stack or [str(ROOT)]
-    body = {"input": args.text}
+    body = json.dumps({"input": args.text}).encode()  # serialized once: not the stack's time
     load_before = os.getloadavg()
     stacks: list[Stack] = []
     try:
         for spec in specs:
-            stacks.append(Stack(spec, serve_flags))
+            stacks.append(Stack(spec, serve_flags, args.client))
         for stack in stacks:
             stack.wait_ready()
             for _ in range(args.warmup):
@@ -190,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.close()
     load_after = os.getloadavg()
     print(f"overhead bench: {args.iterations} sequential requests per stack, {len(args.text)} chars, "
-          f"serve {' '.join(serve_flags) or '(defaults)'}; load average "
+          f"serve {' '.join(serve_flags) or '(defaults)'}, client {args.client}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     summaries = [dict(summarize(s)) for s in stacks]
     labels = list(dict.fromkeys(label for summary in summaries for label in summary))

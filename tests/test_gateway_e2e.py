@@ -8,6 +8,7 @@ serves every test here; the failover test kills a replica and restarts it.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import signal
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from bench import reference_data
+from bench.overhead_bench import CLIENTS, parse_server_timing
 from conftest import shared_file
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
 
@@ -330,6 +332,24 @@ def test_every_response_has_request_id_and_server_timing(gateway):
         assert "total;dur=" in response.headers["server-timing"]
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
+
+
+@pytest.mark.parametrize("client_name", sorted(CLIENTS))
+def test_overhead_bench_clients_read_the_gateways_answers(gateway, client_name):
+    # `python -m bench overhead` times requests with either client; both must see the
+    # gateway's status and its Server-Timing phases, over one kept-alive connection.
+    client = CLIENTS[client_name](gateway.url)
+    try:
+        assert client.request("GET", "/ready")[0] == 200
+        for _ in range(2):
+            status, timing = client.request("POST", "/v1/embeddings", json.dumps({"input": "timing"}).encode())
+            assert status == 200
+            phases = parse_server_timing(timing)
+            assert phases["total"] >= phases["rpc"] >= phases["inference"] > 0
+        assert client.request("POST", "/v1/embeddings", b'{"input": []}')[0] == 400
+        assert client.request("POST", "/v1/embeddings", json.dumps({"input": "again"}).encode())[0] == 200
+    finally:
+        client.close()
 
 def test_ops_routes(gateway, default_model_dir):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
