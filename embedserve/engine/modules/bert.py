@@ -30,12 +30,22 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return F.relu
 
 
+def embedding_table(rows: int, dim: int) -> nn.Embedding:
+    """An ``nn.Embedding`` with its weights left as they are made (a checkpoint fills them).
+
+    ``nn.Embedding``'s own initialisation draws normal values; on the meta device
+    (``engine.build_model``) that runs torch's Python reference op, whose first call
+    imports torch._dynamo: about 1.7 s of every replica's start, for values never used.
+    """
+    return nn.Embedding.from_pretrained(torch.empty(rows, dim), freeze=True)
+
+
 class Embeddings(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.word = embedding_table(config.vocab_size, config.hidden_size)
+        self.position = embedding_table(config.max_position_embeddings, config.hidden_size)
+        self.token_type = embedding_table(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor,

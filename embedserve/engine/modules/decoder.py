@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.modules.attention import Attend, AttentionKind
+from embedserve.engine.modules.bert import embedding_table
 from embedserve.model.decoder_config import DecoderConfig
 
 
@@ -114,7 +115,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.config = config
         self.attention_kind = AttentionKind(config.causal, config.attention_window)
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed = embedding_table(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

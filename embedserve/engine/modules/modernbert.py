@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.modules.attention import BIDIRECTIONAL, AttentionKind
-from embedserve.engine.modules.bert import Attend, activation
+from embedserve.engine.modules.bert import Attend, activation, embedding_table
 from embedserve.model.modernbert_config import GLOBAL, LOCAL, ModernBertConfig
 
 # Position id of the rows a banded block pads with: far from any real position,
@@ -93,7 +93,7 @@ def sliding_window_from_positions(position_ids: torch.Tensor, window: int) -> At
 class Embeddings(nn.Module):
     def __init__(self, config: ModernBertConfig) -> None:
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.word = embedding_table(config.vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:

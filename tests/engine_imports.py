@@ -1,0 +1,25 @@
+"""Which modules loading a model pulls in, read from a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def modules_after_load(*model_dirs: Path) -> set[str]:
+    """``sys.modules`` of a new Python after ``Engine.load`` of each dir and one step."""
+    script = ("import json, sys\n"
+              "import numpy as np\n"
+              "from embedserve.engine import Batch, Engine\n"
+              f"for d in {[str(d) for d in model_dirs]!r}:\n"
+              "    with Engine.load(d, dtype='auto') as engine:\n"
+              "        engine.step(Batch.from_sequences([np.array([0, 5, 9, 2], np.int32)], task=engine.info.task)).wait()\n"
+              "print(json.dumps(sorted(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
