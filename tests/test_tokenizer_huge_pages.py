@@ -54,10 +54,21 @@ def test_zeros_are_aligned_zeroed_and_writable() -> None:
     assert array[-1] == 7
 
 
-def test_small_arrays_stay_ordinary() -> None:
+def test_small_arrays_are_ordinary_copies() -> None:
     small = np.arange(10, dtype=np.float32)
-    assert on_huge_pages(small) is small
+    copy = on_huge_pages(small)
+    np.testing.assert_array_equal(copy, small)
+    assert copy is not small and copy.flags.writeable
     assert huge_page_zeros((MIN_BYTES // 4 - 1,), np.int32).base is None  # a plain np.zeros
+
+
+def test_a_read_only_memory_map_becomes_a_writable_copy(tmp_path) -> None:
+    # How the trie cache is read: a mapped .npy, copied once (Numba types read-only arrays apart).
+    source = np.arange(3 * HUGE_PAGE_BYTES // 8, dtype=np.int64)
+    np.save(tmp_path / "a.npy", source)
+    copy = on_huge_pages(np.load(tmp_path / "a.npy", mmap_mode="r"))
+    np.testing.assert_array_equal(copy, source)
+    assert copy.flags.writeable and not isinstance(copy, np.memmap)
 
 
 def test_a_copy_has_the_same_values_on_huge_pages(huge_pages_available) -> None:

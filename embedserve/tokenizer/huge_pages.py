@@ -53,9 +53,7 @@ def huge_page_zeros(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.
 
 
 def on_huge_pages(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` in ``huge_page_zeros`` memory (``array`` itself when small)."""
-    if array.nbytes < MIN_BYTES:
-        return array
+    """A writable copy of ``array`` (a memory map too) in ``huge_page_zeros`` memory."""
     copy = huge_page_zeros(array.shape, array.dtype)
     copy[...] = array
     return copy

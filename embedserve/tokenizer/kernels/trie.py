@@ -94,7 +94,8 @@ def load_or_build_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarra
         return on_huge_pages(build_trie(spec))
     path = Path(cache_dir) / f"trie-{spec_hash(spec)}.npy"
     try:
-        trie = np.load(path, allow_pickle=False)
+        # Mapped, so its bytes are copied once, from the page cache into the huge pages.
+        trie = np.load(path, mmap_mode="r", allow_pickle=False)
         if trie.dtype == NODE_DTYPE and trie.ndim == 1:
             return on_huge_pages(trie)
     except (OSError, ValueError):
