@@ -41,7 +41,6 @@ from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import calibrate
 from embedserve.ragged import RaggedBatch
-from embedserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +124,10 @@ def calibration_batches(model_dir: Path, info: ModelInfo, max_tokens: int,
     """The sample tokenized with the model's tokenizer (each text under each of its
     prompts, cut to fit ``max_tokens``), in batches of at most ``max_tokens`` tokens and
     ``max_sequences`` sequences."""
+    # Here, not at the top: a replica imports this module at every start but tokenizes
+    # (Numba and its kernels) only the one time it computes a calibration.
+    from embedserve.tokenizer import Tokenizer
+
     tokenizer = Tokenizer.from_model_dir(model_dir)
     prompts = [info.prompts[name] for name in sorted(info.prompts)] or [""]
     texts = [prompt + text for prompt in prompts for text in CALIBRATION_TEXTS]

@@ -46,3 +46,12 @@ def test_gateway_process_maps_no_torch(default_model_dir: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_replica_process_maps_no_numba(default_replica) -> None:
+    # A replica never tokenizes (ids arrive over gRPC; --dtype auto's probe reads a
+    # tokenizer.json with `tokenizers`), so Numba and LLVM (~0.5 s and ~100 MB) stay out:
+    # the CLI builds every subcommand's parser in every process, and `embedserve
+    # tokenize` imports the tokenizer only when it runs.
+    maps = Path(f"/proc/{default_replica.process.pid}/maps").read_text()
+    assert "/numba/" not in maps and "llvmlite" not in maps

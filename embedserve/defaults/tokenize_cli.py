@@ -12,8 +12,9 @@ from pathlib import Path
 
 from embedserve.defaults.model_args import add_model_arguments, model_dir_from_args
 from embedserve.errors import EmbedServeError
-from embedserve.tokenizer.load import load_tokenizer, load_tokenizer_file
-from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR
+
+# The tokenizer (Numba and its kernels) is imported by run(), not here: every
+# `embedserve` process builds this parser, and a replica never tokenizes with it.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,18 +31,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-special", action="store_true", help="leave out the special tokens (<s> / </s>, [CLS] / [SEP])")
     parser.add_argument("--offsets", action="store_true", help="also print character offsets")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--trie-cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
-                        help="where built tries are cached (default: %(default)s)")
+    parser.add_argument("--trie-cache-dir", type=Path, default=None,
+                        help="where built tries are cached (default: ~/.cache/embedserve/tokenizer)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from embedserve.tokenizer.load import load_tokenizer, load_tokenizer_file
+    from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR
+
     model = model_dir_from_args(args)
+    cache_dir = DEFAULT_CACHE_DIR if args.trie_cache_dir is None else args.trie_cache_dir
     try:
         if model.is_dir():
-            tokenizer = load_tokenizer(model, compat=args.compat or "hf", cache_dir=args.trie_cache_dir)
+            tokenizer = load_tokenizer(model, compat=args.compat or "hf", cache_dir=cache_dir)
         else:
-            tokenizer = load_tokenizer_file(model, compat=args.compat, cache_dir=args.trie_cache_dir)
+            tokenizer = load_tokenizer_file(model, compat=args.compat, cache_dir=cache_dir)
         batch = tokenizer.encode_batch([args.text], add_special_tokens=not args.no_special,
                                        return_offsets=args.offsets)
     except EmbedServeError as exc:
