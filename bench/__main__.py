@@ -27,6 +27,7 @@ BENCHMARKS = {
     "bulk": "bench.bulk_bench",
     "quantized_recall": "bench.quantized_recall",
     "dtype_load": "bench.dtype_load",
+    "startup": "bench.startup",
 }
 
 
