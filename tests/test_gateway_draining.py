@@ -88,7 +88,8 @@ def held() -> Iterator[HeldApp]:
 def test_admitted_request_finishes_while_new_ones_get_503(held: HeldApp) -> None:
     with concurrent.futures.ThreadPoolExecutor(1) as pool, \
             httpx.Client(base_url=held.url, timeout=30, trust_env=False) as http:
-        assert http.get("/ready").status_code == 200
+        before = http.get("/ready")
+        assert before.status_code == 200 and before.headers.get("connection") != "close"
         admitted = pool.submit(httpx.post, f"{held.url}/work", timeout=30, trust_env=False)
         assert held.entered.acquire(timeout=30), "the request never reached the app"
         held.on_loop(held.drain.begin)
@@ -109,6 +110,9 @@ def test_admitted_request_finishes_while_new_ones_get_503(held: HeldApp) -> None
         held.release()
         answer = admitted.result(timeout=30)
         assert answer.status_code == 200 and answer.json() == {"done": True}
+        # Answered while draining: the client's next request must not reuse this
+        # connection, which the server closes once it is idle.
+        assert answer.headers["connection"] == "close"
         assert held.drain.in_flight == 0
 
 

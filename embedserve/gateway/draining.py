@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedserve.gateway.http_errors import error_body
 
@@ -88,7 +88,23 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         with self.drain.admitted_request():
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._closing_once_draining(send))
+
+    def _closing_once_draining(self, send: Send) -> Send:
+        """``send`` that adds ``Connection: close`` to a response started while draining.
+
+        Otherwise the client keeps the connection and may send its next request on it
+        just as the server, its last admitted request answered, closes idle
+        connections: that request is cut (the client sees the connection drop, not a
+        503). With the header its next request opens a new connection instead.
+        """
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.drain.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        return send_closing
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(error_body(503, DRAINING_MESSAGE, None, "draining")).encode()
