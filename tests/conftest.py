@@ -211,15 +211,18 @@ def tokenizer_kernels_warmed(request: pytest.FixtureRequest, tmp_path_factory: p
     into the on-disk cache on another core while the first tests run (a fresh checkout
     has none cached). Stopped at the session's end if still running, before the
     leftover-process check; a failure only costs the tests their own compiles, and is
-    reported as a warning. Under xdist only the first worker starts it: the cache is
-    shared, and a second copy would compile the same kernels again."""
+    reported as a warning.
+
+    Not under xdist: there both cores run tests already, so it has no idle core to use,
+    and the kernel lock (embedserve/tokenizer/kernel_cache.py) already makes the worker
+    that needs a kernel second wait for the first one's compile instead of repeating it."""
     import subprocess
     import sys
     import warnings
 
     from embedserve.launch.processes import die_with_parent_hook, stop_popen
 
-    if getattr(request.config, "workerinput", {}).get("workerid", "gw0") != "gw0":
+    if hasattr(request.config, "workerinput"):
         yield
         return
     default_model_dir = request.getfixturevalue("default_model_dir")
