@@ -161,10 +161,12 @@ class KernelDispatcher(CPUDispatcher):
         """Numba's compile (memory, else disk cache, else compile and save) under the
         kernel's lock, so that what another process is compiling is loaded, not redone."""
         args, _ = sigutils.normalize_signature(sig)
-        if tuple(args) in self.overloads or self._holds_compile_lock:
+        # A dispatcher rebuilt from a pickle has Numba's own cache, without a lock file.
+        lock_path = getattr(self._cache, "lock_path", None)
+        if tuple(args) in self.overloads or self._holds_compile_lock or lock_path is None:
             return super().compile(sig)
         # Numba's lock first: this process's threads queue on it, never on the file.
-        with global_compiler_lock, _locked(self._cache.lock_path):
+        with global_compiler_lock, _locked(lock_path):
             self._holds_compile_lock = True
             try:
                 return super().compile(sig)
