@@ -18,11 +18,19 @@ import os
 from pathlib import Path
 
 import pytest
-from leftover_processes import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (hooks)
+from leftover_processes import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401  (hooks)
 from st_metadata import write_st_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("EMBEDSERVE_SHARED_DATA") or ROOT.parent / "shared" / "data")
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # pyproject's addopts pass xdist's options; with xdist off (-p no:xdist) they are
+    # accepted and ignored, so a serial run needs no other command line.
+    if not pluginmanager.has_plugin("xdist"):
+        parser.addoption("--numprocesses", help="ignored: pytest-xdist is not loaded")
+        parser.addoption("--dist", help="ignored: pytest-xdist is not loaded")
 
 
 def shared_file(relative: str) -> Path:
@@ -198,18 +206,27 @@ def probe_reference(default_model_dir: Path):
 # --- tokenizer fixtures ------------------------------------------------------
 
 @pytest.fixture(scope="session", autouse=True)
-def tokenizer_kernels_warmed(default_model_dir: Path, minilm_dir: Path,
-                             tmp_path_factory: pytest.TempPathFactory):
+def tokenizer_kernels_warmed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """tests/kernel_warmup.py running beside the session: compiles the tokenizer's kernels
     into the on-disk cache on another core while the first tests run (a fresh checkout
     has none cached). Stopped at the session's end if still running, before the
     leftover-process check; a failure only costs the tests their own compiles, and is
-    reported as a warning."""
+    reported as a warning.
+
+    Not under xdist: there both cores run tests already, so it has no idle core to use,
+    and the kernel lock (embedserve/tokenizer/kernel_cache.py) already makes the worker
+    that needs a kernel second wait for the first one's compile instead of repeating it."""
     import subprocess
     import sys
     import warnings
 
     from embedserve.launch.processes import die_with_parent_hook, stop_popen
+
+    if hasattr(request.config, "workerinput"):
+        yield
+        return
+    default_model_dir = request.getfixturevalue("default_model_dir")
+    minilm_dir = request.getfixturevalue("minilm_dir")
 
     log = tmp_path_factory.mktemp("kernel_warmup") / "stderr.txt"
     with log.open("wb") as stderr:

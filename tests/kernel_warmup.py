@@ -2,12 +2,14 @@
 
 In a fresh checkout nothing is cached yet, and the first test that loads each kind of
 native tokenizer (WordPiece, SentencePiece's Unigram, Hugging Face's Unigram) would
-pay its compile, tens of seconds on one core. conftest.py starts this script when the
-session starts, so another core compiles while the first runs tests; where the
+pay its compile, tens of seconds on one core. conftest.py starts this script when a
+serial session starts, so another core compiles while the first runs tests; where the
 kernels are cached already it only loads them. The cache is the one every process of
 this checkout reads and writes (embedserve/tokenizer/kernel_cache.py), so the test
-process and the servers it starts load what this one compiled. Hugging Face's mode
-comes last: the suite's first tests compile it themselves at once.
+process and the servers it starts load what this one compiled, or wait for it to
+finish a kernel they need. Hugging Face's mode comes last: the suite's first tests
+compile it themselves at once. Under xdist it does not run: both cores run tests
+already, and the kernel lock keeps the workers from compiling a kernel twice.
 
 Usage: python kernel_warmup.py DEFAULT_MODEL_DIR MINILM_DIR TRIE_CACHE_DIR
 """

@@ -8,6 +8,14 @@ visible as pytest's descendant. At session end every descendant still running
 gets a few seconds to exit, then is killed; if any was found the session's exit
 status becomes "tests failed" and their command lines are printed.
 
+Under pytest-xdist every process runs this: each worker checks its own
+descendants (the processes its tests started, orphans included, since the
+worker is a subreaper too) and hands what it found to the controller in its
+``workeroutput``; the controller, whose descendants are only the workers, waits
+until xdist has stopped them, checks what is left (the orphans of a worker that
+died) and reports everything. So one worker never sees the other's servers, and
+xdist's own processes are never counted.
+
 Linux only (``/proc`` and ``prctl``); elsewhere it does nothing.
 """
 
@@ -105,18 +113,35 @@ def stop_leftovers(root: int, grace: float = GRACE_SECONDS) -> list[tuple[int, s
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_ENABLED] = _become_subreaper()
+    session.config.stash[_FROM_WORKERS] = []
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error: object) -> None:
+    """xdist's controller: keep what a finished worker found (a crashed one sends nothing;
+    its orphans come to the controller, which finds them itself)."""
+    found = getattr(node, "workeroutput", {}).get(_OUTPUT_KEY, [])
+    node.config.stash.setdefault(_FROM_WORKERS, []).extend(found)
+
+
+# trylast: in xdist's controller, after xdist's own sessionfinish has stopped the workers.
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not session.config.stash.get(_ENABLED, False):
+    config = session.config
+    if not config.stash.get(_ENABLED, False):
         return
-    leftovers = stop_leftovers(os.getpid())
-    if not leftovers:
+    found = [f"pid {pid}: {command}" for pid, command in stop_leftovers(os.getpid())]
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:   # an xdist worker: the controller reports for it
+        workeroutput[_OUTPUT_KEY] = found
         return
-    lines = [f"{len(leftovers)} process(es) started by tests were still running at the end "
+    found += config.stash.get(_FROM_WORKERS, [])
+    if not found:
+        return
+    lines = [f"{len(found)} process(es) started by tests were still running at the end "
              "of the session (killed now):"]
-    lines += [f"  pid {pid}: {command}" for pid, command in leftovers]
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines += [f"  {line}" for line in found]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.ensure_newline()
         reporter.write_sep("=", "leftover processes", red=True)
@@ -128,3 +153,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _ENABLED = pytest.StashKey[bool]()
+_FROM_WORKERS = pytest.StashKey[list[str]]()   # xdist's controller: what the workers found
+_OUTPUT_KEY = "leftover_processes"             # the workeroutput entry a worker fills

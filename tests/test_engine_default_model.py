@@ -11,13 +11,14 @@ Token ids come from HF ``tokenizers`` on the model's tokenizer.json.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import SHARED_DATA, python_docs_text, shared_file
+from conftest import ROOT, SHARED_DATA, python_docs_text, shared_file
 from tokenizer_corpus import SCRIPTS
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model, normalization_rules
@@ -149,6 +150,53 @@ def test_existing_build_is_reused(default_model_dir: Path) -> None:
     before = weights.stat().st_mtime_ns
     assert ensure_default_model(default_model_dir.parent) == default_model_dir
     assert weights.stat().st_mtime_ns == before
+
+
+def _waits_for_a_lock(pid: int) -> bool:
+    """True while ``pid`` is blocked waiting for an flock (a "->" line in /proc/locks)."""
+    return any(line.split()[1] == "->" and line.split()[5] == str(pid)
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+def test_a_builder_that_waits_for_another_returns_its_build(tmp_path: Path) -> None:
+    # This test plays the first builder: it holds the cache directory's lock while a second
+    # builder (the CLI) starts, then leaves a complete build (its stamp and a marker) and
+    # lets go. The second must wait, then return that build untouched rather than build
+    # again and replace a directory the first one's users may be reading.
+    import fcntl
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from embedserve.defaults.build import BUILD_VERSION, default_model_path
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    target = default_model_path(cache)
+    lock = os.open(cache, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second = subprocess.Popen([sys.executable, "-c", "from embedserve.cli import main; raise SystemExit(main())",
+                                   "model", "build-default", "--cache-dir", str(cache)],
+                                  env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not _waits_for_a_lock(second.pid):
+            assert second.poll() is None, second.communicate()
+            assert time.monotonic() < deadline, "the second builder never waited for the lock"
+            time.sleep(0.05)
+        target.mkdir()
+        (target / "from_the_first_builder").write_text("")
+        (target / "embedserve_build.json").write_text(json.dumps({"build_version": BUILD_VERSION}))
+    finally:
+        os.close(lock)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert out.strip() == str(target)
+    assert sorted(p.name for p in target.iterdir()) == ["embedserve_build.json", "from_the_first_builder"]
+    assert [p.name for p in cache.iterdir()] == [target.name]     # no staging directory left
 
 
 def test_failed_build_leaves_nothing(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pkgutil
 import shutil
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -55,6 +56,21 @@ print(json.dumps({"value": int(value), "hits": sum(stats.cache_hits.values()),
                   "misses": sum(stats.cache_misses.values()), "cache_path": stats.cache_path}))
 '''
 
+# REPORT for two processes at once: each waits, imported, until the test creates "go".
+RACE_REPORT = '''
+import json, os, sys, time
+from pathlib import Path
+from kpkg.caller import run
+here = Path(sys.argv[1])
+(here / f"ready-{os.getpid()}").touch()
+while not (here / "go").exists():
+    time.sleep(0.002)
+value = run(1)
+stats = run.stats
+print(json.dumps({"value": int(value), "hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values())}))
+'''
+
 # Environment that would change where or whether Numba caches.
 _NUMBA_CACHE_ENV = ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES", "NUMBA_DISABLE_JIT")
 
@@ -81,14 +97,19 @@ def cache_parent(request, tmp_path) -> Path | None:
     return None if request.param == "in-tree" else tmp_path / "numba-cache"
 
 
-def run_kernel(src: Path, numba_cache_dir: Path | None) -> dict:
-    """Import kpkg.caller in a fresh interpreter, call run(1); the kernel's cache stats."""
+def kernel_env(src: Path, numba_cache_dir: Path | None) -> dict[str, str]:
+    """The environment of a fresh interpreter that imports kpkg from ``src``."""
     env = {k: v for k, v in os.environ.items() if k not in _NUMBA_CACHE_ENV}
     env.update(PYTHONPATH=str(src), PYTHONDONTWRITEBYTECODE="1")  # no stale .pyc either
     if numba_cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = str(numba_cache_dir)
-    done = subprocess.run([sys.executable, "-c", REPORT], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return env
+
+
+def run_kernel(src: Path, numba_cache_dir: Path | None) -> dict:
+    """Import kpkg.caller in a fresh interpreter, call run(1); the kernel's cache stats."""
+    done = subprocess.run([sys.executable, "-c", REPORT], env=kernel_env(src, numba_cache_dir),
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -98,6 +119,30 @@ def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
     second = run_kernel(package, cache_parent)
     assert (first["value"], first["misses"], first["hits"]) == (4, 1, 0)
     assert (second["value"], second["misses"], second["hits"]) == (4, 0, 1)
+
+
+def test_two_processes_that_need_a_kernel_at_once_compile_it_once(package, tmp_path):
+    # Both call run(1) at the same moment on an empty cache: one compiles it, the other
+    # waits for the kernel's lock and then loads the first one's from disk.
+    env = kernel_env(package, tmp_path / "numba-cache")
+    racers = [subprocess.Popen([sys.executable, "-c", RACE_REPORT, str(tmp_path)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
+            assert time.monotonic() < deadline, "the processes never got ready"
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        outputs = [r.communicate(timeout=300) for r in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+            racer.wait()
+    assert [r.returncode for r in racers] == [0, 0], outputs
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["value"] for r in results] == [4, 4]
+    assert sorted((r["misses"], r["hits"]) for r in results) == [(0, 1), (1, 0)]
 
 
 def test_an_edit_to_a_called_module_compiles_afresh(package, cache_parent):

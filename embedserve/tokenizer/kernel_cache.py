@@ -19,6 +19,12 @@ Where the caches go (the first writable, the order Numba itself tries)::
 
 Directories of older sources are never read again; deleting them is always safe.
 
+Processes sharing a cache compile a kernel once between them: compiling takes the
+kernel's lock file (beside its index), so a second process that needs the same kernel
+meanwhile (two test workers, the replicas of a cold ``embedserve cluster``) waits, then
+loads what the first wrote. Locks are taken caller first, callee second, in call-graph
+order, so two processes can never hold each other's.
+
 This module owns where kernel caches live, when they are stale and which argument
 types a kernel is compiled for, not what is compiled. It imports nothing from
 embedserve (a test runs it from a copied package).
@@ -26,13 +32,17 @@ embedserve (a test runs it from a copied package).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from numba.core import config, types
+from numba.core import config, sigutils, types
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.misc.appdirs import AppDirs
 
@@ -110,6 +120,22 @@ class SourceTreeCache(FunctionCache):
         # locator above, and even then an entry compiled from other sources must not match.
         return super()._index_key(sig, codegen) + (source_tree_hash(SOURCE_ROOT),)
 
+    @property
+    def lock_path(self) -> Path:
+        """The file whose lock a process holds while it compiles this kernel."""
+        return Path(self._cache_path) / f"{self._impl.filename_base}.lock"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path``: released when the block ends or the process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
 
 class KernelDispatcher(CPUDispatcher):
     """Numba's CPU dispatcher, compiling a kernel called from another kernel for the plain
@@ -125,9 +151,27 @@ class KernelDispatcher(CPUDispatcher):
     plain types.
     """
 
+    _holds_compile_lock = False   # this process compiles this kernel now (a recursive call)
+
     def get_call_template(self, args, kws):
         return super().get_call_template(tuple(types.unliteral(a) for a in args),
                                          {k: types.unliteral(v) for k, v in kws.items()})
+
+    def compile(self, sig):
+        """Numba's compile (memory, else disk cache, else compile and save) under the
+        kernel's lock, so that what another process is compiling is loaded, not redone."""
+        args, _ = sigutils.normalize_signature(sig)
+        # A dispatcher rebuilt from a pickle has Numba's own cache, without a lock file.
+        lock_path = getattr(self._cache, "lock_path", None)
+        if tuple(args) in self.overloads or self._holds_compile_lock or lock_path is None:
+            return super().compile(sig)
+        # Numba's lock first: this process's threads queue on it, never on the file.
+        with global_compiler_lock, _locked(lock_path):
+            self._holds_compile_lock = True
+            try:
+                return super().compile(sig)
+            finally:
+                self._holds_compile_lock = False
 
 
 def cached_njit(**options) -> Callable:
