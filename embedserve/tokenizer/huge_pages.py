@@ -4,9 +4,9 @@ Viterbi walks the vocabulary trie (about 50 MB for XLM-R's 250k pieces) one depe
 load at a time, and hf mode's per-word cache (8 MiB a thread) is probed at a hash. On
 4 KiB pages such loads can also miss the TLB; on 2 MiB pages the whole trie needs a few
 dozen entries. Measured on multilingual text at 512 tokens (BENCHMARKS.md, tokenizer
-section): hf mode about 5 % faster and sentencepiece mode level when encoding is all
-the process does; 17-25 % faster in both when other large tables are walked between
-calls (as a server's other work does), which evicts a 4 KiB-page trie's TLB entries.
+section): both modes 5-9 % faster on a quiet machine when encoding is all the process
+does; 17-25 % faster when other large tables are walked between calls (as a server's
+other work does), which evicts a 4 KiB-page trie's TLB entries.
 
 Linux backs a 2 MiB-aligned anonymous mapping with huge pages when the mapping asks for
 them (``madvise(MADV_HUGEPAGE)``) and the system's THP setting is ``madvise`` or
