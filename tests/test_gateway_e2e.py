@@ -333,7 +333,6 @@ def test_every_response_has_request_id_and_server_timing(gateway):
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-
 @pytest.mark.parametrize("client_name", sorted(CLIENTS))
 def test_overhead_bench_clients_read_the_gateways_answers(gateway, client_name):
     # `python -m bench overhead` times requests with either client; both must see the
@@ -350,6 +349,7 @@ def test_overhead_bench_clients_read_the_gateways_answers(gateway, client_name):
         assert client.request("POST", "/v1/embeddings", json.dumps({"input": "again"}).encode())[0] == 200
     finally:
         client.close()
+
 
 def test_ops_routes(gateway, default_model_dir):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)

@@ -1,8 +1,9 @@
 """The tokenizer's big tables live on transparent huge pages (tokenizer/huge_pages.py).
 
 Viterbi's trie walk and the word cache's probes are dependent loads spread over tens of
-MB, which on 4 KiB pages can also miss the TLB (BENCHMARKS.md, tokenizer section). The tests read /proc/self/smaps, so these tests say
-whether the memory really is backed by 2 MiB pages, not only that it was asked for.
+MB, which on 4 KiB pages can also miss the TLB (BENCHMARKS.md, tokenizer section). The
+tests read /proc/self/smaps, so they say whether the memory really is backed by 2 MiB
+pages, not only that it was asked for.
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def test_a_copy_has_the_same_values_on_huge_pages(huge_pages_available) -> None:
 
 
 def test_the_trie_and_word_cache_are_on_huge_pages(huge_pages_available, default_model_dir: Path,
-                                                    tokenizer_cache_dir: Path) -> None:
+                                                    tmp_path: Path) -> None:
     reference = tokenizers.Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
-    for _ in range(2):  # the trie built, then read back from the cache directory
-        ours = Tokenizer.from_model_dir(default_model_dir, cache_dir=tokenizer_cache_dir)
+    for _ in range(2):  # the trie built (an empty cache directory), then read back from it
+        ours = Tokenizer.from_model_dir(default_model_dir, cache_dir=tmp_path)
         for text in TEXTS:
             assert ours.encode(text).tolist() == reference.encode(text).ids, text
         trie = ours._model.nodes_u64

@@ -90,14 +90,18 @@ def spec_hash(spec: TokenizerSpec) -> str:
 def load_or_build_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarray:
     """The trie for ``spec`` on huge pages (``huge_pages.py``), from ``cache_dir`` when
     present there, else built (and saved)."""
+    return on_huge_pages(_cached_or_built_trie(spec, cache_dir))
+
+
+def _cached_or_built_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarray:
     if cache_dir is None:
-        return on_huge_pages(build_trie(spec))
+        return build_trie(spec)
     path = Path(cache_dir) / f"trie-{spec_hash(spec)}.npy"
     try:
-        # Mapped, so its bytes are copied once, from the page cache into the huge pages.
+        # Mapped: on_huge_pages copies its bytes once, from the page cache into huge pages.
         trie = np.load(path, mmap_mode="r", allow_pickle=False)
         if trie.dtype == NODE_DTYPE and trie.ndim == 1:
-            return on_huge_pages(trie)
+            return trie
     except (OSError, ValueError):
         pass
     trie = build_trie(spec)
@@ -109,7 +113,7 @@ def load_or_build_trie(spec: TokenizerSpec, cache_dir: Path | None) -> np.ndarra
         os.replace(tmp, path)  # atomic: a concurrent loader sees all or nothing
     except OSError:
         pass  # an unwritable cache only costs the next start-up a rebuild
-    return on_huge_pages(trie)
+    return trie
 
 
 def build_trie(spec: TokenizerSpec) -> np.ndarray:
