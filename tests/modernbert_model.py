@@ -65,7 +65,7 @@ def modernbert_config(global_every: int = 3, local_attention: int = 8, **overrid
 
 def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: bool = True,
                           global_every: int = 3, seed: int = 0,
-                          xlmr_tokenizer_dir: Path | None = None) -> Path:
+                          xlmr_tokenizer_dir: Path | None = None, hidden: int = HIDDEN) -> Path:
     """Save a random ModernBertModel with a BPE tokenizer and ST metadata into ``directory``.
 
     With ``xlmr_tokenizer_dir``, XLM-R's SentencePiece tokenizer files are copied
@@ -77,7 +77,7 @@ def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: boo
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
-    overrides = {}
+    overrides = {"hidden_size": hidden}
     if xlmr_tokenizer_dir is None:
         build_bpe_tokenizer(directory)
     else:
@@ -87,7 +87,7 @@ def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: boo
             "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
             "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
             "mask_token": "<mask>", "model_max_length": 128}))
-        overrides = dict(vocab_size=250_002, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        overrides |= dict(vocab_size=250_002, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                          cls_token_id=0, sep_token_id=2)
     torch.manual_seed(seed)
     model = transformers.ModernBertModel(modernbert_config(global_every, **overrides)).eval()
@@ -97,5 +97,5 @@ def build_tiny_modernbert(directory: Path, pooling: str = "mean", normalize: boo
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(directory, safe_serialization=True)
-    write_st_metadata(directory, HIDDEN, pooling, normalize, max_seq_length=128)
+    write_st_metadata(directory, hidden, pooling, normalize, max_seq_length=128)
     return directory

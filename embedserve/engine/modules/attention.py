@@ -16,7 +16,9 @@ layers) passes ``kind=`` to that same closure; masks are built once per kind
 per step:
 
 - ``per_sequence``: one SDPA call per sequence on a slice (no padding at all;
-  B calls per layer).
+  B calls per layer); in bf16 on CPUs with AMX, bidirectional calls go to one
+  native kernel call per layer instead (amx_attention.py).
+  ``per_sequence_sdpa`` is the same without the native kernel.
 - ``padded``: scatter into a padded ``[B, heads, L, hd]`` view, one SDPA with a
   key mask, gather back (padding in attention only, never in dense layers).
 - ``block_diagonal``: one SDPA over all T tokens with a mask allowing only
@@ -37,6 +39,7 @@ from typing import Protocol, TypeVar
 import torch
 import torch.nn.functional as F
 
+from embedserve.engine.modules import amx_attention
 from embedserve.engine.modules.layout import PackedLayout
 
 
@@ -106,9 +109,11 @@ def _memo(default: AttentionKind, build: Callable[[AttentionKind], Built]) -> Ca
     return get
 
 
-def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None = None) -> Attend:
+def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None = None,
+                 native: bool = True) -> Attend:
     bounds = list(zip(layout.starts, layout.ends))
     default = AttentionKind(causal, window)
+    starts = torch.from_numpy(layout.cu_seqlens[:-1].astype("int64"))
 
     def slice_masks(kind: AttentionKind) -> dict[int, torch.Tensor]:
         # One [L, L] mask per distinct length the window cuts into (L - 1 > window);
@@ -126,6 +131,8 @@ def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None 
                kind: AttentionKind | None = None) -> torch.Tensor:
         # q, k, v: [T, heads, hd]; each slice -> [1, heads, L, hd] for SDPA
         kind = kind or default
+        if native and kind.is_full and amx_attention.covers(q, k, v):
+            return amx_attention.attend_sequences(q, k, v, starts, layout.lengths_tensor)
         by_length = masks(kind)
         out = torch.empty_like(q)
         for start, end in bounds:
@@ -213,8 +220,13 @@ def block_diagonal(layout: PackedLayout, causal: bool = False, window: int | Non
     return block_diagonal_from_seq_ids(layout.seq_ids_tensor, causal, window)
 
 
+def per_sequence_sdpa(layout: PackedLayout, causal: bool = False, window: int | None = None) -> Attend:
+    return per_sequence(layout, causal, window, native=False)
+
+
 ATTENTION_IMPLS: dict[str, AttentionBuilder] = {
     "per_sequence": per_sequence,
+    "per_sequence_sdpa": per_sequence_sdpa,
     "padded": padded,
     "block_diagonal": block_diagonal,
 }

@@ -1,0 +1,135 @@
+"""bf16 attention on CPU: the native AMX kernel against torch's SDPA, alone and in the engine.
+
+``python -m bench amx_attention`` prints two tables:
+
+- attention alone, one layer's worth ([T, 12, head_dim] bf16 views of a fused QKV,
+  as the engine has them): the kernel vs torch's flash SDPA called per sequence
+  (what ``per_sequence`` ran before), single-thread CPU time (``time.thread_time``,
+  less sensitive to other load) and wall time on the benchmark's thread count;
+- whole bf16 steps of the default model (multilingual-e5-small): ``per_sequence``
+  (kernel) vs ``per_sequence_sdpa``, the same weights, calls alternating step by step,
+  with the lowest cosine between their embeddings.
+
+Random token ids; lengths: uniform (32 x 512, 1 x 512, 1 x 16) and mixed (32
+sequences, log-uniform 8..512 as in ``bench engine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+HEADS = 12
+
+
+def shapes(rng: np.random.Generator, quick: bool) -> dict[str, list[int]]:
+    if quick:
+        return {"4 x 128": [128] * 4, "mixed 8": [int(n) for n in np.exp(rng.uniform(np.log(8), np.log(512), 8))]}
+    return {"32 x 512": [512] * 32,
+            "mixed 32": [int(n) for n in np.exp(rng.uniform(np.log(8), np.log(512), 32))],
+            "1 x 512": [512],
+            "1 x 16": [16]}
+
+
+def best_of(run: Callable[[], object], clock: Callable[[], float], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = clock()
+        run()
+        best = min(best, clock() - started)
+    return best
+
+
+def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from embedserve.engine.modules import amx_attention
+
+    print("| head_dim | lengths | tokens | kernel CPU ms (1 thread) | SDPA CPU ms (1 thread) | SDPA / kernel "
+          f"| kernel wall ms ({threads} threads) | SDPA wall ms | SDPA / kernel |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for head_dim in (32, 64):
+        for name, lengths in shapes(rng, quick).items():
+            qkv = torch.randn(sum(lengths), 3, HEADS, head_dim).to(torch.bfloat16)
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            starts = torch.from_numpy(np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64))
+            lengths_tensor = torch.tensor(lengths, dtype=torch.int64)
+            bounds = [(int(s), int(s) + n) for s, n in zip(starts, lengths)]
+
+            def kernel() -> None:
+                amx_attention.attend_sequences(q, k, v, starts, lengths_tensor)
+
+            def sdpa() -> None:
+                out = torch.empty_like(q)
+                for start, end in bounds:
+                    qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                    out[start:end] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+
+            cells = []
+            for count in (1, threads):
+                torch.set_num_threads(count)
+                clock = time.thread_time if count == 1 else time.perf_counter
+                kernel(), sdpa()                                   # warm-up
+                times = {"kernel": [], "sdpa": []}
+                for _ in range(repeats):                           # alternate: drifts hit both alike
+                    times["kernel"].append(best_of(kernel, clock, 1))
+                    times["sdpa"].append(best_of(sdpa, clock, 1))
+                ours, theirs = min(times["kernel"]), min(times["sdpa"])
+                cells += [f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}", f"{theirs / ours:.2f}x"]
+            print(f"| {head_dim} | {name} | {sum(lengths)} | " + " | ".join(cells) + " |", flush=True)
+
+
+def engine_table(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
+    import torch
+
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.engine import Batch, Engine
+    from embedserve.engine.runners.cpu import CpuRunner
+
+    torch.set_num_threads(threads)
+    engine = Engine.load(ensure_default_model(default_cache_dir()), dtype="bfloat16")
+    runners = {name: CpuRunner(engine.model, engine.info, name) for name in ("per_sequence", "per_sequence_sdpa")}
+    print(f"| default model, bf16, {threads} threads | tokens | kernel tokens/s | SDPA tokens/s "
+          "| kernel / SDPA | min cosine |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, lengths in shapes(rng, quick).items():
+        batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32) for n in lengths])
+        outputs = {label: runner._run(batch) for label, runner in runners.items()}   # also the warm-up
+        ours, theirs = outputs["per_sequence"], outputs["per_sequence_sdpa"]
+        cosine = float(((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)).min())
+        times: dict[str, list[float]] = {label: [] for label in runners}
+        for _ in range(repeats if batch.num_tokens > 64 else repeats * 10):
+            for label, runner in runners.items():
+                times[label].append(best_of(lambda runner=runner: runner._run(batch), time.perf_counter, 1))
+        median = {label: sorted(values)[len(values) // 2] for label, values in times.items()}
+        rate = {label: batch.num_tokens / seconds for label, seconds in median.items()}
+        print(f"| {name} | {batch.num_tokens} | {rate['per_sequence']:,.0f} | {rate['per_sequence_sdpa']:,.0f} "
+              f"| {rate['per_sequence'] / rate['per_sequence_sdpa']:.2f}x | {cosine:.6f} |", flush=True)
+    for runner in runners.values():
+        runner.close()
+    engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench amx_attention", description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per contender and size")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from embedserve.engine.modules import amx_attention
+
+    if not amx_attention.kernel_available():
+        print("the AMX attention kernel is not available here (not built, or no AMX-BF16 on this CPU)")
+        return 2
+    rng = np.random.default_rng(args.seed)
+    attention_table(rng, args.repeats, args.threads, args.quick)
+    print()
+    engine_table(rng, args.repeats, args.threads, args.quick)
+    return 0

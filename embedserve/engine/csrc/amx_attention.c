@@ -1,0 +1,519 @@
+/*
+ * Bidirectional attention over the sequences of a packed bf16 batch, on AMX tiles.
+ *
+ * Why native: in bf16 on CPU the dense layers run on oneDNN's AMX kernels, but
+ * attention at head size 32 or 64 spends most of its time in the softmax (about 2
+ * cycles a score in torch's flash kernel; BENCHMARKS.md, "bf16 profile"). Here a
+ * block of 16 queries gets its scores for the whole sequence from AMX tile products
+ * (f32, kept in a per-thread buffer), one AVX-512 pass turns them into exponentials
+ * (a degree-5 polynomial for 2^f: relative error <= 2.4e-6, well below the 2e-3 of
+ * rounding to bf16) and their row sums, and a second round of tile products
+ * multiplies the bf16 probabilities by V. No online rescaling is needed: a whole row of scores fits the
+ * buffer (16 x 8192 f32 is 512 KiB). The math matches torch's flash kernel: f32
+ * scores and sums, probabilities rounded to bf16 for the second product, the output
+ * divided by the f32 row sum and rounded to bf16.
+ *
+ * Layout: q, k, v are [T, heads, head_dim] bf16 rows, ``q_stride`` / ``k_stride`` /
+ * ``v_stride`` elements apart (views of the fused QKV projection, or tensors of their
+ * own), heads contiguous within a row; the output is
+ * [T, heads, head_dim] rows ``out_stride`` elements apart. Sequence s covers rows
+ * starts[s] .. starts[s] + lengths[s]. head_dim is 32 or 64.
+ *
+ * Work items are (sequence, head) pairs, split between threads by their cost
+ * (ceil(L / 16) query blocks x L keys); the caller's thread takes the first share,
+ * worker threads kept for the process's life the others. Each thread configures its
+ * own tiles (tile state is per thread) and releases them after its share.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define ROWS 16          /* queries per block, rows of every tile */
+#define TILE_BYTES 64    /* bytes per tile row: 32 bf16 or 16 f32 */
+#define KEY_CHUNK 32     /* keys per P x V tile product */
+#define KEY_PAD 64       /* keys are padded to a multiple of this: four 16-key score blocks */
+#define MAX_THREADS 64
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+typedef struct {
+    const uint16_t *q, *k, *v;
+    uint16_t *out;
+    int64_t q_stride, k_stride, v_stride, out_stride;
+    int64_t heads, head_dim;
+    const int64_t *starts, *lengths;
+    int64_t max_length;
+    float scale;
+} Problem;
+
+typedef struct {
+    const Problem *problem;
+    int64_t first_item, end_item;   /* items are sequence * heads + head */
+    int failed;
+} Share;
+
+static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+static void configure_tiles(void) {
+    TileConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette_id = 1;
+    for (int t = 0; t < 8; ++t) {
+        config.rows[t] = ROWS;
+        config.colsb[t] = TILE_BYTES;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* K rows [length, head_dim] -> B tiles for Q K^T: per 16-key block and 32-dim chunk,
+ * a 16 x 16 tile of dim pairs (4 bytes) transposed so that row p holds pair p of
+ * keys 0..15 (one gather per row). Keys past ``length`` are zero. */
+static void pack_keys(const uint16_t *k, int64_t row_stride, int64_t length, int64_t padded,
+                      int64_t head_dim, uint32_t *packed) {
+    const int64_t chunks = head_dim / 32;
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)(row_stride * 2)));
+    for (int64_t block = 0; block < padded / ROWS; ++block) {
+        const int64_t first = block * ROWS;
+        const int64_t present = length - first >= ROWS ? ROWS : (length > first ? length - first : 0);
+        const __mmask16 keys = (__mmask16)((1u << present) - 1);
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            uint32_t *tile = packed + (block * chunks + chunk) * ROWS * 16;
+            const uint16_t *base = k + first * row_stride + chunk * 32;
+            for (int64_t p = 0; p < 16; ++p) {
+                const __m512i pair = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keys, rows,
+                                                                 base + 2 * p, 1);
+                _mm512_store_si512(tile + p * 16, pair);
+            }
+        }
+    }
+}
+
+/* V rows [length, head_dim] -> B tiles for P V: per 32-key chunk and 16-dim group,
+ * row r interleaves keys 2r and 2r + 1 dim by dim. Keys past ``length`` are zero. */
+static void pack_values(const uint16_t *v, int64_t row_stride, int64_t length, int64_t padded,
+                        int64_t head_dim, uint16_t *packed) {
+    const int64_t groups = head_dim / 16;
+    const __mmask32 dims = head_dim >= 32 ? 0xffffffffu : (1u << head_dim) - 1;
+    /* even key's dim d -> slot 2d, odd key's dim d -> slot 2d + 1 (indices >= 32: the odd row) */
+    __m512i interleave[2];
+    uint16_t index[2][32];
+    for (int half = 0; half < 2; ++half)
+        for (int d = 0; d < 16; ++d) {
+            index[half][2 * d] = (uint16_t)(half * 16 + d);
+            index[half][2 * d + 1] = (uint16_t)(32 + half * 16 + d);
+        }
+    interleave[0] = _mm512_loadu_si512(index[0]);
+    interleave[1] = _mm512_loadu_si512(index[1]);
+    for (int64_t chunk = 0; chunk < padded / KEY_CHUNK; ++chunk) {
+        for (int64_t r = 0; r < ROWS; ++r) {
+            const int64_t key = chunk * KEY_CHUNK + 2 * r;
+            for (int64_t part = 0; part < head_dim / 32; ++part) {
+                const __m512i even = key < length
+                    ? _mm512_maskz_loadu_epi16(dims, v + key * row_stride + part * 32) : _mm512_setzero_si512();
+                const __m512i odd = key + 1 < length
+                    ? _mm512_maskz_loadu_epi16(dims, v + (key + 1) * row_stride + part * 32) : _mm512_setzero_si512();
+                for (int half = 0; half < 2; ++half) {
+                    const int64_t group = part * 2 + half;
+                    uint16_t *tile = packed + (chunk * groups + group) * ROWS * 32;
+                    _mm512_store_si512(tile + r * 32, _mm512_permutex2var_epi16(even, interleave[half], odd));
+                }
+            }
+        }
+    }
+}
+
+/* 2^t for t <= 0; a result below 2^-126 comes out 0 or subnormal (0 in bf16 either way). */
+static inline __m512 exp2_nonpositive(__m512 t) {
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);                     /* in [-0.5, 0.5] */
+    /* Taylor terms of 2^f to f^5: relative error <= (0.5 ln 2)^6 / 720 = 2.4e-6. One
+     * term fewer (4.2e-5) measurably moved the bf16 roundings of the probabilities
+     * away from torch's (tests/test_engine_amx_attention.py). */
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __mmask16 first_lanes(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* One row of scores -> bf16 exp(scale * (s - max)) in ``probs`` (zero past ``length``
+ * up to ``padded``, a multiple of 32); returns the f32 sum of the exponentials. */
+static float softmax_row(const float *scores, int64_t length, int64_t padded, float scale,
+                         uint16_t *probs) {
+    __m512 high = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= length; j += 16) high = _mm512_max_ps(high, _mm512_loadu_ps(scores + j));
+    if (j < length) {
+        const __mmask16 tail = first_lanes(length - j);
+        high = _mm512_mask_max_ps(high, tail, high, _mm512_maskz_loadu_ps(tail, scores + j));
+    }
+    const float row_max = _mm512_reduce_max_ps(high);
+    const __m512 factor = _mm512_set1_ps(scale * 1.4426950408889634f);   /* scale / ln 2 */
+    const __m512 shift = _mm512_set1_ps(row_max * scale * 1.4426950408889634f);
+    __m512 sum_low = _mm512_setzero_ps(), sum_high = _mm512_setzero_ps();
+    for (j = 0; j < padded; j += 32) {
+        __m512 low, high_half;
+        if (j + 32 <= length) {
+            low = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j), factor, shift));
+            high_half = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j + 16), factor, shift));
+        } else {
+            const __mmask16 lo = first_lanes(length - j), hi = first_lanes(length - j - 16);
+            low = _mm512_maskz_mov_ps(lo, exp2_nonpositive(
+                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lo, scores + j), factor, shift)));
+            high_half = _mm512_maskz_mov_ps(hi, exp2_nonpositive(
+                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(hi, scores + j + 16), factor, shift)));
+        }
+        sum_low = _mm512_add_ps(sum_low, low);
+        sum_high = _mm512_add_ps(sum_high, high_half);
+        _mm512_storeu_si512(probs + j, (__m512i)_mm512_cvtne2ps_pbh(high_half, low));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum_low, sum_high));
+}
+
+typedef struct {
+    uint32_t *keys;     /* packed K tiles */
+    uint16_t *values;   /* packed V tiles */
+    float *scores;      /* ROWS x padded */
+    uint16_t *probs;    /* ROWS x padded */
+    uint16_t *queries;  /* ROWS x head_dim */
+    float *context;     /* 2 x ROWS x head_dim: two partial sums at head_dim 32 */
+} Scratch;
+
+static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
+    const int64_t sequence = item / pr->heads, head = item % pr->heads;
+    const int64_t hd = pr->head_dim, length = pr->lengths[sequence];
+    if (length <= 0) return;
+    const int64_t padded = round_up(length, KEY_PAD);
+    const int64_t first = pr->starts[sequence];
+    const uint16_t *q = pr->q + first * pr->q_stride + head * hd;
+    const uint16_t *k = pr->k + first * pr->k_stride + head * hd;
+    const uint16_t *v = pr->v + first * pr->v_stride + head * hd;
+    uint16_t *out = pr->out + first * pr->out_stride + head * hd;
+    pack_keys(k, pr->k_stride, length, padded, hd, s->keys);
+    pack_values(v, pr->v_stride, length, padded, hd, s->values);
+    const int64_t chunks = hd / 32, key_blocks = padded / ROWS;
+    const int64_t score_stride = padded * 4, prob_stride = padded * 2;
+
+    for (int64_t row0 = 0; row0 < length; row0 += ROWS) {
+        const int64_t rows = length - row0 < ROWS ? length - row0 : ROWS;
+        for (int64_t i = 0; i < ROWS; ++i)
+            for (int64_t d = 0; d < hd; d += 32)
+                _mm512_store_si512(s->queries + i * hd + d, i < rows
+                    ? _mm512_loadu_si512(q + (row0 + i) * pr->q_stride + d) : _mm512_setzero_si512());
+        /* scores, four key blocks at a time (independent tile products overlap):
+         * tmm1 (and tmm3) hold the queries, tmm0 / 4 / 6 / 7 the blocks' scores,
+         * tmm2 / 3 / 5 their packed keys. */
+        _tile_loadd(1, s->queries, hd * 2);
+        const uint32_t *keys = s->keys;
+        float *scores = s->scores;
+        if (chunks == 1) {
+            for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024, scores += 4 * ROWS) {
+                _tile_zero(0);
+                _tile_loadd(2, keys, TILE_BYTES);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_zero(4);
+                _tile_loadd(3, keys + 256, TILE_BYTES);
+                _tile_dpbf16ps(4, 1, 3);
+                _tile_zero(6);
+                _tile_loadd(5, keys + 512, TILE_BYTES);
+                _tile_dpbf16ps(6, 1, 5);
+                _tile_zero(7);
+                _tile_loadd(2, keys + 768, TILE_BYTES);
+                _tile_dpbf16ps(7, 1, 2);
+                _tile_stored(0, scores, score_stride);
+                _tile_stored(4, scores + ROWS, score_stride);
+                _tile_stored(6, scores + 2 * ROWS, score_stride);
+                _tile_stored(7, scores + 3 * ROWS, score_stride);
+            }
+        } else {
+            _tile_loadd(3, s->queries + 32, hd * 2);
+            for (int64_t block = 0; block < key_blocks; block += 4, keys += 2048, scores += 4 * ROWS) {
+                _tile_zero(0);
+                _tile_loadd(2, keys, TILE_BYTES);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_loadd(5, keys + 256, TILE_BYTES);
+                _tile_dpbf16ps(0, 3, 5);
+                _tile_zero(4);
+                _tile_loadd(2, keys + 512, TILE_BYTES);
+                _tile_dpbf16ps(4, 1, 2);
+                _tile_loadd(5, keys + 768, TILE_BYTES);
+                _tile_dpbf16ps(4, 3, 5);
+                _tile_zero(6);
+                _tile_loadd(2, keys + 1024, TILE_BYTES);
+                _tile_dpbf16ps(6, 1, 2);
+                _tile_loadd(5, keys + 1280, TILE_BYTES);
+                _tile_dpbf16ps(6, 3, 5);
+                _tile_zero(7);
+                _tile_loadd(2, keys + 1536, TILE_BYTES);
+                _tile_dpbf16ps(7, 1, 2);
+                _tile_loadd(5, keys + 1792, TILE_BYTES);
+                _tile_dpbf16ps(7, 3, 5);
+                _tile_stored(0, scores, score_stride);
+                _tile_stored(4, scores + ROWS, score_stride);
+                _tile_stored(6, scores + 2 * ROWS, score_stride);
+                _tile_stored(7, scores + 3 * ROWS, score_stride);
+            }
+        }
+        float sums[ROWS];
+        for (int64_t i = 0; i < ROWS; ++i)
+            sums[i] = i < rows ? softmax_row(s->scores + i * padded, length, padded, pr->scale,
+                                             s->probs + i * padded)
+                               : (memset(s->probs + i * padded, 0, padded * 2), 1.0f);
+        /* context = probs x V, 32 keys (tmm1) at a time; tmm2 / 3 / 5 hold packed
+         * values. head_dim 32: tmm0 and tmm4 take even chunks, tmm6 and tmm7 odd ones
+         * (two independent chains of accumulation; one would wait on each product's
+         * latency), summed at the end. head_dim 64: tmm0 / 4 / 6 / 7 take 16 dims each. */
+        _tile_zero(0);
+        _tile_zero(4);
+        _tile_zero(6);
+        _tile_zero(7);
+        const uint16_t *values = s->values;
+        const int64_t context_stride = hd * 4;
+        if (chunks == 1) {
+            for (int64_t key = 0; key < padded; key += 2 * KEY_CHUNK, values += 2048) {
+                _tile_loadd(1, s->probs + key, prob_stride);
+                _tile_loadd(2, values, TILE_BYTES);
+                _tile_loadd(3, values + 512, TILE_BYTES);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_dpbf16ps(4, 1, 3);
+                _tile_loadd(1, s->probs + key + KEY_CHUNK, prob_stride);
+                _tile_loadd(5, values + 1024, TILE_BYTES);
+                _tile_loadd(2, values + 1536, TILE_BYTES);
+                _tile_dpbf16ps(6, 1, 5);
+                _tile_dpbf16ps(7, 1, 2);
+            }
+            float *odd = s->context + ROWS * hd;
+            _tile_stored(0, s->context, context_stride);
+            _tile_stored(4, s->context + 16, context_stride);
+            _tile_stored(6, odd, context_stride);
+            _tile_stored(7, odd + 16, context_stride);
+            for (int64_t i = 0; i < ROWS * hd; i += 16)
+                _mm512_store_ps(s->context + i, _mm512_add_ps(_mm512_load_ps(s->context + i),
+                                                              _mm512_load_ps(odd + i)));
+        } else {
+            for (int64_t key = 0; key < padded; key += KEY_CHUNK, values += 2048) {
+                _tile_loadd(1, s->probs + key, prob_stride);
+                _tile_loadd(2, values, TILE_BYTES);
+                _tile_loadd(3, values + 512, TILE_BYTES);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_dpbf16ps(4, 1, 3);
+                _tile_loadd(5, values + 1024, TILE_BYTES);
+                _tile_loadd(2, values + 1536, TILE_BYTES);
+                _tile_dpbf16ps(6, 1, 5);
+                _tile_dpbf16ps(7, 1, 2);
+            }
+            _tile_stored(0, s->context, context_stride);
+            _tile_stored(4, s->context + 16, context_stride);
+            _tile_stored(6, s->context + 32, context_stride);
+            _tile_stored(7, s->context + 48, context_stride);
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+            const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
+            uint16_t *target = out + (row0 + i) * pr->out_stride;
+            for (int64_t d = 0; d < hd; d += 16) {
+                const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s->context + i * hd + d), inverse);
+                _mm256_storeu_si256((__m256i *)(target + d), (__m256i)_mm512_cvtneps_pbh(x));
+            }
+        }
+    }
+}
+
+static void *run_share(void *arg) {
+    Share *share = (Share *)arg;
+    const Problem *pr = share->problem;
+    const int64_t hd = pr->head_dim, padded = round_up(pr->max_length, KEY_PAD);
+    Scratch s;
+    s.keys = aligned_alloc(64, (size_t)(padded * hd * 2));
+    s.values = aligned_alloc(64, (size_t)(padded * hd * 2));
+    s.scores = aligned_alloc(64, (size_t)(ROWS * padded * 4));
+    s.probs = aligned_alloc(64, (size_t)(ROWS * padded * 2));
+    s.queries = aligned_alloc(64, (size_t)(ROWS * hd * 2));
+    s.context = aligned_alloc(64, (size_t)(2 * ROWS * hd * 4));
+    if (!s.keys || !s.values || !s.scores || !s.probs || !s.queries || !s.context) {
+        share->failed = 1;
+    } else {
+        configure_tiles();
+        for (int64_t item = share->first_item; item < share->end_item; ++item)
+            attend_item(pr, &s, item);
+        _tile_release();
+    }
+    free(s.keys);
+    free(s.values);
+    free(s.scores);
+    free(s.probs);
+    free(s.queries);
+    free(s.context);
+    return NULL;
+}
+
+/* Worker threads kept for the life of the process: a thread's first AMX instruction
+ * makes Linux allocate its tile state, which costs far more than a small call's work,
+ * so threads are not created per call. One call runs at a time (``job``). */
+typedef struct {
+    pthread_mutex_t job;          /* held by the caller for a whole call */
+    pthread_mutex_t lock;         /* guards the fields below */
+    pthread_cond_t wake, finished;
+    int workers;                  /* threads started; worker i runs shares[i] */
+    uint64_t generation;          /* bumped for each call */
+    Share *shares;
+    int count;                    /* shares in this call, the caller's included */
+    int pending;                  /* workers still running a share of this call */
+} Pool;
+
+static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                    PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0};
+
+static void *work(void *arg) {
+    const int index = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.lock);
+    /* Workers are started by a call, under the lock, just before it bumps the
+     * generation: the first generation a worker sees is that call's. */
+    uint64_t seen = pool.generation - 1;
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        if (index >= pool.count) continue;
+        Share *share = &pool.shares[index];
+        pthread_mutex_unlock(&pool.lock);
+        run_share(share);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.finished);
+    }
+    return NULL;
+}
+
+/* A forked child has none of the parent's threads: start again with none. */
+static void forget_workers(void) {
+    pthread_mutex_init(&pool.job, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.finished, NULL);
+    pool.workers = 0;
+}
+
+/* Runs shares[0] on the calling thread and the others on workers (started as needed;
+ * a share whose worker cannot be started runs here too). */
+static void run_shares(Share *shares, int count) {
+    pthread_mutex_lock(&pool.job);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.workers < count - 1) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, work, (void *)(intptr_t)(pool.workers + 1)) != 0) break;
+        pthread_detach(thread);
+        ++pool.workers;
+    }
+    const int delegated = count - 1 < pool.workers ? count - 1 : pool.workers;
+    pool.shares = shares;
+    pool.count = delegated + 1;
+    pool.pending = delegated;
+    ++pool.generation;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_share(&shares[0]);
+    for (int t = delegated + 1; t < count; ++t) run_share(&shares[t]);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.pending > 0) pthread_cond_wait(&pool.finished, &pool.lock);
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.job);
+}
+
+static PyObject *attend(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long q, k, v, out, starts, lengths;
+    Py_ssize_t q_stride, k_stride, v_stride, out_stride, heads, head_dim, sequences, threads;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KKKKnnnnnnKKnfn", &q, &k, &v, &out, &q_stride, &k_stride, &v_stride,
+                          &out_stride, &heads,
+                          &head_dim, &starts, &lengths, &sequences, &scale, &threads))
+        return NULL;
+    if (head_dim != 32 && head_dim != 64) {
+        PyErr_Format(PyExc_ValueError, "head_dim must be 32 or 64, got %zd", head_dim);
+        return NULL;
+    }
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    const int64_t *lens = (const int64_t *)(uintptr_t)lengths;
+    Problem pr = {(const uint16_t *)(uintptr_t)q, (const uint16_t *)(uintptr_t)k,
+                  (const uint16_t *)(uintptr_t)v, (uint16_t *)(uintptr_t)out, q_stride, k_stride, v_stride, out_stride,
+                  heads, head_dim, (const int64_t *)(uintptr_t)starts, lens, 0, scale};
+    double total = 0.0;
+    for (Py_ssize_t s = 0; s < sequences; ++s) {
+        if (lens[s] > pr.max_length) pr.max_length = lens[s];
+        total += (double)round_up(lens[s], ROWS) * (double)lens[s] * (double)heads;
+    }
+    const int64_t items = (int64_t)sequences * heads;
+    if (items == 0 || pr.max_length == 0) Py_RETURN_NONE;
+    /* Waking a worker costs about as much as this many scores: smaller calls use fewer. */
+    const double least_per_thread = 131072.0;
+    if (total / (double)threads < least_per_thread) threads = (Py_ssize_t)(total / least_per_thread) + 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    Share shares[MAX_THREADS];
+    int64_t count = 0, item = 0;
+    double done = 0.0;
+    for (int64_t t = 0; t < threads && item < items; ++t) {
+        const double goal = total * (double)(t + 1) / (double)threads;
+        shares[count] = (Share){&pr, item, item, 0};
+        while (item < items && (done < goal || shares[count].end_item == shares[count].first_item
+                                || t == threads - 1)) {
+            const int64_t length = lens[item / heads];
+            done += (double)round_up(length, ROWS) * (double)length;
+            shares[count].end_item = ++item;
+        }
+        ++count;
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    run_shares(shares, (int)count);
+    for (int64_t t = 0; t < count; ++t) failed |= shares[t].failed;
+    Py_END_ALLOW_THREADS
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *request_tiles(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    /* Linux hands out the AMX tile state only to processes that ask for it. */
+    return PyBool_FromLong(syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0);
+}
+
+static PyMethodDef methods[] = {
+    {"attend", attend, METH_VARARGS,
+     "attend(q, k, v, out, q_stride, k_stride, v_stride, out_stride, heads, head_dim, starts, lengths, sequences, "
+     "scale, threads): bidirectional attention per sequence; arguments are data pointers and sizes."},
+    {"request_tiles", request_tiles, METH_NOARGS,
+     "Ask Linux for the AMX tile state; True if this process may use it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx_attention", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__amx_attention(void) {
+    pthread_atfork(NULL, NULL, forget_workers);
+    return PyModule_Create(&module);
+}

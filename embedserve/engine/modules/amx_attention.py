@@ -1,0 +1,75 @@
+"""bf16 bidirectional attention per sequence on AMX tiles, for the CPU path.
+
+Owns deciding whether the native kernel (``engine/csrc/amx_attention.c``,
+built at install where the compiler can target AMX) may run a call, and
+calling it on the data pointers of a packed batch. ``per_sequence``
+attention (attention.py) uses it for the calls it covers and torch's SDPA for
+the rest: other dtypes, head sizes other than 32 and 64, causal or windowed
+attention, CPUs without AMX, and installs where the kernel was not built.
+
+Why: in bf16 the SDPA flash kernel spends most of its time on the softmax at
+these head sizes (BENCHMARKS.md, engine section); the kernel's scores and
+products run on AMX tiles and its exponentials in one AVX-512 pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+try:
+    from embedserve.engine import _amx_attention as _native
+except ImportError:          # not built: no compiler, or one that cannot target AMX
+    _native = None
+
+HEAD_SIZES = (32, 64)
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def kernel_available() -> bool:
+    """Whether the kernel is built, the CPU has AMX-BF16 and Linux granted its tile state."""
+    if _native is None:
+        return False
+    if not (torch.cpu._is_amx_tile_supported() and torch.cpu._is_avx512_bf16_supported()):
+        return False
+    if not _native.request_tiles():
+        log.warning("AMX attention off: Linux refused this process the AMX tile state")
+        return False
+    return True
+
+
+def covers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernel can run bidirectional attention on these bf16 CPU rows.
+
+    q, k, v: [T, heads, head_dim], each with heads contiguous in its rows (slices
+    of the fused QKV projection are; rows may be any distance apart).
+    """
+    if q.shape[2] not in HEAD_SIZES or any(t.shape != q.shape for t in (k, v)):
+        return False
+    for t in (q, k, v):
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.stride()[1:] != (q.shape[2], 1):
+            return False
+    return kernel_available()
+
+
+def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
+                     lengths: torch.Tensor) -> torch.Tensor:
+    """Attention of each sequence to itself: q, k, v [T, heads, head_dim] -> [T, heads, head_dim].
+
+    starts, lengths: int64 [B], contiguous; sequence b is rows starts[b] .. starts[b] + lengths[b].
+    The caller checks ``covers`` first. Runs on torch's intra-op thread count.
+    """
+    if not kernel_available():
+        # An AMX instruction without the tile state granted kills the process (SIGILL).
+        raise RuntimeError("the AMX attention kernel is not available here")
+    tokens, heads, head_dim = q.shape
+    out = torch.empty((tokens, heads, head_dim), dtype=torch.bfloat16)
+    if tokens:
+        _native.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                       q.stride(0), k.stride(0), v.stride(0), out.stride(0), heads, head_dim, starts.data_ptr(), lengths.data_ptr(), starts.shape[0],
+                       head_dim ** -0.5, torch.get_num_threads())
+    return out

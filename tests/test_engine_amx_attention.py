@@ -1,0 +1,234 @@
+"""The native bf16 attention kernel (AMX tiles) against torch's attention.
+
+References: torch's SDPA in float32 on the same bf16 inputs (the exact result
+up to float32 rounding), and torch's own bf16 SDPA (its flash kernel), whose
+error against that reference is the bar: the kernel rounds the same things to bf16 (the
+probabilities before the second product, the output), so its error must be of
+the same size, not merely "small". Then the engine: per_sequence attention in
+bf16 goes through the kernel and matches the SDPA loop it replaces.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from embedserve.engine import Batch, Engine
+from embedserve.engine.modules import amx_attention
+from embedserve.engine.modules.attention import per_sequence, per_sequence_sdpa
+from embedserve.engine.modules.layout import build_layout
+
+HEADS = 12
+
+
+@pytest.fixture
+def kernel() -> None:
+    if not amx_attention.kernel_available():
+        pytest.skip("no AMX attention here: the kernel is not built or the CPU lacks AMX-BF16")
+
+
+def packed_qkv(lengths: list[int], head_dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """q, k, v as the engine has them: views of one fused [T, 3, heads, head_dim] bf16 tensor."""
+    generator = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(sum(lengths), 3, HEADS, head_dim, generator=generator) * 2).to(torch.bfloat16)
+    return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+
+def bounds(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64)
+    return torch.from_numpy(starts), torch.tensor(lengths, dtype=torch.int64)
+
+
+def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                      dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(q.shape, dtype=dtype)
+    start = 0
+    for length in lengths:
+        rows = slice(start, start + length)
+        # [1, heads, L, hd]: in bf16 the flash kernel, the one per_sequence ran before the native kernel
+        qs, ks, vs = (t[rows].to(dtype).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        out[rows] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+        start += length
+    return out
+
+
+def kernel_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    starts, lengths_tensor = bounds(lengths)
+    assert amx_attention.covers(q, k, v)
+    return amx_attention.attend_sequences(q, k, v, starts, lengths_tensor)
+
+
+LENGTHS = [
+    [1],
+    [2, 15, 16, 17],
+    [31, 32, 33, 63, 64, 65],
+    [512, 100, 3, 250],
+    [1000],
+]
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda lengths: "-".join(map(str, lengths)))
+def test_kernel_matches_float32_attention_as_closely_as_torch_bf16(
+        kernel: None, head_dim: int, lengths: list[int]) -> None:
+    q, k, v = packed_qkv(lengths, head_dim)
+    reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
+    torch_error = (sdpa_per_sequence(q, k, v, lengths, torch.bfloat16).float() - reference).abs()
+    error = (kernel_output(q, k, v, lengths).float() - reference).abs()
+    # Both round the output to bf16 (half an ulp: 2^-9 relative), which dominates.
+    assert error.max() <= 1.25 * torch_error.max() + 1e-6
+    assert error.mean() <= 1.1 * torch_error.mean() + 1e-7
+
+
+def test_q_k_and_v_may_each_have_their_own_row_stride(kernel: None) -> None:
+    # As in ModernBERT: q and k are new tensors (after RoPE), v a view of the fused QKV.
+    lengths = [40, 7, 130]
+    q, k, v = packed_qkv(lengths, 64, seed=3)
+    q = q.contiguous()
+    k = torch.cat([k, k], dim=1)[:, HEADS:]          # rows 2 x heads x head_dim apart
+    reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
+    torch_error = (sdpa_per_sequence(q, k, v, lengths, torch.bfloat16).float() - reference).abs()
+    assert len({t.stride(0) for t in (q, k, v)}) == 3
+    assert (kernel_output(q, k, v, lengths).float() - reference).abs().max() <= 1.25 * torch_error.max()
+
+
+def test_results_do_not_depend_on_the_thread_count(kernel: None) -> None:
+    # Each (sequence, head) is computed whole by one thread: the same bits whatever the split.
+    lengths = [300, 17, 512, 64, 5, 128, 200, 33]
+    q, k, v = packed_qkv(lengths, 64, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernel_output(q, k, v, lengths)
+        torch.set_num_threads(4)
+        split = kernel_output(q, k, v, lengths)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, split)
+
+
+def test_concurrent_callers_each_get_their_own_answer(kernel: None) -> None:
+    problems = [([200, 31, 90], 32, seed) for seed in range(4)] + [([128, 512], 64, 9)]
+    expected = [kernel_output(*packed_qkv(lengths, hd, seed), lengths) for lengths, hd, seed in problems]
+    results: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(problems))}
+
+    def call(index: int) -> None:
+        lengths, hd, seed = problems[index]
+        q, k, v = packed_qkv(lengths, hd, seed)
+        for _ in range(5):
+            results[index].append(kernel_output(q, k, v, lengths))
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(timeout=60)
+    assert not any(caller.is_alive() for caller in callers)
+    for index, outputs in results.items():
+        assert len(outputs) == 5
+        assert all(torch.equal(output, expected[index]) for output in outputs)
+
+
+def _attend_in_child(queue: multiprocessing.Queue, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     lengths: list[int]) -> None:
+    # Only the kernel runs here: torch's OpenMP pool does not survive a fork either, so
+    # no torch op that may run in parallel (bf16 bits travel as int16, no conversion).
+    queue.put(kernel_output(q, k, v, lengths).view(torch.int16).numpy())
+
+
+def test_a_forked_child_starts_its_own_workers(kernel: None) -> None:
+    # The parent's workers exist (this call uses two threads); a fork copies none of
+    # them, so the child must start its own instead of waiting on the parent's.
+    lengths = [400, 100]
+    q, k, v = packed_qkv(lengths, 32, seed=11)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = kernel_output(q, k, v, lengths).view(torch.int16).numpy()
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_attend_in_child, args=(queue, q, k, v, lengths))
+        child.start()
+        try:
+            result = queue.get(timeout=60)
+        finally:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+    finally:
+        torch.set_num_threads(threads)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_calls_the_kernel_does_not_cover_are_refused(kernel: None) -> None:
+    q, k, v = packed_qkv([20], 32)
+    assert not amx_attention.covers(q.float(), k.float(), v.float())
+    q48, k48, v48 = packed_qkv([20], 48)
+    assert not amx_attention.covers(q48, k48, v48)
+    # heads not contiguous in a row (a transposed view)
+    assert not amx_attention.covers(*(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v)))
+    assert not amx_attention.covers(q, k[:-1], v[:-1])
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (False, 4)])
+def test_per_sequence_keeps_sdpa_for_masked_kinds(kernel: None, causal: bool, window: int | None) -> None:
+    lengths = [30, 9]
+    q, k, v = packed_qkv(lengths, 32, seed=2)
+    layout = build_layout(np.r_[0, np.cumsum(lengths)].astype(np.int32))
+    native, plain = (build(layout, causal=causal, window=window) for build in (per_sequence, per_sequence_sdpa))
+    assert torch.equal(native(q, k, v), plain(q, k, v))
+
+
+def test_bf16_engine_steps_match_the_sdpa_loop(kernel: None, default_model_dir: Path) -> None:
+    from embedserve.engine.runners.cpu import CpuRunner
+
+    rng = np.random.default_rng(4)
+    sequences = [rng.integers(5, 200_000, size=n).astype(np.int32) for n in (1, 9, 64, 200, 512, 77)]
+    batch = Batch.from_sequences(sequences)
+    with Engine.load(default_model_dir, dtype="bfloat16") as engine:
+        native, sdpa = (CpuRunner(engine.model, engine.info, name).submit(batch).wait()
+                        for name in ("per_sequence", "per_sequence_sdpa"))
+    cosine = (native * sdpa).sum(1) / np.linalg.norm(native, axis=1) / np.linalg.norm(sdpa, axis=1)
+    assert cosine.min() >= 0.9999
+
+
+def test_modernbert_global_layers_in_bf16_match_the_sdpa_loop(kernel: None, tmp_path: Path) -> None:
+    from embedserve.engine.runners.cpu import CpuRunner
+    from tests.modernbert_model import build_tiny_modernbert
+
+    # hidden 128 over 4 heads: head_dim 32, so the global layers' attention is the kernel's;
+    # the local (windowed) layers stay on SDPA in both runners.
+    model_dir = build_tiny_modernbert(tmp_path / "modernbert", hidden=128)
+    rng = np.random.default_rng(8)
+    batch = Batch.from_sequences([rng.integers(5, 300, size=n).astype(np.int32) for n in (3, 40, 128, 17)])
+    with Engine.load(model_dir, dtype="bfloat16") as engine:
+        native, sdpa = (CpuRunner(engine.model, engine.info, name).submit(batch).wait()
+                        for name in ("per_sequence", "per_sequence_sdpa"))
+    cosine = (native * sdpa).sum(1) / np.linalg.norm(native, axis=1) / np.linalg.norm(sdpa, axis=1)
+    assert not np.array_equal(native, sdpa)        # the kernel did run
+    assert cosine.min() >= 0.9999
+
+
+def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -> None:
+    # The build is optional (a compiler without AMX skips it); where one can, a missing
+    # kernel means the install broke silently and bf16 attention fell back to SDPA.
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler on this machine")
+    probe = tmp_path / "probe.c"
+    probe.write_text("#include <immintrin.h>\nvoid f(void) { _tile_release(); }\n")
+    compiled = subprocess.run([compiler, "-c", "-mamx-tile", "-mamx-bf16", str(probe), "-o", str(tmp_path / "p.o")],
+                              capture_output=True)
+    if compiled.returncode != 0:
+        pytest.skip("this machine's compiler cannot target AMX")
+    assert amx_attention._native is not None, f"{sys.executable}: embedserve.engine._amx_attention missing"
