@@ -230,54 +230,34 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
         _tile_loadd(1, s->queries, hd * 2);
         const uint32_t *keys = s->keys;
         float *scores = s->scores;
-        if (chunks == 1) {
-            for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024, scores += 4 * ROWS) {
-                _tile_zero(0);
-                _tile_loadd(2, keys, TILE_BYTES);
-                _tile_dpbf16ps(0, 1, 2);
-                _tile_zero(4);
-                _tile_loadd(3, keys + 256, TILE_BYTES);
-                _tile_dpbf16ps(4, 1, 3);
-                _tile_zero(6);
-                _tile_loadd(5, keys + 512, TILE_BYTES);
-                _tile_dpbf16ps(6, 1, 5);
-                _tile_zero(7);
-                _tile_loadd(2, keys + 768, TILE_BYTES);
-                _tile_dpbf16ps(7, 1, 2);
-                _tile_stored(0, scores, score_stride);
-                _tile_stored(4, scores + ROWS, score_stride);
-                _tile_stored(6, scores + 2 * ROWS, score_stride);
-                _tile_stored(7, scores + 3 * ROWS, score_stride);
+/* Tile numbers must be immediates, hence macros: tile C = queries (tmm1) x the key
+ * tile loaded into B from ``at``; MORE adds the second 32 dims (tmm3 x tmm5). */
+#define SCORES(C, B, at) do { _tile_zero(C); _tile_loadd(B, at, TILE_BYTES); _tile_dpbf16ps(C, 1, B); } while (0)
+#define MORE(C, at) do { _tile_loadd(5, at, TILE_BYTES); _tile_dpbf16ps(C, 3, 5); } while (0)
+        if (chunks == 2) _tile_loadd(3, s->queries + 32, hd * 2);
+        for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024 * chunks, scores += 4 * ROWS) {
+            if (chunks == 1) {
+                SCORES(0, 2, keys);
+                SCORES(4, 3, keys + 256);
+                SCORES(6, 5, keys + 512);
+                SCORES(7, 2, keys + 768);
+            } else {
+                SCORES(0, 2, keys);
+                MORE(0, keys + 256);
+                SCORES(4, 2, keys + 512);
+                MORE(4, keys + 768);
+                SCORES(6, 2, keys + 1024);
+                MORE(6, keys + 1280);
+                SCORES(7, 2, keys + 1536);
+                MORE(7, keys + 1792);
             }
-        } else {
-            _tile_loadd(3, s->queries + 32, hd * 2);
-            for (int64_t block = 0; block < key_blocks; block += 4, keys += 2048, scores += 4 * ROWS) {
-                _tile_zero(0);
-                _tile_loadd(2, keys, TILE_BYTES);
-                _tile_dpbf16ps(0, 1, 2);
-                _tile_loadd(5, keys + 256, TILE_BYTES);
-                _tile_dpbf16ps(0, 3, 5);
-                _tile_zero(4);
-                _tile_loadd(2, keys + 512, TILE_BYTES);
-                _tile_dpbf16ps(4, 1, 2);
-                _tile_loadd(5, keys + 768, TILE_BYTES);
-                _tile_dpbf16ps(4, 3, 5);
-                _tile_zero(6);
-                _tile_loadd(2, keys + 1024, TILE_BYTES);
-                _tile_dpbf16ps(6, 1, 2);
-                _tile_loadd(5, keys + 1280, TILE_BYTES);
-                _tile_dpbf16ps(6, 3, 5);
-                _tile_zero(7);
-                _tile_loadd(2, keys + 1536, TILE_BYTES);
-                _tile_dpbf16ps(7, 1, 2);
-                _tile_loadd(5, keys + 1792, TILE_BYTES);
-                _tile_dpbf16ps(7, 3, 5);
-                _tile_stored(0, scores, score_stride);
-                _tile_stored(4, scores + ROWS, score_stride);
-                _tile_stored(6, scores + 2 * ROWS, score_stride);
-                _tile_stored(7, scores + 3 * ROWS, score_stride);
-            }
+            _tile_stored(0, scores, score_stride);
+            _tile_stored(4, scores + ROWS, score_stride);
+            _tile_stored(6, scores + 2 * ROWS, score_stride);
+            _tile_stored(7, scores + 3 * ROWS, score_stride);
         }
+#undef SCORES
+#undef MORE
         float sums[ROWS];
         for (int64_t i = 0; i < ROWS; ++i)
             sums[i] = i < rows ? softmax_row(s->scores + i * padded, length, padded, pr->scale,
