@@ -20,9 +20,9 @@
  * starts[s] .. starts[s] + lengths[s]. head_dim is 32 or 64.
  *
  * Work items are (sequence, head) pairs, split between threads by their cost
- * (ceil(L / 16) query blocks x L keys); the caller's thread takes the first share,
- * worker threads kept for the process's life the others. Each thread configures its
- * own tiles (tile state is per thread) and releases them after its share.
+ * (ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
+ * ``run_shares``). Each thread configures its own tiles (tile state is per thread) and
+ * releases them after its share.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -30,7 +30,7 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,8 +322,7 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
     }
 }
 
-static void *run_share(void *arg) {
-    Share *share = (Share *)arg;
+static void run_share(Share *share) {
     const Problem *pr = share->problem;
     const int64_t hd = pr->head_dim, padded = round_up(pr->max_length, KEY_PAD);
     Scratch s;
@@ -347,78 +346,18 @@ static void *run_share(void *arg) {
     free(s.probs);
     free(s.queries);
     free(s.context);
-    return NULL;
 }
 
-/* Worker threads kept for the life of the process: a thread's first AMX instruction
- * makes Linux allocate its tile state, which costs far more than a small call's work,
- * so threads are not created per call. One call runs at a time (``job``). */
-typedef struct {
-    pthread_mutex_t job;          /* held by the caller for a whole call */
-    pthread_mutex_t lock;         /* guards the fields below */
-    pthread_cond_t wake, finished;
-    int workers;                  /* threads started; worker i runs shares[i] */
-    uint64_t generation;          /* bumped for each call */
-    Share *shares;
-    int count;                    /* shares in this call, the caller's included */
-    int pending;                  /* workers still running a share of this call */
-} Pool;
-
-static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                    PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0};
-
-static void *work(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    pthread_mutex_lock(&pool.lock);
-    /* Workers are started by a call, under the lock, just before it bumps the
-     * generation: the first generation a worker sees is that call's. */
-    uint64_t seen = pool.generation - 1;
-    for (;;) {
-        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-        seen = pool.generation;
-        if (index >= pool.count) continue;
-        Share *share = &pool.shares[index];
-        pthread_mutex_unlock(&pool.lock);
-        run_share(share);
-        pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.finished);
-    }
-    return NULL;
-}
-
-/* A forked child has none of the parent's threads: start again with none. */
-static void forget_workers(void) {
-    pthread_mutex_init(&pool.job, NULL);
-    pthread_mutex_init(&pool.lock, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pthread_cond_init(&pool.finished, NULL);
-    pool.workers = 0;
-}
-
-/* Runs shares[0] on the calling thread and the others on workers (started as needed;
- * a share whose worker cannot be started runs here too). */
+/* Runs the shares on OpenMP threads. Built with -fopenmp, this module needs
+ * libgomp.so.1, the soname of the libgomp torch ships and has already loaded, so the
+ * threads are torch's own team (the one oneDNN's matmuls run on, whose tile state
+ * Linux has already allocated): no second pool competing for the same cores. */
 static void run_shares(Share *shares, int count) {
-    pthread_mutex_lock(&pool.job);
-    pthread_mutex_lock(&pool.lock);
-    while (pool.workers < count - 1) {
-        pthread_t thread;
-        if (pthread_create(&thread, NULL, work, (void *)(intptr_t)(pool.workers + 1)) != 0) break;
-        pthread_detach(thread);
-        ++pool.workers;
+#pragma omp parallel num_threads(count)
+    {
+        const int team = omp_get_num_threads();
+        for (int t = omp_get_thread_num(); t < count; t += team) run_share(&shares[t]);
     }
-    const int delegated = count - 1 < pool.workers ? count - 1 : pool.workers;
-    pool.shares = shares;
-    pool.count = delegated + 1;
-    pool.pending = delegated;
-    ++pool.generation;
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
-    run_share(&shares[0]);
-    for (int t = delegated + 1; t < count; ++t) run_share(&shares[t]);
-    pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0) pthread_cond_wait(&pool.finished, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
-    pthread_mutex_unlock(&pool.job);
 }
 
 static PyObject *attend(PyObject *self, PyObject *args) {
@@ -493,7 +432,4 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx_attention", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__amx_attention(void) {
-    pthread_atfork(NULL, NULL, forget_workers);
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__amx_attention(void) { return PyModule_Create(&module); }
