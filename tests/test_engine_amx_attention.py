@@ -88,6 +88,19 @@ def test_kernel_matches_float32_attention_as_closely_as_torch_bf16(
     assert error.mean() <= 1.1 * torch_error.mean() + 1e-7
 
 
+def test_rows_whose_scores_are_all_negative(kernel: None) -> None:
+    # Keys padded to a multiple of 64 score 0 against any query: a row max taken over
+    # them instead of the real keys would shift every exponential below float range.
+    lengths = [5, 70]
+    q, k, v = packed_qkv(lengths, 32, seed=6)
+    q = (q.float().abs() + 4).to(torch.bfloat16)
+    k = -(k.float().abs() + 4).to(torch.bfloat16)           # every q . k / sqrt(32) < -90
+    reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
+    out = kernel_output(q, k, v, lengths).float()
+    assert torch.isfinite(out).all()
+    assert (out - reference).abs().max() < 0.05
+
+
 def test_q_k_and_v_may_each_have_their_own_row_stride(kernel: None) -> None:
     # As in ModernBERT: q and k are new tensors (after RoPE), v a view of the fused QKV.
     lengths = [40, 7, 130]

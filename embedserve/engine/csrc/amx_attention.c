@@ -160,22 +160,15 @@ static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* One row of scores -> bf16 exp(scale * (s - max)) in ``probs`` (zero past ``length``
- * up to ``padded``, a multiple of 32); returns the f32 sum of the exponentials. */
-static float softmax_row(const float *scores, int64_t length, int64_t padded, float scale,
+/* One row of scores, whose largest among the first ``length`` is ``row_max`` ->
+ * bf16 exp(scale * (s - row_max)) in ``probs`` (zero past ``length`` up to ``padded``,
+ * a multiple of 32); returns the f32 sum of the exponentials. */
+static float softmax_row(const float *scores, float row_max, int64_t length, int64_t padded, float scale,
                          uint16_t *probs) {
-    __m512 high = _mm512_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 16 <= length; j += 16) high = _mm512_max_ps(high, _mm512_loadu_ps(scores + j));
-    if (j < length) {
-        const __mmask16 tail = first_lanes(length - j);
-        high = _mm512_mask_max_ps(high, tail, high, _mm512_maskz_loadu_ps(tail, scores + j));
-    }
-    const float row_max = _mm512_reduce_max_ps(high);
     const __m512 factor = _mm512_set1_ps(scale * 1.4426950408889634f);   /* scale / ln 2 */
     const __m512 shift = _mm512_set1_ps(row_max * scale * 1.4426950408889634f);
     __m512 sum_low = _mm512_setzero_ps(), sum_high = _mm512_setzero_ps();
-    for (j = 0; j < padded; j += 32) {
+    for (int64_t j = 0; j < padded; j += 32) {
         __m512 low, high_half;
         if (j + 32 <= length) {
             low = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j), factor, shift));
@@ -235,6 +228,10 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
 #define SCORES(C, B, at) do { _tile_zero(C); _tile_loadd(B, at, TILE_BYTES); _tile_dpbf16ps(C, 1, B); } while (0)
 #define MORE(C, at) do { _tile_loadd(5, at, TILE_BYTES); _tile_dpbf16ps(C, 3, 5); } while (0)
         if (chunks == 2) _tile_loadd(3, s->queries + 32, hd * 2);
+        /* Each row's running max is taken right after its 64 scores are stored, while
+         * the next tile products run (a separate pass would wait on the stores). */
+        __m512 highest[ROWS];
+        for (int64_t i = 0; i < ROWS; ++i) highest[i] = _mm512_set1_ps(-INFINITY);
         for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024 * chunks, scores += 4 * ROWS) {
             if (chunks == 1) {
                 SCORES(0, 2, keys);
@@ -255,13 +252,23 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
             _tile_stored(4, scores + ROWS, score_stride);
             _tile_stored(6, scores + 2 * ROWS, score_stride);
             _tile_stored(7, scores + 3 * ROWS, score_stride);
+            const int64_t column = block * ROWS;
+            const __mmask16 m0 = first_lanes(length - column), m1 = first_lanes(length - column - 16),
+                            m2 = first_lanes(length - column - 32), m3 = first_lanes(length - column - 48);
+            for (int64_t i = 0; i < ROWS; ++i) {
+                const float *row = scores + i * padded;
+                const __m512 a = _mm512_mask_max_ps(highest[i], m0, highest[i], _mm512_maskz_loadu_ps(m0, row));
+                const __m512 b = _mm512_mask_max_ps(a, m1, a, _mm512_maskz_loadu_ps(m1, row + 16));
+                const __m512 c = _mm512_mask_max_ps(b, m2, b, _mm512_maskz_loadu_ps(m2, row + 32));
+                highest[i] = _mm512_mask_max_ps(c, m3, c, _mm512_maskz_loadu_ps(m3, row + 48));
+            }
         }
 #undef SCORES
 #undef MORE
         float sums[ROWS];
         for (int64_t i = 0; i < ROWS; ++i)
-            sums[i] = i < rows ? softmax_row(s->scores + i * padded, length, padded, pr->scale,
-                                             s->probs + i * padded)
+            sums[i] = i < rows ? softmax_row(s->scores + i * padded, _mm512_reduce_max_ps(highest[i]),
+                                             length, padded, pr->scale, s->probs + i * padded)
                                : (memset(s->probs + i * padded, 0, padded * 2), 1.0f);
         /* context = probs x V, 32 keys (tmm1) at a time; tmm2 / 3 / 5 hold packed
          * values. head_dim 32: tmm0 and tmm4 take even chunks, tmm6 and tmm7 odd ones
