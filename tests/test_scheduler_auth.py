@@ -4,8 +4,9 @@ A real ``embedserve scheduler`` process started with ``--replica-token-file``
 (tiny random BERT): calls without the token or with a wrong one are
 refused with UNAUTHENTICATED, whatever the method's kind (unary Info and
 Embed, streaming reflection); the health service answers without it; the
-right token is served. A real gateway with the token answers 200; one
-without it is never ready and answers 503 saying why, not 500.
+right token is served. A real gateway with the token answers 200 (the
+token travels on each call it makes: Info, Embed, Ranges); one without it
+is never ready and answers 503 saying why, not 500.
 """
 
 from __future__ import annotations
@@ -93,8 +94,12 @@ def test_gateway_with_the_token_answers(tiny_bert_dir: Path, replica: SchedulerP
         gateway.wait_ready()
         with gateway.client() as client:
             reply = client.post("/v1/embeddings", json={"input": ["a", "b"]})
+            # Ranges is the one other replica call the gateway makes (Info it made to get ready).
+            ranges = client.get("/v1/quantization/ranges")
         assert reply.status_code == 200, reply.text
         assert [len(item["embedding"]) for item in reply.json()["data"]] == [32, 32]
+        assert ranges.status_code == 200, ranges.text
+        assert ranges.json()["dimensions"] == 32
     finally:
         gateway.stop()
 

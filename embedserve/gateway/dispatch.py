@@ -121,8 +121,8 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             if remaining <= 0:
                 raise DeadlineExceeded("the request timed out waiting for a replica")
             called_at = time.perf_counter()
-            reply = await getattr(replica.stub, rpc)(message, timeout=remaining,
-                                                     metadata=(("x-request-id", request_id),))
+            reply = await getattr(replica.stub, rpc)(
+                message, timeout=remaining, metadata=(*replica.metadata, ("x-request-id", request_id)))
             timings.rpc_s = max(timings.rpc_s, time.perf_counter() - called_at)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()

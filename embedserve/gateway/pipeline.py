@@ -139,7 +139,7 @@ class Gateway:
         try:
             return await healthy[0].stub.Ranges(
                 inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
-                timeout=self.settings.request_timeout_s)
+                timeout=self.settings.request_timeout_s, metadata=healthy[0].metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc.code(), exc.details()) from None
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedserve.errors import DeadlineExceeded, Unavailable
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.scheduler.auth import BearerTokenInterceptor
+from embedserve.scheduler.auth import call_metadata
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: inference_pb2_grpc.InferenceStub
+    # Sent on every embedserve.v1 call to this replica: the replica token (scheduler/auth.py).
+    metadata: tuple[tuple[str, str], ...] = ()
     healthy: bool = False
     info: inference_pb2.InfoResponse | None = None
     outstanding_tokens: int = 0
@@ -104,7 +106,7 @@ class ReplicaPool:
         # A replica's Info -> why it does not serve this pool's model ("": it does).
         self._check_info = check_info
         self._channel_options = channel_options(ping_s)
-        self._interceptors = [BearerTokenInterceptor(replica_token)] if replica_token else []
+        self._call_metadata = call_metadata(replica_token)
         self._max_outstanding = max_outstanding_tokens
         self._backoff = (backoff_min_s, backoff_max_s)
         self._replicas: dict[str, Replica] = {}
@@ -132,9 +134,8 @@ class ReplicaPool:
                 await self._remove(self._replicas[address])
 
     def _add(self, address: str) -> None:
-        channel = grpc.aio.insecure_channel(address, options=self._channel_options,
-                                            interceptors=self._interceptors)
-        replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel))
+        channel = grpc.aio.insecure_channel(address, options=self._channel_options)
+        replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel), self._call_metadata)
         replica.watch_task = asyncio.create_task(self._watch_health(replica))
         self._replicas[address] = replica
 
@@ -153,7 +154,8 @@ class ReplicaPool:
                 async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
                     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
                     if serving and replica.info is None:
-                        replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10)
+                        replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10,
+                                                               metadata=replica.metadata)
                         self._check_model(replica)
                     await self._set_health(replica, serving and not replica.wrong_model)
                     delay = self._backoff[0]
