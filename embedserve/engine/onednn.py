@@ -9,7 +9,8 @@ same function with oneDNN (the library behind ``torch.backends.mkldnn``):
 - the feed-forward GELU runs in the first matmul's epilogue, so its
   activation is written once; the residuals are added in place into the
   projections' outputs (oneDNN's binary-add epilogue measured 5-18% slower
-  in bf16);
+  in bf16), and in bf16 together with the LayerNorm that follows, in one pass
+  (residual_norm.py);
 - in bfloat16 the matmuls run on AMX / AVX512-BF16 where the CPU has them,
   and activations stay bfloat16 between layers (where bf16 time goes:
   ``python -m bench engine_profile``).
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
+from embedserve.engine.residual_norm import ResidualNorm
 
 _mkldnn = torch.ops.mkldnn
 # oneDNN epilogues for the activations the encoder family uses: (attr, algorithm).
@@ -56,10 +58,6 @@ class PackedWeight(nn.Module):
         # x: [T, in] contiguous -> [T, out]
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
 
-    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        # x: [T, in], residual: [T, out] -> x @ W.T + b + residual
-        return self(x).add_(residual)
-
 
 class FusedLayer(nn.Module):
     """encoder.Layer's math (post-norm) on packed weights with fused epilogues."""
@@ -70,10 +68,10 @@ class FusedLayer(nn.Module):
         self.head_dim = layer.head_dim
         self.qkv = PackedWeight(layer.qkv)
         self.attn_out = PackedWeight(layer.attn_out)
-        self.attn_norm = layer.attn_norm
+        self.attn_norm = ResidualNorm(layer.attn_norm)
         self.ffn_in = PackedWeight(layer.ffn_in)
         self.ffn_out = PackedWeight(layer.ffn_out)
-        self.ffn_norm = layer.ffn_norm
+        self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = _FUSED_ACTIVATIONS[hidden_act]
 
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -81,8 +79,8 @@ class FusedLayer(nn.Module):
         tokens = x.shape[0]
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)   # [T, 3, heads, hd]
         context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2])                  # [T, heads, hd]
-        x = self.attn_norm(self.attn_out.plus(context.reshape(tokens, -1).contiguous(), x))
-        return self.ffn_norm(self.ffn_out.plus(self.ffn_in(x, *self.activation), x))
+        x = self.attn_norm(self.attn_out(context.reshape(tokens, -1).contiguous()), x)
+        return self.ffn_norm(self.ffn_out(self.ffn_in(x, *self.activation)), x)
 
 
 def fuse_layers(model: EncoderModel) -> bool:

@@ -19,6 +19,8 @@ import logging
 
 import torch
 
+from embedserve.engine import profiler_names
+
 try:
     from embedserve.engine import _amx_attention as _native
 except ImportError:          # not built: no compiler, or one that cannot target AMX
@@ -68,8 +70,11 @@ def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: 
         raise RuntimeError("the AMX attention kernel is not available here")
     tokens, heads, head_dim = q.shape
     out = torch.empty((tokens, heads, head_dim), dtype=torch.bfloat16)
-    if tokens:
+    if not tokens:
+        return out
+    with profiler_names.named(profiler_names.AMX_ATTENTION):
         _native.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                       q.stride(0), k.stride(0), v.stride(0), out.stride(0), heads, head_dim, starts.data_ptr(), lengths.data_ptr(), starts.shape[0],
-                       head_dim ** -0.5, torch.get_num_threads())
+                       q.stride(0), k.stride(0), v.stride(0), out.stride(0), heads, head_dim,
+                       starts.data_ptr(), lengths.data_ptr(), starts.shape[0], head_dim ** -0.5,
+                       torch.get_num_threads())
     return out

@@ -1,0 +1,18 @@
+"""Names for native kernels in ``torch.profiler`` traces, which otherwise see torch ops only."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+AMX_ATTENTION = "embedserve::amx_attention"
+ADD_LAYER_NORM = "embedserve::add_layer_norm"
+
+
+def named(name: str) -> ContextManager[object]:
+    """A profiler range called ``name`` while a profiler records; nothing (no cost) otherwise."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
