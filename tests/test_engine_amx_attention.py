@@ -10,8 +10,6 @@ bf16 goes through the kernel and matches the SDPA loop it replaces.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -25,6 +23,7 @@ from embedserve.engine import Batch, Engine
 from embedserve.engine.modules import amx_attention
 from embedserve.engine.modules.attention import per_sequence, per_sequence_sdpa
 from embedserve.engine.modules.layout import build_layout
+from tests.native_build import require_compiler_for
 
 HEADS = 12
 
@@ -212,13 +211,6 @@ def test_modernbert_global_layers_in_bf16_match_the_sdpa_loop(kernel: None, tmp_
 def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -> None:
     # The build is optional (a compiler without AMX skips it); where one can, a missing
     # kernel means the install broke silently and bf16 attention fell back to SDPA.
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler on this machine")
-    probe = tmp_path / "probe.c"
-    probe.write_text("#include <immintrin.h>\nvoid f(void) { _tile_release(); }\n")
-    compiled = subprocess.run([compiler, "-c", "-mamx-tile", "-mamx-bf16", str(probe), "-o", str(tmp_path / "p.o")],
-                              capture_output=True)
-    if compiled.returncode != 0:
-        pytest.skip("this machine's compiler cannot target AMX")
+    require_compiler_for(tmp_path, ["-mamx-tile", "-mamx-bf16"],
+                         "#include <immintrin.h>\nvoid f(void) { _tile_release(); }\n")
     assert amx_attention._native is not None, f"{sys.executable}: embedserve.engine._amx_attention missing"

@@ -7,8 +7,6 @@ kernel replaces in the fused CPU layers: its error must not be larger.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from torch import nn
 
 from embedserve.engine import residual_norm
 from embedserve.engine.residual_norm import ResidualNorm
+from tests.native_build import require_compiler_for
 
 
 @pytest.fixture
@@ -88,13 +87,6 @@ def test_float32_rows_take_torchs_ops_unchanged() -> None:
 
 
 def test_the_kernel_is_built_where_the_compiler_can_target_avx512_bf16(tmp_path: Path) -> None:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler on this machine")
-    probe = tmp_path / "probe.c"
-    probe.write_text("#include <immintrin.h>\n__m256bh f(__m512 x) { return _mm512_cvtneps_pbh(x); }\n")
-    compiled = subprocess.run([compiler, "-c", "-mavx512f", "-mavx512bf16", str(probe), "-o", str(tmp_path / "p.o")],
-                              capture_output=True)
-    if compiled.returncode != 0:
-        pytest.skip("this machine's compiler cannot target AVX-512 BF16")
+    require_compiler_for(tmp_path, ["-mavx512f", "-mavx512bf16"],
+                         "#include <immintrin.h>\n__m256bh f(__m512 x) { return _mm512_cvtneps_pbh(x); }\n")
     assert residual_norm._native is not None, "embedserve.engine._add_layer_norm was not built"
