@@ -28,7 +28,7 @@ BENCHMARKS = {
     "quantized_recall": "bench.quantized_recall",
     "dtype_load": "bench.dtype_load",
     "startup": "bench.startup",
-    "amx_attention": "bench.amx_attention",
+    "native_kernels": "bench.native_kernels",
 }
 
 

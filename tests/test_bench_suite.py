@@ -138,6 +138,34 @@ def test_an_explicit_system_the_default_already_measured_is_skipped():
     assert measured_twin(bf16, measured) is None
 
 
+def test_rounds_pool_each_rows_samples():
+    from bench.suite.results import Row
+    from bench.suite.run import pooled_rows
+
+    rounds = [
+        [Row("a", "throughput", "512 tokens", 512, texts=10, tokens=5_120, seconds=2.0, worst_agreement=0.9999),
+         Row("a", "concurrency", "8 clients", 8, latencies_ms=[10.0, 30.0], texts=2),
+         Row("a", "rerank", "5 docs", 5, latencies_ms=[5.0], worst_agreement=0.01),
+         Row("b", "latency", "128 tokens", 128, skipped="unavailable (see systems)")],
+        [Row("a", "throughput", "512 tokens", 512, texts=30, tokens=15_360, seconds=2.0, worst_agreement=0.9998,
+             failures=1, failure="wrong vector"),
+         Row("a", "concurrency", "8 clients", 8, latencies_ms=[20.0], texts=1),
+         Row("a", "rerank", "5 docs", 5, latencies_ms=[7.0], worst_agreement=0.03),
+         Row("b", "latency", "128 tokens", 128, latencies_ms=[40.0], texts=1)],
+    ]
+    pooled = {(row.system, row.label): row for row in pooled_rows(rounds[0] + rounds[1])}
+    assert len(pooled) == 4
+    throughput = pooled["a", "512 tokens"]
+    assert (throughput.texts, throughput.tokens, throughput.seconds) == (40, 20_480, 4.0)
+    assert (throughput.failures, throughput.failure) == (1, "wrong vector")
+    assert throughput.worst_agreement == 0.9998                      # the smallest cosine
+    assert pooled["a", "5 docs"].worst_agreement == 0.03             # the largest score error
+    assert sorted(pooled["a", "8 clients"].latencies_ms) == [10.0, 20.0, 30.0]
+    assert pooled["b", "128 tokens"].latencies_ms == [40.0]          # measured in one round: measured
+    assert not pooled["b", "128 tokens"].skipped
+    assert rounds[0][1].latencies_ms == [10.0, 30.0]                 # the rounds' own rows are left as they were
+
+
 # --- the quick suite, for real ------------------------------------------------
 
 class _BrokenEmbeddings(BaseHTTPRequestHandler):

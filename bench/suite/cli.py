@@ -71,7 +71,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="the reference data (XQuAD texts; default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="text selection seed (default: %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times, the order reversed each round "
+                             "(A B, B A, ...), and pool each row's samples: a host whose speed drifts "
+                             "over minutes then biases no system (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
 
 
 def _systems(args: argparse.Namespace) -> tuple[str, ...]:
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                          systems=_systems(args), work_dir=args.work_dir, command=command.strip(), env=env,
                          openai_urls=tuple(args.openai_url), openai_model=args.openai_model or model_dir.name,
                          reference_device=args.device, seed=args.seed,
-                         xquad_dir=args.data_dir / "eval" / "xquad")
+                         xquad_dir=args.data_dir / "eval" / "xquad", rounds=args.rounds)
     if args.from_json is not None:
         record = RunRecord.load(args.from_json)
         profile = PROFILES[record.profile]

@@ -63,6 +63,7 @@ class SuiteConfig:
     reference_device: str = "cpu"
     seed: int = 0
     xquad_dir: Path = XQUAD_DIR
+    rounds: int = 1               # each system measured this often, order reversed every round
 
 
 def machine_description(device: str) -> dict[str, str]:
@@ -275,6 +276,7 @@ def _prepare_and_measure(config: SuiteConfig, record: RunRecord, ctx: SuiteConte
     specs = [first] if first else []
     specs += [build_system(key, ctx) for key in config.systems[len(specs):]]
     specs += [openai_url_system(url, config.openai_model) for url in config.openai_urls]
+    measured: list[SystemSpec] = []
     for position, spec in enumerate(specs):
         twin = measured_twin(spec.configuration, record.systems)
         if twin is not None:
@@ -284,11 +286,51 @@ def _prepare_and_measure(config: SuiteConfig, record: RunRecord, ctx: SuiteConte
                                                 min_cosine_bound=spec.min_cosine,
                                                 configuration=spec.configuration))
             continue
-        log(f"== {spec.name}")
+        log(f"== {spec.name}" + (f" (round 1 of {config.rounds})" if config.rounds > 1 else ""))
         outcome, rows = run_system(spec, texts, reference, profile, limit, log,
                                    prestarted if position == 0 else None)
         record.systems.append(outcome)
         record.rows += rows
+        measured.append(spec)
+    for round_number in range(2, config.rounds + 1):
+        # Reversed every other round (A B, B A, A B ...): a drift in the host's speed over
+        # the run lands on every system alike once the rounds' samples are pooled.
+        for spec in (measured[::-1] if round_number % 2 == 0 else measured):
+            log(f"== {spec.name} (round {round_number} of {config.rounds})")
+            _, rows = run_system(spec, texts, reference, profile, limit, log)
+            record.rows += rows
+    if config.rounds > 1:
+        record.rows = pooled_rows(record.rows)
+        record.notes.append(f"{config.rounds} rounds, the systems' order reversed every round; each row "
+                            "pools its samples (latencies, texts, tokens, seconds) over the rounds.")
+
+
+def pooled_rows(rows: list[Row]) -> list[Row]:
+    """One row per (system, workload, size): the samples of every round together.
+
+    A size measured in any round counts as measured; failures add up, and the
+    agreement kept is the worst seen (smallest cosine, largest rerank score error).
+    """
+    pooled: dict[tuple[str, str, str], Row] = {}
+    for row in rows:
+        key = (row.system, row.workload, row.label)
+        kept = pooled.get(key)
+        if kept is None or (kept.skipped and not row.skipped):
+            pooled[key] = dataclasses.replace(row, latencies_ms=list(row.latencies_ms))
+            continue
+        if row.skipped:
+            continue
+        kept.latencies_ms += row.latencies_ms
+        kept.texts += row.texts
+        kept.tokens += row.tokens
+        kept.seconds += row.seconds
+        kept.failures += row.failures
+        kept.failure = kept.failure or row.failure
+        if row.worst_agreement is not None:
+            worse = max if row.workload == "rerank" else min
+            kept.worst_agreement = (row.worst_agreement if kept.worst_agreement is None
+                                    else worse(kept.worst_agreement, row.worst_agreement))
+    return list(pooled.values())
 
 
 def measured_twin(configuration: str, measured: list[SystemOutcome]) -> SystemOutcome | None:

@@ -1,6 +1,6 @@
-"""bf16 attention on CPU: the native AMX kernel against torch's SDPA, alone and in the engine.
+"""The engine's native bf16 kernels against the torch ops they replace, alone and in the engine.
 
-``python -m bench amx_attention`` prints two tables:
+``python -m bench native_kernels`` prints three tables:
 
 - attention alone, one layer's worth ([T, 12, head_dim] bf16 views of a fused QKV,
   as the engine has them): the kernel vs torch's flash SDPA called per sequence
@@ -8,7 +8,10 @@
   less sensitive to other load) and wall time on the benchmark's thread count;
 - whole bf16 steps of the default model (multilingual-e5-small): ``per_sequence``
   (kernel) vs ``per_sequence_sdpa``, the same weights, calls alternating step by step,
-  with the lowest cosine between their embeddings.
+  with the lowest cosine between their embeddings;
+- the same steps with the residual add + LayerNorm in one native pass
+  (``engine/residual_norm.py``) vs torch's ``add_`` and LayerNorm, switched per step
+  on the same engine.
 
 Random token ids; lengths: uniform (32 x 512, 1 x 512, 1 x 16) and mixed (32
 sequences, log-uniform 8..512 as in ``bench engine``).
@@ -83,40 +86,62 @@ def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick:
             print(f"| {head_dim} | {name} | {sum(lengths)} | " + " | ".join(cells) + " |", flush=True)
 
 
-def engine_table(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
+def engine_ab(title: str, labels: tuple[str, str], steps: dict[str, Callable[[object], np.ndarray]],
+              batches: dict[str, object], repeats: int) -> None:
+    """Tokens/s of two ways to run the same steps, alternating call by call; median of ``repeats``."""
+    ours, theirs = labels
+    print(f"| {title} | tokens | {ours} tokens/s | {theirs} tokens/s | {ours} / {theirs} | min cosine |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, batch in batches.items():
+        outputs = {label: step(batch) for label, step in steps.items()}        # also the warm-up
+        a, b = outputs[ours], outputs[theirs]
+        cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+        times: dict[str, list[float]] = {label: [] for label in steps}
+        for _ in range(repeats if batch.num_tokens > 64 else repeats * 10):
+            for label, step in steps.items():
+                times[label].append(best_of(lambda step=step: step(batch), time.perf_counter, 1))
+        median = {label: sorted(values)[len(values) // 2] for label, values in times.items()}
+        rate = {label: batch.num_tokens / seconds for label, seconds in median.items()}
+        print(f"| {name} | {batch.num_tokens} | {rate[ours]:,.0f} | {rate[theirs]:,.0f} "
+              f"| {rate[ours] / rate[theirs]:.2f}x | {cosine:.6f} |", flush=True)
+
+
+def engine_tables(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
     import torch
 
     from embedserve.defaults.build import ensure_default_model
     from embedserve.defaults.model_args import default_cache_dir
     from embedserve.engine import Batch, Engine
+    from embedserve.engine.residual_norm import ResidualNorm
     from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(threads)
     engine = Engine.load(ensure_default_model(default_cache_dir()), dtype="bfloat16")
+    batches = {name: Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32) for n in lengths])
+               for name, lengths in shapes(rng, quick).items()}
     runners = {name: CpuRunner(engine.model, engine.info, name) for name in ("per_sequence", "per_sequence_sdpa")}
-    print(f"| default model, bf16, {threads} threads | tokens | kernel tokens/s | SDPA tokens/s "
-          "| kernel / SDPA | min cosine |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, lengths in shapes(rng, quick).items():
-        batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32) for n in lengths])
-        outputs = {label: runner._run(batch) for label, runner in runners.items()}   # also the warm-up
-        ours, theirs = outputs["per_sequence"], outputs["per_sequence_sdpa"]
-        cosine = float(((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)).min())
-        times: dict[str, list[float]] = {label: [] for label in runners}
-        for _ in range(repeats if batch.num_tokens > 64 else repeats * 10):
-            for label, runner in runners.items():
-                times[label].append(best_of(lambda runner=runner: runner._run(batch), time.perf_counter, 1))
-        median = {label: sorted(values)[len(values) // 2] for label, values in times.items()}
-        rate = {label: batch.num_tokens / seconds for label, seconds in median.items()}
-        print(f"| {name} | {batch.num_tokens} | {rate['per_sequence']:,.0f} | {rate['per_sequence_sdpa']:,.0f} "
-              f"| {rate['per_sequence'] / rate['per_sequence_sdpa']:.2f}x | {cosine:.6f} |", flush=True)
+    engine_ab(f"default model, bf16, {threads} threads", ("kernel", "SDPA"),
+              {"kernel": runners["per_sequence"]._run, "SDPA": runners["per_sequence_sdpa"]._run}, batches, repeats)
+    print()
+    norms = [module for module in engine.model.modules() if isinstance(module, ResidualNorm)]
+    native = all(norm.native for norm in norms)
+
+    def with_norms(use_native: bool) -> Callable[[object], np.ndarray]:
+        def step(batch: object) -> np.ndarray:
+            for norm in norms:
+                norm.native = use_native and native
+            return runners["per_sequence"]._run(batch)
+        return step
+
+    engine_ab(f"add + LayerNorm, bf16, {threads} threads", ("one pass", "torch ops"),
+              {"one pass": with_norms(True), "torch ops": with_norms(False)}, batches, repeats)
     for runner in runners.values():
         runner.close()
     engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench amx_attention", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench native_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per contender and size")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -131,5 +156,5 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     attention_table(rng, args.repeats, args.threads, args.quick)
     print()
-    engine_table(rng, args.repeats, args.threads, args.quick)
+    engine_tables(rng, args.repeats, args.threads, args.quick)
     return 0
