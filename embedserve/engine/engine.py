@@ -83,7 +83,7 @@ class Engine:
         that is a reduced precision and ``probe`` is given, keeps it only if its
         outputs on the probe's tokens agree with float32's; ``info.dtype`` and
         ``info.dtype_reason`` say what was chosen and why. attention (CPU only):
-        "per_sequence" | "padded" | "block_diagonal". max_graphs / cuda_graphs:
+        "per_sequence" | "per_sequence_sdpa" | "padded" | "block_diagonal". max_graphs / cuda_graphs:
         the CUDA graph cache bound and switch (ignored on CPU). fused_layers (CPU
         only): run the encoder layers on oneDNN-packed weights with fused
         epilogues (onednn.py) where the CPU and dtype allow; False keeps the

@@ -44,6 +44,7 @@
 #define KEY_CHUNK 32     /* keys per P x V tile product */
 #define KEY_PAD 64       /* keys are padded to a multiple of this: four 16-key score blocks */
 #define MAX_THREADS 64
+#define MAX_ROW_STRIDE (1 << 26)   /* 15 rows of it, in bytes, fit a gather's int32 offsets */
 
 typedef struct {
     uint8_t palette_id;
@@ -111,7 +112,6 @@ static void pack_keys(const uint16_t *k, int64_t row_stride, int64_t length, int
 static void pack_values(const uint16_t *v, int64_t row_stride, int64_t length, int64_t padded,
                         int64_t head_dim, uint16_t *packed) {
     const int64_t groups = head_dim / 16;
-    const __mmask32 dims = head_dim >= 32 ? 0xffffffffu : (1u << head_dim) - 1;
     /* even key's dim d -> slot 2d, odd key's dim d -> slot 2d + 1 (indices >= 32: the odd row) */
     __m512i interleave[2];
     uint16_t index[2][32];
@@ -127,9 +127,9 @@ static void pack_values(const uint16_t *v, int64_t row_stride, int64_t length, i
             const int64_t key = chunk * KEY_CHUNK + 2 * r;
             for (int64_t part = 0; part < head_dim / 32; ++part) {
                 const __m512i even = key < length
-                    ? _mm512_maskz_loadu_epi16(dims, v + key * row_stride + part * 32) : _mm512_setzero_si512();
+                    ? _mm512_loadu_si512(v + key * row_stride + part * 32) : _mm512_setzero_si512();
                 const __m512i odd = key + 1 < length
-                    ? _mm512_maskz_loadu_epi16(dims, v + (key + 1) * row_stride + part * 32) : _mm512_setzero_si512();
+                    ? _mm512_loadu_si512(v + (key + 1) * row_stride + part * 32) : _mm512_setzero_si512();
                 for (int half = 0; half < 2; ++half) {
                     const int64_t group = part * 2 + half;
                     uint16_t *tile = packed + (chunk * groups + group) * ROWS * 32;
@@ -378,6 +378,11 @@ static PyObject *attend(PyObject *self, PyObject *args) {
         return NULL;
     if (head_dim != 32 && head_dim != 64) {
         PyErr_Format(PyExc_ValueError, "head_dim must be 32 or 64, got %zd", head_dim);
+        return NULL;
+    }
+    /* pack_keys gathers 16 rows with 32-bit byte offsets */
+    if (k_stride <= 0 || k_stride > MAX_ROW_STRIDE) {
+        PyErr_Format(PyExc_ValueError, "k rows must be 1 to %d elements apart, got %zd", MAX_ROW_STRIDE, k_stride);
         return NULL;
     }
     if (threads < 1) threads = 1;

@@ -27,6 +27,7 @@ except ImportError:          # not built: no compiler, or one that cannot target
     _native = None
 
 HEAD_SIZES = (32, 64)
+LARGEST_ROW_STRIDE = 1 << 26     # elements; the kernel gathers rows by 32-bit byte offsets
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ def covers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     for t in (q, k, v):
         if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.stride()[1:] != (q.shape[2], 1):
+            return False
+        if not 0 < t.stride(0) <= LARGEST_ROW_STRIDE:
             return False
     return kernel_available()
 
