@@ -16,9 +16,11 @@ Runs ``embedserve scheduler`` as a real subprocess on the default model
 (c) under that load: batch sizes (from the server's Prometheus histogram)
     and per-call queue times (from the responses' timings).
 (d) the CPU token budget: Engine.step tokens/s for batches of 32-token
-    sequences at growing token counts (how the CPU default was chosen).
+    sequences at growing token counts (how the CPU default was chosen), and
+    of 512-token sequences, one to eight per step.
 
     .venv/bin/python bench/scheduler_bench.py [--rounds 8] [--in-flight 2]
+        [--dtype float32|bfloat16|auto] [--sweep-only]
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def start_scheduler(model_dir: Path, args: argparse.Namespace) -> tuple[subproce
                "--port", "0", "--metrics-port", "0", "--in-flight", str(args.in_flight)]
     if args.max_batch_tokens:
         command += ["--max-batch-tokens", str(args.max_batch_tokens)]
+    if args.dtype:
+        command += ["--dtype", args.dtype]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     match = SCHEDULER_LISTENING.search(process.stdout.readline())
     if not match:
@@ -177,22 +181,24 @@ def batching_gain(stub, engine: Engine, metrics_port: int, rng: np.random.Genera
 
 
 def budget_sweep(engine: Engine, rng: np.random.Generator, repeats: int = 7) -> None:
-    print("\n(d) Engine.step throughput by batch tokens (32-token sequences), CPU")
-    print("| batch tokens | sequences | step min ms | tokens/s |\n|---|---|---|---|")
-    sizes = (64, 128, 256, 512, 1024, 2048)
-    batches = {n: Batch.from_sequences([sequence(rng, 32) for _ in range(n // 32)]) for n in sizes}
-    best = {n: float("inf") for n in sizes}
-    for n in sizes:
-        engine.step(batches[n]).wait()
+    print(f"\n(d) Engine.step throughput by batch tokens, CPU, {engine.info.dtype}")
+    print("| sequence tokens | batch tokens | sequences | step min ms | tokens/s |\n|---|---|---|---|---|")
+    shapes = [(32, n) for n in (64, 128, 256, 512, 1024, 2048)] + [(512, n) for n in (512, 1024, 2048, 4096)]
+    batches = {shape: Batch.from_sequences([sequence(rng, shape[0]) for _ in range(shape[1] // shape[0])])
+               for shape in shapes}
+    best = {shape: float("inf") for shape in shapes}
+    for shape in shapes:
+        engine.step(batches[shape]).wait()
     # Round-robin over sizes, best of several: other processes on a shared
     # machine then slow every size alike instead of whichever ran during a burst.
     for _ in range(repeats):
-        for n in sizes:
+        for shape in shapes:
             t0 = time.perf_counter()
-            engine.step(batches[n]).wait()
-            best[n] = min(best[n], time.perf_counter() - t0)
-    for n in sizes:
-        print(f"| {n} | {n // 32} | {best[n] * 1e3:.1f} | {n / best[n]:.0f} |")
+            engine.step(batches[shape]).wait()
+            best[shape] = min(best[shape], time.perf_counter() - t0)
+    for length, tokens in shapes:
+        seconds = best[length, tokens]
+        print(f"| {length} | {tokens} | {tokens // length} | {seconds * 1e3:.1f} | {tokens / seconds:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,10 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=2)
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--sweep-only", action="store_true", help="only (d), the token budget sweep")
+    parser.add_argument("--dtype", default=None,
+                        help="the engine's dtype, in this process and the scheduler's (default: float32 here, "
+                             "the scheduler's own default there)")
     args = parser.parse_args(argv)
     model_dir = args.model or ensure_default_model(default_cache_dir())
-    engine = Engine.load(model_dir)
+    engine = Engine.load(model_dir, dtype=args.dtype)
     rng = np.random.default_rng(0)
+    if args.sweep_only:
+        print(f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f}")
+        budget_sweep(engine, rng)
+        engine.close()
+        print(f"\nload average after {os.getloadavg()[0]:.1f}")
+        return 0
     print(f"{os.cpu_count()} CPUs, load average before {os.getloadavg()[0]:.1f} "
           "(other processes on the machine slow thread hand-offs, which (a) measures)")
     stub, close = in_process_stub(engine, model_dir)
