@@ -96,18 +96,20 @@ def test_flags_build_frozen_settings_with_a_device_dependent_budget(tmp_path):
 
     from embedserve.cli import build_parser
     from embedserve.scheduler.cli import settings_from_args
-    from embedserve.scheduler.settings import CPU_MAX_BATCH_TOKENS, GPU_MAX_BATCH_TOKENS
+    from embedserve.scheduler.settings import (CPU_BF16_MAX_BATCH_TOKENS, CPU_MAX_BATCH_TOKENS,
+                                               GPU_MAX_BATCH_TOKENS, default_max_batch_tokens)
 
     parser = build_parser()
     args = parser.parse_args(["scheduler", "--model", str(tmp_path), "--port", "0",
                               "--metrics-port", "9100", "--max-queue-tokens", "4096"])
     settings = settings_from_args(args, tmp_path)
     assert (settings.port, settings.metrics_port, settings.max_queue_tokens) == (0, 9100, 4096)
-    assert settings.max_batch_tokens == CPU_MAX_BATCH_TOKENS
+    assert settings.max_batch_tokens is None          # chosen once the engine's dtype is known
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.port = 1
-    cuda = settings_from_args(parser.parse_args(["scheduler", "--device", "cuda"]), tmp_path)
-    assert cuda.max_batch_tokens == GPU_MAX_BATCH_TOKENS
+    assert default_max_batch_tokens("cpu", "float32") == CPU_MAX_BATCH_TOKENS == 512
+    assert default_max_batch_tokens("cpu", "bfloat16") == CPU_BF16_MAX_BATCH_TOKENS == 1024
+    assert default_max_batch_tokens("cuda", "bfloat16") == GPU_MAX_BATCH_TOKENS
     explicit = parser.parse_args(["scheduler", "--device", "cuda", "--max-batch-tokens", "2048"])
     assert settings_from_args(explicit, tmp_path).max_batch_tokens == 2048
     with pytest.raises(ValueError):

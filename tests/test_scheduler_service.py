@@ -199,6 +199,14 @@ def test_score_pairs_with_segment_ids_equal_engine_step(reranker):
     assert _status(lambda: server.stub.Embed(embed, timeout=10)) is grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("dtype,budget", [("float32", 512), ("bfloat16", 1024)])
+def test_without_a_budget_the_server_takes_its_engines_dtype_default(tiny_bert_dir, dtype, budget):
+    with Engine.load(tiny_bert_dir, dtype=dtype) as engine:
+        with ThreadedScheduler(SchedulerSettings(model_dir=tiny_bert_dir), engine) as server:
+            info = server.stub.Info(inference_pb2.InfoRequest(), timeout=30)
+    assert info.max_batch_tokens == budget
+
+
 def test_default_model_through_grpc_equals_engine_step(default_model_dir):
     """multilingual-e5-small: concurrent mixed-length calls, each equal to a direct step."""
     engine = Engine.load(default_model_dir)

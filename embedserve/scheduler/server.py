@@ -14,6 +14,7 @@ module exposes ``drain()`` / ``stop()`` for it and for tests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import grpc
@@ -30,7 +31,7 @@ from embedserve.scheduler.batcher import Batcher, StepEngine
 from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
 from embedserve.scheduler.servicer import InferenceService
-from embedserve.scheduler.settings import SchedulerSettings
+from embedserve.scheduler.settings import SchedulerSettings, default_max_batch_tokens
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class SchedulerServer:
 
     def __init__(self, settings: SchedulerSettings, engine: StepEngine) -> None:
         info = engine.info
+        if settings.max_batch_tokens is None:
+            settings = dataclasses.replace(
+                settings, max_batch_tokens=default_max_batch_tokens(settings.device, info.dtype))
         if settings.max_queue_tokens < info.max_positions:
             # Every valid sequence must fit an empty queue, or it could never run.
             raise ValueError(f"max_queue_tokens ({settings.max_queue_tokens}) is below the "

@@ -19,6 +19,11 @@ from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 # arriving behind it wait longer. So 512 on CPU too, for its own reason.
 GPU_MAX_BATCH_TOKENS = 512
 CPU_MAX_BATCH_TOKENS = 512
+# bf16 on CPU (what --dtype auto runs where the CPU has AMX or AVX512-BF16) is not
+# fp32: with the native kernels a 1024-token step runs 33-49 % more tokens/s than a
+# 512-token one (fp32: 3-10 %), for ~35 ms more wait behind a step (BENCHMARKS.md,
+# scheduler section, the bf16 re-run of the sweep).
+CPU_BF16_MAX_BATCH_TOKENS = 1024
 # The engine dtypes a replica accepts (``--dtype``; embedserve.engine.engine.DTYPES
 # and auto, embedserve/engine/dtype_choice.py), spelled here so entry points can
 # offer them without importing torch. auto is the default.
@@ -42,7 +47,8 @@ class SchedulerSettings:
     dtype: str | None = DEFAULT_DTYPE
     dtype_probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE
     cuda_graphs: bool = True             # CUDA only: replay captured graphs per bucket (off: eager)
-    max_batch_tokens: int = CPU_MAX_BATCH_TOKENS
+    # None: default_max_batch_tokens for the device and the dtype the engine loads in.
+    max_batch_tokens: int | None = None
     max_batch_sequences: int = 256
     max_queue_tokens: int = 65536        # backpressure bound (tokens waiting for a batch)
     in_flight_depth: int = 2             # engine steps submitted and not finished
@@ -61,12 +67,15 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
                      "in_flight_depth", "max_concurrent_rpcs"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dtype_probe_min_cosine <= 1.0:
             raise ValueError(f"dtype_probe_min_cosine must be in [0, 1], "
                              f"got {self.dtype_probe_min_cosine}")
 
 
-def default_max_batch_tokens(device: str) -> int:
-    return GPU_MAX_BATCH_TOKENS if device.startswith("cuda") else CPU_MAX_BATCH_TOKENS
+def default_max_batch_tokens(device: str, dtype: str | None = None) -> int:
+    """The step token budget when none is given; ``dtype``: the engine's, once loaded."""
+    if device.startswith("cuda"):
+        return GPU_MAX_BATCH_TOKENS
+    return CPU_BF16_MAX_BATCH_TOKENS if dtype == "bfloat16" else CPU_MAX_BATCH_TOKENS
