@@ -37,13 +37,10 @@ def shapes(rng: np.random.Generator, quick: bool) -> dict[str, list[int]]:
             "1 x 16": [16]}
 
 
-def best_of(run: Callable[[], object], clock: Callable[[], float], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        started = clock()
-        run()
-        best = min(best, clock() - started)
-    return best
+def timed(run: Callable[[], object], clock: Callable[[], float]) -> float:
+    started = clock()
+    run()
+    return clock() - started
 
 
 def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
@@ -79,8 +76,8 @@ def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick:
                 kernel(), sdpa()                                   # warm-up
                 times = {"kernel": [], "sdpa": []}
                 for _ in range(repeats):                           # alternate: drifts hit both alike
-                    times["kernel"].append(best_of(kernel, clock, 1))
-                    times["sdpa"].append(best_of(sdpa, clock, 1))
+                    times["kernel"].append(timed(kernel, clock))
+                    times["sdpa"].append(timed(sdpa, clock))
                 ours, theirs = min(times["kernel"]), min(times["sdpa"])
                 cells += [f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}", f"{theirs / ours:.2f}x"]
             print(f"| {head_dim} | {name} | {sum(lengths)} | " + " | ".join(cells) + " |", flush=True)
@@ -99,7 +96,7 @@ def engine_ab(title: str, labels: tuple[str, str], steps: dict[str, Callable[[ob
         times: dict[str, list[float]] = {label: [] for label in steps}
         for _ in range(repeats if batch.num_tokens > 64 else repeats * 10):
             for label, step in steps.items():
-                times[label].append(best_of(lambda step=step: step(batch), time.perf_counter, 1))
+                times[label].append(timed(lambda step=step: step(batch), time.perf_counter))
         median = {label: sorted(values)[len(values) // 2] for label, values in times.items()}
         rate = {label: batch.num_tokens / seconds for label, seconds in median.items()}
         print(f"| {name} | {batch.num_tokens} | {rate[ours]:,.0f} | {rate[theirs]:,.0f} "

@@ -20,7 +20,7 @@
  * starts[s] .. starts[s] + lengths[s]. head_dim is 32 or 64.
  *
  * Work items are (sequence, head) pairs, split between threads by their cost
- * (ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
+ * (``item_cost``: ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
  * ``run_shares``). Each thread configures its own tiles (tile state is per thread) and
  * releases them after its share.
  */
@@ -71,6 +71,9 @@ typedef struct {
 } Share;
 
 static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* Work of one (sequence, head) item, in scores: its query blocks x its keys. */
+static double item_cost(int64_t length) { return (double)round_up(length, ROWS) * (double)length; }
 
 static void configure_tiles(void) {
     TileConfig config;
@@ -394,14 +397,13 @@ static PyObject *attend(PyObject *self, PyObject *args) {
     double total = 0.0;
     for (Py_ssize_t s = 0; s < sequences; ++s) {
         if (lens[s] > pr.max_length) pr.max_length = lens[s];
-        total += (double)round_up(lens[s], ROWS) * (double)lens[s] * (double)heads;
+        total += item_cost(lens[s]) * (double)heads;
     }
     const int64_t items = (int64_t)sequences * heads;
     if (items == 0 || pr.max_length == 0) Py_RETURN_NONE;
-    /* Waking a worker costs about as much as this many scores: smaller calls use fewer. */
+    /* Waking a team thread costs about as much as this many scores: smaller calls use fewer. */
     const double least_per_thread = 131072.0;
     if (total / (double)threads < least_per_thread) threads = (Py_ssize_t)(total / least_per_thread) + 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
     Share shares[MAX_THREADS];
     int64_t count = 0, item = 0;
     double done = 0.0;
@@ -410,8 +412,7 @@ static PyObject *attend(PyObject *self, PyObject *args) {
         shares[count] = (Share){&pr, item, item, 0};
         while (item < items && (done < goal || shares[count].end_item == shares[count].first_item
                                 || t == threads - 1)) {
-            const int64_t length = lens[item / heads];
-            done += (double)round_up(length, ROWS) * (double)length;
+            done += item_cost(lens[item / heads]);
             shares[count].end_item = ++item;
         }
         ++count;
