@@ -1,19 +1,22 @@
-"""gRPC over loopback TCP vs a Unix domain socket: one replica-sized hop, nothing else.
+"""One replica hop, nothing else: gRPC over loopback TCP, over a Unix socket, and frames.
 
     python -m bench grpc_transport [--calls 2000] [--block 100]
 
 A child process serves grpc.health.v1 (a tiny unary call, no model) on
-127.0.0.1:0 and on a Unix socket; this process calls ``Check`` over both
-channels with grpc.aio (as the gateway does), in alternating blocks so
-background load hits both alike, and reports p50/p90 per transport and
-their ratio. What ``embedserve serve`` saves per request by dialing its
-replicas at ``unix:PATH`` (``launch/supervisor.py``).
+127.0.0.1:0 and on a Unix socket, and a frame socket (embedserve/frames.py) whose
+``Info`` answers an empty message at once; this process calls ``Check`` over both
+gRPC channels with grpc.aio (as the gateway does) and ``Info`` over a
+``FrameChannel``, in alternating blocks so background load hits all alike, and
+reports p50/p90 per transport and the ratios to TCP. What ``embedserve serve``
+saves per request by dialing its replicas at ``unix:PATH`` (``launch/supervisor.py``)
+and calling them with frames (``gateway/frame_client.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -25,10 +28,21 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from embedserve.frames import frame_socket_path
+from embedserve.gateway.frame_client import FrameChannel
+from embedserve.protos import inference_pb2
+
 _SERVER = """
 import asyncio, sys
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
+from embedserve.frames import frame_socket_path
+from embedserve.protos import inference_pb2
+from embedserve.scheduler.frame_server import FrameServer
+
+class EmptyInfo:
+    async def Info(self, request, context):
+        return inference_pb2.InfoResponse()
 
 async def main():
     server = grpc.aio.server()
@@ -36,6 +50,8 @@ async def main():
     port = server.add_insecure_port("127.0.0.1:0")
     server.add_insecure_port("unix:" + sys.argv[1])
     await server.start()
+    frame_server = FrameServer(EmptyInfo(), token=None, max_payload=1 << 20, max_calls=1024)
+    await frame_server.start(frame_socket_path(sys.argv[1]))
     print(port, flush=True)
     await server.wait_for_termination()
 
@@ -43,22 +59,27 @@ asyncio.run(main())
 """
 
 
-async def _measure(targets: dict[str, str], calls: int, block: int) -> dict[str, list[float]]:
+async def _measure(targets: dict[str, str], frame_path: Path, calls: int,
+                   block: int) -> dict[str, list[float]]:
     channels = {name: grpc.aio.insecure_channel(target) for name, target in targets.items()}
-    stubs = {name: health_pb2_grpc.HealthStub(channel) for name, channel in channels.items()}
     request = health_pb2.HealthCheckRequest(service="")
-    samples: dict[str, list[float]] = {name: [] for name in targets}
-    for stub in stubs.values():                      # connect and warm both
+    callers = {name: functools.partial(health_pb2_grpc.HealthStub(channel).Check, request, timeout=10)
+               for name, channel in channels.items()}
+    frames = await FrameChannel.open(frame_path, None, timeout_s=10)
+    callers["frames"] = functools.partial(frames.call, "Info", inference_pb2.InfoRequest(), 10)
+    samples: dict[str, list[float]] = {name: [] for name in callers}
+    for call in callers.values():                    # connect and warm all
         for _ in range(50):
-            await stub.Check(request, timeout=10)
+            await call()
     done = 0
     while done < calls:
-        for name, stub in stubs.items():
+        for name, call in callers.items():
             for _ in range(block):
                 started = time.perf_counter()
-                await stub.Check(request, timeout=10)
+                await call()
                 samples[name].append((time.perf_counter() - started) * 1e6)
         done += block
+    frames.close()
     for channel in channels.values():
         await channel.close()
     return samples
@@ -79,14 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             port = int(server.stdout.readline())
             load = os.getloadavg()[0]
             samples = asyncio.run(_measure({"tcp": f"127.0.0.1:{port}", "unix": f"unix:{socket_path}"},
-                                           args.calls, args.block))
+                                           frame_socket_path(socket_path), args.calls, args.block))
         finally:
             server.terminate()
             server.wait(10)
-    print(f"grpc.aio unary Check, {args.calls} calls per transport; load average {load:.2f}")
+    print(f"grpc.aio unary Check (tcp, unix) and a frame Info call (frames), {args.calls} calls "
+          f"each; load average {load:.2f}")
     for name, values in samples.items():
-        print(f"{name:>5}: p50 {np.median(values):7.1f} us   p90 {np.percentile(values, 90):7.1f} us")
-    print(f"unix/tcp p50: {np.median(samples['unix']) / np.median(samples['tcp']):.2f}")
+        print(f"{name:>6}: p50 {np.median(values):7.1f} us   p90 {np.percentile(values, 90):7.1f} us")
+    for name in ("unix", "frames"):
+        print(f"{name}/tcp p50: {np.median(samples[name]) / np.median(samples['tcp']):.2f}")
     return 0
 
 

@@ -51,6 +51,11 @@ class SchedulerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def unix_address(self) -> str:
+        """``unix:PATH`` of a replica started with ``--unix-socket PATH``."""
+        return f"unix:{self.extra[self.extra.index('--unix-socket') + 1]}"
+
     def start(self) -> None:
         command = scheduler_command(self.model_dir, port=self.port, metrics_port=self.metrics_port,
                                     extra=self.extra)

@@ -1,8 +1,11 @@
-"""End to end: HTTP -> gateway -> gRPC -> two scheduler processes -> engine, default model.
+"""End to end: HTTP -> gateway -> frames -> two scheduler processes -> engine, default model.
 
 References are sentence-transformers and Hugging Face tokenizers loading the
 same model directory. One module-scoped stack (two replicas, one gateway)
-serves every test here; the failover test kills a replica and restarts it.
+serves every test here; the failover test kills a replica and restarts it. The
+replicas are at unix: addresses, so Embed/Score go as frames (embedserve/frames.py),
+as under ``embedserve serve``; tests/test_gateway_unix_socket.py compares frames,
+gRPC over the socket and TCP.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import json
 import os
 import random
 import signal
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -31,22 +36,25 @@ COSINE_MIN = 0.9999
 
 @pytest.fixture(scope="module")
 def replicas(default_model_dir):
-    with ThreadPoolExecutor(2) as pool:
-        starting = [pool.submit(SchedulerProcess, default_model_dir, threads=1) for _ in range(2)]
-    started = [future.result() for future in starting if future.exception() is None]
-    try:
-        for future in starting:
-            future.result()   # re-raises a failed start, after the other one is in `started`
-        yield started
-    finally:
-        for replica in started:
-            replica.stop()
+    # On Unix sockets, called with frames, as ``embedserve serve`` wires its replicas.
+    with tempfile.TemporaryDirectory(prefix="es-") as sockets:
+        with ThreadPoolExecutor(2) as pool:
+            starting = [pool.submit(SchedulerProcess, default_model_dir, "--unix-socket",
+                                    str(Path(sockets) / f"r{k}.sock"), threads=1) for k in range(2)]
+        started = [future.result() for future in starting if future.exception() is None]
+        try:
+            for future in starting:
+                future.result()   # re-raises a failed start, after the other one is in `started`
+            yield started
+        finally:
+            for replica in started:
+                replica.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(default_model_dir, replicas):
     # A generous deadline: on a loaded 2-core machine 240 passages take a while.
-    server = GatewayServer(gateway_settings(default_model_dir, [r.address for r in replicas],
+    server = GatewayServer(gateway_settings(default_model_dir, [r.unix_address for r in replicas],
                                             chunk_max_sequences=32, request_timeout_s=600,
                                             served_model_names=(default_model_dir.name, "e5")))
     try:
@@ -370,6 +378,7 @@ def test_ops_routes(gateway, default_model_dir):
         assert info["prompts"] == {"query": "query: ", "passage": "passage: "}
         assert info["tokenizer_backend"] == "native-unigram"  # XLM-R's Unigram runs natively
         assert len(info["replicas"]) == 2 and all(r["healthy"] for r in info["replicas"])
+        assert [r["calls"] for r in info["replicas"]] == ["frames", "frames"]
         openapi = http.get("/openapi.json").json()
         for path in ("/v1/embeddings", "/embed", "/rerank", "/v1/rerank", "/tokenize", "/info"):
             assert path in openapi["paths"]

@@ -5,7 +5,9 @@ signal lands at the end), with two replicas on port 0.
 Checks the banner, a request, that the gateway calls its replicas over Unix
 domain sockets in a private directory removed at exit, that the replicas refuse
 calls that do not come from this gateway (a fresh token per run, in a private
-0600 file removed at exit), that a killed replica is restarted (on the same
+0600 file removed at exit), that Embed/Score go as frames on the socket beside each replica's (also refused
+without the token), that requests in flight on a replica that is killed are
+answered by the other, that a killed replica is restarted (on the same
 socket) and put back, and that SIGTERM under load loses nothing
 (tests/sigterm_load.py's checks) and stops the gateway and every replica with
 status 0. One stack for all of it: the SIGTERM-under-load check for ``serve``
@@ -15,6 +17,7 @@ status 0. One stack for all of it: the SIGTERM-under-load check for ``serve``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import stat
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -29,6 +33,8 @@ import httpx
 import numpy as np
 import pytest
 
+from embedserve.frames import frame_socket_path
+from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 from embedserve.entrypoint import GATEWAY_LISTENING
@@ -85,8 +91,10 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         token_file = Path(argv[argv.index("--replica-token-file") + 1])
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
-        addresses = [r["address"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]]
+        listed = httpx.get(url + "/info", timeout=10).json()["replicas"]
+        addresses = [r["address"] for r in listed]
         assert all(a.startswith("unix:/") for a in addresses), addresses
+        assert [r["calls"] for r in listed] == ["frames", "frames"]
         sockets = [Path(a[len("unix:"):]) for a in addresses]
         assert all(s.is_socket() for s in sockets) and len(set(sockets)) == 2
         assert stat.S_IMODE(sockets[0].parent.parent.stat().st_mode) == 0o700
@@ -95,12 +103,30 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
             with pytest.raises(grpc.RpcError) as refused:
                 inference_pb2_grpc.InferenceStub(channel).Info(inference_pb2.InfoRequest(), timeout=30)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        os.kill(replicas[0], signal.SIGKILL)
+        # So is its frame socket.
+        with pytest.raises(ReplicaCallError) as refused_frames:
+            asyncio.run(FrameChannel.open(frame_socket_path(sockets[0]), None, timeout_s=30))
+        assert refused_frames.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # A replica killed with requests in flight: they are answered by the other one.
+        texts = [f"request {k}: " + "words to embed " * 60 for k in range(8)]
+        with ThreadPoolExecutor(len(texts)) as pool:
+            answers = [pool.submit(httpx.post, url + "/v1/embeddings", json={"input": [t] * 16},
+                                   timeout=120) for t in texts]
+            time.sleep(0.2)
+            os.kill(replicas[0], signal.SIGKILL)
+            for text, answer in zip(texts, answers):
+                reply = answer.result()
+                assert reply.status_code == 200, reply.text
+                alone = httpx.post(url + "/v1/embeddings", json={"input": text}, timeout=60).json()
+                np.testing.assert_allclose([d["embedding"] for d in reply.json()["data"]],
+                                           [alone["data"][0]["embedding"]] * 16, atol=1e-5)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (replicas[0] in children(process.pid)
                                                or len(children(process.pid)) < 2):
             time.sleep(0.1)
         wait_healthy(url, 2)          # restarted on its port and back in rotation
+        assert [r["calls"] for r in httpx.get(url + "/info", timeout=10).json()["replicas"]] \
+            == ["frames", "frames"]
         assert httpx.post(url + "/embed", json={"inputs": "again"}, timeout=60).status_code == 200
 
         current = children(process.pid)

@@ -1,7 +1,9 @@
 """A replica listening on a Unix domain socket (``embedserve scheduler --unix-socket``)
 and on TCP at once: a gateway reaches it through either (``--upstream unix:PATH``, the
 way ``embedserve serve`` wires its local replicas, or ``host:port``, the way a remote
-gateway does) and gets the same answer. Real scheduler process, in-process gateways."""
+gateway does) and gets the same answer. At ``unix:PATH`` its Embed/Score calls go as
+frames on the socket beside it (``--replica-calls frames``, the default) or over gRPC
+(``--replica-calls grpc``). Real scheduler process, in-process gateways."""
 
 from __future__ import annotations
 
@@ -25,26 +27,36 @@ def test_unix_upstreams_are_taken_as_given_and_tcp_ones_still_parsed():
         source_for(["unix:"])
 
 
-def test_one_replica_answers_over_its_socket_and_over_tcp_alike(tiny_bert_dir):
+def test_one_replica_answers_over_frames_its_grpc_socket_and_tcp_alike(tiny_bert_dir):
     with tempfile.TemporaryDirectory(prefix="es-") as directory:   # short: sun_path is 108 bytes
         socket_path = Path(directory) / "replica.sock"
         replica = SchedulerProcess(tiny_bert_dir, "--unix-socket", str(socket_path), threads=1)
         try:
             assert socket_path.is_socket()
             answers = {}
-            for name, upstream in (("unix", f"unix:{socket_path}"), ("tcp", replica.address)):
-                server = GatewayServer(gateway_settings(tiny_bert_dir, [upstream]))
+            for name, upstream, calls in (("frames", f"unix:{socket_path}", "frames"),
+                                          ("unix", f"unix:{socket_path}", "grpc"),
+                                          ("tcp", replica.address, "frames")):
+                server = GatewayServer(gateway_settings(tiny_bert_dir, [upstream], replica_calls=calls))
                 try:
                     server.wait_ready(healthy=1)
                     info = httpx.get(server.url + "/info", timeout=10).json()["replicas"]
                     assert [r["address"] for r in info] == [upstream]
+                    # Frames only where asked and the replica is on this machine (unix:).
+                    assert [r["calls"] for r in info] == ["frames" if name == "frames" else "grpc"]
                     reply = httpx.post(server.url + "/v1/embeddings", timeout=60,
                                        json={"input": ["one sentence", "and another"]})
                     assert reply.status_code == 200, reply.text
                     answers[name] = np.array([d["embedding"] for d in reply.json()["data"]])
+                    bad = httpx.post(server.url + "/v1/embeddings", timeout=60,
+                                     json={"input": "x", "dimensions": 33})
+                    answers[name + " error"] = (bad.status_code, bad.json()["error"]["message"])
                 finally:
                     server.stop()
-            assert answers["unix"].shape == (2, 32)
+            assert answers["frames"].shape == (2, 32)
+            np.testing.assert_array_equal(answers["frames"], answers["tcp"])
             np.testing.assert_array_equal(answers["unix"], answers["tcp"])
+            assert answers["frames error"] == answers["tcp error"]
+            assert answers["frames error"][0] == 400
         finally:
             replica.stop()

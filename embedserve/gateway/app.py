@@ -69,6 +69,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         pool = ReplicaPool(replica_source, settings.replica_max_outstanding_tokens,
                            settings.health_backoff_min_s, settings.health_backoff_max_s,
                            settings.replica_ping_s, replica_token=settings.replica_token,
+                           frame_calls=settings.replica_calls == "frames",
                            check_info=lambda reply: wire.model_mismatch(reply, model))
         return Gateway(settings, model, preprocessor, pool, metrics, served.names)
 

@@ -24,7 +24,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from embedserve.gateway.replicas import ReplicaSource, StaticSource
+from embedserve.gateway.replicas import UNIX_PREFIX, ReplicaSource, StaticSource
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 DNS_PREFIX = "dns:"
-UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
 
 
 def format_address(host: str, port: int) -> str:

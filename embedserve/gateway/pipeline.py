@@ -23,6 +23,7 @@ from embedserve import validate, wire
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
+from embedserve.gateway.frame_client import ReplicaCallError
 from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
@@ -137,10 +138,10 @@ class Gateway:
         if not healthy:
             raise Unavailable("no replica is ready")
         try:
-            return await healthy[0].stub.Ranges(
-                inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
-                timeout=self.settings.request_timeout_s, metadata=healthy[0].metadata)
-        except grpc.aio.AioRpcError as exc:
+            return await healthy[0].call(
+                "Ranges", inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
+                self.settings.request_timeout_s, "")
+        except (grpc.aio.AioRpcError, ReplicaCallError) as exc:
             raise from_rpc_error(exc.code(), exc.details()) from None
 
     async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:

@@ -8,6 +8,10 @@ replicas with room, ties taken in turn (so requests sent one at a time
 still spread over idle replicas). Where replicas come from is a
 ``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
 plug in another source that yields new address lists as they change.
+A replica at ``unix:PATH`` (on this machine) is called through its frame
+socket when it has one (``frame_client.py``; ``frame_calls=False`` keeps gRPC):
+the channel opens once its health says SERVING and closes when its health
+watch breaks, failing the calls in flight on it as a broken gRPC channel would.
 A pool serves one model: a replica whose ``Info`` says it serves something
 else (``check_info``: another task or width) stays out of rotation, so a
 mis-wired deployment refuses requests instead of answering them from the
@@ -21,16 +25,22 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from embedserve import frames
 from embedserve.errors import DeadlineExceeded, Unavailable
+from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler.auth import call_metadata
 
 log = logging.getLogger(__name__)
+
+UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
 
 def channel_options(ping_s: float) -> tuple[tuple[str, int], ...]:
     """gRPC channel options for one replica.
@@ -88,6 +98,29 @@ class Replica:
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
+    # Where its frame socket would be (a replica on this machine), and the open channel.
+    frame_path: Path | None = None
+    frames: FrameChannel | None = field(default=None, repr=False)
+
+    async def call(self, rpc: str, request: Message, timeout: float | None, request_id: str) -> Message:
+        """One Embed/Score/Ranges call, over the frame channel when it is open, else
+        gRPC. Raises grpc.aio.AioRpcError or ReplicaCallError (both: ``code()``,
+        ``details()``)."""
+        channel = self.frames
+        if channel is not None and not channel.closed:
+            return await channel.call(rpc, request, timeout)
+        return await getattr(self.stub, rpc)(
+            request, timeout=timeout, metadata=(*self.metadata, ("x-request-id", request_id)))
+
+    @property
+    def transport(self) -> str:
+        """How its Embed/Score calls travel now: "frames" or "grpc"."""
+        return "frames" if self.frames is not None and not self.frames.closed else "grpc"
+
+    def close_frames(self) -> None:
+        if self.frames is not None:
+            self.frames.close()
+            self.frames = None
 
     def capacity(self, default: int) -> int:
         if self.info is not None and self.info.max_queue_tokens:
@@ -100,13 +133,15 @@ class ReplicaPool:
 
     def __init__(self, source: ReplicaSource, max_outstanding_tokens: int = 65536,
                  backoff_min_s: float = 0.1, backoff_max_s: float = 2.0, ping_s: float = 2.0,
-                 replica_token: str | None = None,
+                 replica_token: str | None = None, frame_calls: bool = True,
                  check_info: Callable[[inference_pb2.InfoResponse], str] | None = None) -> None:
         self._source = source
         # A replica's Info -> why it does not serve this pool's model ("": it does).
         self._check_info = check_info
         self._channel_options = channel_options(ping_s)
         self._call_metadata = call_metadata(replica_token)
+        self._replica_token = replica_token
+        self._frame_calls = frame_calls
         self._max_outstanding = max_outstanding_tokens
         self._backoff = (backoff_min_s, backoff_max_s)
         self._replicas: dict[str, Replica] = {}
@@ -136,6 +171,8 @@ class ReplicaPool:
     def _add(self, address: str) -> None:
         channel = grpc.aio.insecure_channel(address, options=self._channel_options)
         replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel), self._call_metadata)
+        if self._frame_calls and address.startswith(UNIX_PREFIX):
+            replica.frame_path = frames.frame_socket_path(address.removeprefix(UNIX_PREFIX))
         replica.watch_task = asyncio.create_task(self._watch_health(replica))
         self._replicas[address] = replica
 
@@ -143,6 +180,7 @@ class ReplicaPool:
         self._replicas.pop(replica.address, None)
         if replica.watch_task is not None:
             replica.watch_task.cancel()
+        replica.close_frames()
         await replica.channel.close()
         await self._notify()
 
@@ -157,6 +195,8 @@ class ReplicaPool:
                         replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10,
                                                                metadata=replica.metadata)
                         self._check_model(replica)
+                    if serving:
+                        await self._open_frames(replica)
                     await self._set_health(replica, serving and not replica.wrong_model)
                     delay = self._backoff[0]
             except grpc.aio.AioRpcError as exc:
@@ -168,9 +208,23 @@ class ReplicaPool:
                                 replica.address, exc.details())
                 else:
                     log.debug("health watch of %s ended: %s", replica.address, exc.code())
+            # The replica went away or hangs: fail its frame calls now, as its gRPC calls fail.
+            replica.close_frames()
             await self._set_health(replica, False)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
+
+    async def _open_frames(self, replica: Replica) -> None:
+        """Open the replica's frame channel if it has a socket and none is open; gRPC
+        serves its calls when that fails."""
+        if replica.frame_path is None or (replica.frames is not None and not replica.frames.closed):
+            return
+        try:
+            replica.frames = await FrameChannel.open(replica.frame_path, self._replica_token,
+                                                     timeout_s=10)
+        except (OSError, TimeoutError, ReplicaCallError) as error:
+            replica.frames = None
+            log.info("replica %s: no frame channel (%s); calling it over gRPC", replica.address, error)
 
     def _check_model(self, replica: Replica) -> None:
         assert replica.info is not None

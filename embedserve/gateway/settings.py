@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# How a gateway may call replicas at unix: addresses (``replica_calls``).
+REPLICA_CALLS = ("frames", "grpc")
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -86,6 +89,9 @@ class GatewaySettings:
     # unanswered before the replica counts as hung and its calls are retried
     # elsewhere (0: no pings; a hung replica then holds calls to the deadline).
     replica_ping_s: float = 2.0
+    # How Embed/Score/Ranges reach a replica at a ``unix:`` address: "frames" (its frame
+    # socket, embedserve/frames.py; gRPC when it has none) or "grpc".
+    replica_calls: str = "frames"
     # After SIGTERM: how long requests admitted before it may run on while new
     # ones get 503. The process exits once they are answered or this runs out;
     # 25 s leaves room to close under Kubernetes' and compose's default 30 s grace.

@@ -22,12 +22,13 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from embedserve import calibration
+from embedserve import calibration, frames
 from embedserve.engine.batch import Batch
 from embedserve.errors import ModelLoadError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler.auth import TokenAuthInterceptor
 from embedserve.scheduler.batcher import Batcher, StepEngine
+from embedserve.scheduler.frame_server import FrameServer
 from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
 from embedserve.scheduler.servicer import InferenceService
@@ -77,6 +78,9 @@ class SchedulerServer:
         interceptors = [TokenAuthInterceptor(settings.replica_token)] if settings.replica_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
+        # Beside the Unix socket: the same calls, cheaper (embedserve/frames.py).
+        self.frame_server = FrameServer(self.service, settings.replica_token,
+                                        12 * tokens + _MESSAGE_SLACK, settings.max_concurrent_rpcs)
         inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(
@@ -104,6 +108,7 @@ class SchedulerServer:
                 raise OSError(f"cannot bind the scheduler to {target}: {error}") from error
             if bound == 0:
                 raise OSError(f"cannot bind the scheduler to {target}")
+            await self.frame_server.start(frames.frame_socket_path(self.settings.unix_socket))
         await self.grpc_server.start()
         if self.settings.metrics_port is not None:
             self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host,
@@ -138,7 +143,7 @@ class SchedulerServer:
             return
         self._stopped = True
         await self.drain(drain_timeout_s)
-        await self.grpc_server.stop(grace=1.0)
+        await asyncio.gather(self.grpc_server.stop(grace=1.0), self.frame_server.stop(grace_s=1.0))
         await self.batcher.stop()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
@@ -193,6 +198,7 @@ async def create_server(settings: SchedulerSettings,
         port = await server.start()
     except BaseException:
         await server.grpc_server.stop(grace=None)
+        await server.frame_server.stop(grace_s=0)
         if server._metrics_endpoint is not None:
             server._metrics_endpoint.close()
         raise

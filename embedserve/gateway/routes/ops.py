@@ -73,6 +73,7 @@ def _model_info(gateway: Gateway) -> dict:
         # directories on different hosts) would bucket int8/uint8 differently.
         "replicas": [{"address": r.address, "healthy": r.healthy,
                       "outstanding_tokens": r.outstanding_tokens, "model": gateway.model_id,
+                      "calls": r.transport,
                       "calibration_id": (r.info.calibration_id or None) if r.info else None}
                      for r in gateway.pool.replicas],
     }

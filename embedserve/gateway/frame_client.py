@@ -1,0 +1,137 @@
+"""The gateway's end of a replica's frame socket (``embedserve.frames``).
+
+One connection per replica carries all of the gateway's calls to it, matched by
+call id. ``call`` raises ``ReplicaCallError``, which answers ``code()`` and
+``details()`` as grpc.aio's ``AioRpcError`` does, so the dispatcher treats both
+transports' failures alike. A deadline that passes, or a caller that is cancelled,
+sends CANCEL so the replica drops the call too; a connection that closes fails
+every call in flight on it with UNAVAILABLE.
+
+No flow control beyond the socket's: the replica pool already bounds the tokens
+outstanding per replica, and so the bytes waiting in this connection's buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from embedserve import frames
+
+
+class ReplicaCallError(Exception):
+    """A frame call that ended without an answer: its gRPC status and details."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class FrameChannel(asyncio.Protocol):
+    """A connection to one replica's frame socket. Open with ``FrameChannel.open``."""
+
+    def __init__(self, max_payload: int) -> None:
+        self._reader = frames.FrameReader(max_payload)
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, tuple[asyncio.Future, type[Message] | None]] = {}
+        self._next_id = 0
+        self._lost = "the connection to the replica closed"
+
+    @classmethod
+    async def open(cls, path: str | Path, token: str | None, timeout_s: float,
+                   max_payload: int = 256 * 1024 * 1024) -> FrameChannel:
+        """Connect and say HELLO; ReplicaCallError if the replica refuses the token,
+        OSError if nothing listens at ``path``."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout_s):
+            _, channel = await loop.create_unix_connection(lambda: cls(max_payload), str(path))
+            try:
+                await channel._exchange(frames.HELLO, 0, (token or "").encode(), None)
+            except BaseException:
+                channel.close()
+                raise
+        return channel
+
+    @property
+    def closed(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    async def call(self, method: str, request: Message, timeout: float | None) -> Message:
+        """``method``'s response to ``request``; ReplicaCallError on any other outcome."""
+        index = frames.METHOD_INDEX[method]
+        timeout_us = 0 if timeout is None else max(1, int(timeout * 1e6))
+        if timeout_us > frames.MAX_TIMEOUT_US:
+            timeout_us = 0
+        return await self._exchange(frames.CALL, index, request.SerializeToString(),
+                                    frames.METHODS[index].response_type, timeout, timeout_us)
+
+    async def _exchange(self, kind: int, arg: int, payload: bytes, response_type: type[Message] | None,
+                        timeout: float | None = None, timeout_us: int = 0) -> Message:
+        if self.closed:
+            raise ReplicaCallError(grpc.StatusCode.UNAVAILABLE, self._lost)
+        call_id = self._next_id
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        future = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = (future, response_type)
+        self._transport.write(frames.frame(kind, call_id, payload, arg=arg, timeout_us=timeout_us))
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            self._abandon(call_id)
+            raise ReplicaCallError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded") from None
+        except asyncio.CancelledError:
+            self._abandon(call_id)
+            raise
+
+    def _abandon(self, call_id: int) -> None:
+        """The caller no longer waits: tell the replica, unless the answer is in."""
+        if self._pending.pop(call_id, None) is not None and not self.closed:
+            self._transport.write(frames.frame(frames.CANCEL, call_id))
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(ReplicaCallError(grpc.StatusCode.UNAVAILABLE, self._lost))
+
+    def data_received(self, data: bytes) -> None:
+        for reply in self._reader.feed(data):
+            entry = self._pending.pop(reply.call_id, None)
+            if entry is None or entry[0].done():
+                continue   # abandoned by its caller
+            future, response_type = entry
+            code = frames.status_code(reply.arg)
+            if reply.oversized:
+                future.set_exception(ReplicaCallError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "the replica's answer is over the gateway's limit"))
+            elif code is not grpc.StatusCode.OK:
+                future.set_exception(ReplicaCallError(code, reply.payload.decode(errors="replace")))
+            elif response_type is None:
+                future.set_result(None)
+            else:
+                try:
+                    future.set_result(response_type.FromString(reply.payload))
+                except DecodeError:
+                    future.set_exception(ReplicaCallError(grpc.StatusCode.INTERNAL,
+                                                          "cannot decode the replica's answer"))

@@ -1,0 +1,181 @@
+"""The replica's frame socket: ``embedserve.frames`` calls served by the same handlers.
+
+Each CALL runs the ``InferenceService`` handler of its method as its own task,
+exactly as grpc.aio would (same decoding, validation, admission, errors and metrics);
+only the envelope differs. ``CallContext`` stands in for the handler's gRPC context:
+the deadline the frame carries, and the status the handler sets.
+
+Life cycle follows the gRPC server's: ``stop`` stops accepting, lets calls in flight
+finish for ``grace_s`` (a draining replica has already stopped admitting new ones),
+then cancels the rest and closes the connections, which fails those calls on the
+gateway's side as UNAVAILABLE (retried on another replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from embedserve import frames
+from embedserve.scheduler.servicer import InferenceService
+from embedserve.scheduler.status import INTERNAL_MESSAGE
+
+log = logging.getLogger(__name__)
+
+
+class CallContext:
+    """What a handler asks of its context: the time left, and the status it sets."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self._deadline = deadline
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+class FrameServer:
+    """Serves ``service`` on a Unix socket. ``max_payload``: the largest request, in
+    bytes (the gRPC server's receive limit); ``max_calls``: calls at once, over all
+    connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
+
+    def __init__(self, service: InferenceService, token: str | None, max_payload: int,
+                 max_calls: int) -> None:
+        self._service = service
+        self._token = (token or "").encode()
+        self._max_payload = max_payload
+        self._max_calls = max_calls
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Connection] = set()
+        self.calls: set[asyncio.Task] = set()
+
+    async def start(self, path: Path) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
+
+    async def stop(self, grace_s: float) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        if self.calls:
+            await asyncio.wait(list(self.calls), timeout=grace_s)
+        for task in list(self.calls):
+            task.cancel()
+        for connection in list(self._connections):
+            connection.close()
+        await self._server.wait_closed()
+
+    def token_matches(self, supplied: bytes) -> bool:
+        # Constant time: the comparison must not tell a prober how much of a guess was right.
+        return hmac.compare_digest(supplied, self._token)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: FrameServer) -> None:
+        self._server = server
+        self._reader = frames.FrameReader(server._max_payload)
+        self._transport: asyncio.Transport | None = None
+        self._greeted = False
+        self._calls: dict[int, asyncio.Task] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._connections.discard(self)
+        for task in self._calls.values():   # the gateway is gone: nobody awaits these
+            task.cancel()
+        self._transport = None
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        for item in self._reader.feed(data):
+            if not self._greeted:
+                self._greet(item)
+            elif item.kind == frames.CALL:
+                self._start_call(item)
+            elif item.kind == frames.CANCEL:
+                task = self._calls.get(item.call_id)
+                if task is not None:
+                    task.cancel()
+
+    def _greet(self, hello: frames.Frame) -> None:
+        if hello.kind == frames.HELLO and self._server.token_matches(hello.payload):
+            self._greeted = True
+            self._reply(hello.call_id, grpc.StatusCode.OK, b"", kind=frames.HELLO)
+            return
+        log.warning("refused a frame connection: missing or wrong replica token")
+        self._reply(hello.call_id, grpc.StatusCode.UNAUTHENTICATED,
+                    b"missing or wrong replica token; see --replica-token-file", kind=frames.HELLO)
+        self.close()
+
+    def _start_call(self, call: frames.Frame) -> None:
+        if call.oversized:
+            self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"request larger than this replica's limit of {self._server._max_payload} "
+                        f"bytes".encode())
+            return
+        if call.arg >= len(frames.METHODS):
+            self._reply(call.call_id, grpc.StatusCode.UNIMPLEMENTED, b"unknown method")
+            return
+        if len(self._server.calls) >= self._server._max_calls:
+            self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        b"the replica is serving its maximum of concurrent calls")
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(call))
+        self._calls[call.call_id] = task
+        self._server.calls.add(task)
+        task.add_done_callback(lambda done: self._forget(call.call_id, done))
+
+    def _forget(self, call_id: int, task: asyncio.Task) -> None:
+        if self._calls.get(call_id) is task:
+            del self._calls[call_id]
+        self._server.calls.discard(task)
+
+    async def _serve(self, call: frames.Frame) -> None:
+        method = frames.METHODS[call.arg]
+        timeout = call.timeout_us / 1e6 if call.timeout_us else None
+        context = CallContext(None if timeout is None else time.monotonic() + timeout)
+        try:
+            request = method.request_type.FromString(call.payload)
+        except DecodeError:
+            self._reply(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                        f"cannot decode the {method.name} request".encode())
+            return
+        handler = getattr(self._server._service, method.name)
+        try:
+            async with asyncio.timeout(timeout):
+                response = await handler(request, context)
+        except TimeoutError:
+            self._reply(call.call_id, grpc.StatusCode.DEADLINE_EXCEEDED, b"deadline exceeded")
+            return
+        except Exception:  # the handlers map their own errors; this is a bug, not a bad call
+            log.exception("frame call %s failed", method.name)
+            self._reply(call.call_id, grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE.encode())
+            return
+        if context.code is not None and context.code is not grpc.StatusCode.OK:
+            self._reply(call.call_id, context.code, context.details.encode())
+            return
+        self._reply(call.call_id, grpc.StatusCode.OK, response.SerializeToString())
+
+    def _reply(self, call_id: int, code: grpc.StatusCode, payload: bytes,
+               kind: int = frames.REPLY) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frames.frame(kind, call_id, payload, arg=frames.status_number(code)))

@@ -1,0 +1,280 @@
+"""Replica calls as frames over the replica's Unix socket (embedserve/frames.py).
+
+A real scheduler (``ThreadedScheduler``, a tiny model) with ``unix_socket`` set serves
+gRPC and frames at once; a ``FrameChannel`` on a loop of its own (as a gateway's) calls
+it. The reference is the same replica's gRPC answer: same vectors, same status codes
+and details, the same handling of deadlines, cancellation and overload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, random_sequences, wait_until
+
+from embedserve import frames, wire
+from embedserve.engine import Engine
+from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.protos import inference_pb2
+from embedserve.scheduler.settings import SchedulerSettings
+
+TOKEN = "frames-test-token"
+
+
+@pytest.fixture(scope="module")
+def bert_engine(tiny_bert_dir):
+    engine = Engine.load(tiny_bert_dir)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def socket_dir():
+    with tempfile.TemporaryDirectory(prefix="es-") as directory:   # short: sun_path is 108 bytes
+        yield Path(directory)
+
+
+def _settings(model_dir: Path, socket_dir: Path, **overrides) -> SchedulerSettings:
+    return SchedulerSettings(model_dir=model_dir, unix_socket=socket_dir / "r.sock",
+                             replica_token=TOKEN, **overrides)
+
+
+@pytest.fixture(scope="module")
+def replica(bert_engine, tiny_bert_dir):
+    with tempfile.TemporaryDirectory(prefix="es-") as directory:
+        settings = _settings(tiny_bert_dir, Path(directory), max_batch_tokens=512, metrics_port=0)
+        with ThreadedScheduler(settings, bert_engine) as server:
+            yield server
+
+
+def frame_path(server: ThreadedScheduler) -> Path:
+    return frames.frame_socket_path(server.server.settings.unix_socket)
+
+
+def over_frames(server: ThreadedScheduler, calls, token: str | None = TOKEN):
+    """Open a channel on a fresh loop (as a gateway's), run ``calls(channel)``, close."""
+    async def run():
+        channel = await FrameChannel.open(frame_path(server), token, timeout_s=10)
+        try:
+            return await calls(channel)
+        finally:
+            channel.close()
+    return asyncio.run(run())
+
+
+def grpc_status(server: ThreadedScheduler, method: str, request) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        getattr(server.stub, method)(request, timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),))
+    return info.value.code(), info.value.details()
+
+
+def frame_status(server: ThreadedScheduler, method: str, request) -> tuple[grpc.StatusCode, str]:
+    async def call(channel):
+        with pytest.raises(ReplicaCallError) as info:
+            await channel.call(method, request, timeout=10)
+        return info.value.code(), info.value.details()
+    return over_frames(server, call)
+
+
+def test_the_socket_sits_beside_the_grpc_socket(replica):
+    assert replica.server.settings.unix_socket.is_socket()
+    assert frame_path(replica).is_socket()
+    assert frame_path(replica).name == "r.sock.frames"
+
+
+def test_embed_and_info_answer_as_grpc_does(replica):
+    sequences = random_sequences(np.random.default_rng(3), 6, 1, 200)
+    request = embed_request(sequences, request_id="frames-1", normalize=True)
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    by_grpc = replica.stub.Embed(request, timeout=30, metadata=metadata)
+
+    async def calls(channel):
+        return (await channel.call("Embed", request, timeout=30),
+                await channel.call("Info", inference_pb2.InfoRequest(), timeout=10))
+    by_frames, info = over_frames(replica, calls)
+    assert by_frames.request_id == "frames-1"
+    np.testing.assert_array_equal(wire.tensor_to_array(by_frames.embeddings),
+                                  wire.tensor_to_array(by_grpc.embeddings))
+    assert info == replica.stub.Info(inference_pb2.InfoRequest(), timeout=10, metadata=metadata)
+    assert replica.counter("embedserve_scheduler_calls_total", method="Embed", code="OK") >= 2
+
+
+def _i32(*values: int) -> bytes:
+    return np.array(values, dtype="<i4").tobytes()
+
+
+@pytest.mark.parametrize("method, request_", [
+    ("Embed", inference_pb2.EmbedRequest(tokens=inference_pb2.PackedTokens(token_ids=b"", lengths=b""))),
+    ("Embed", inference_pb2.EmbedRequest(tokens=inference_pb2.PackedTokens(
+        token_ids=_i32(5, 250_002), lengths=_i32(2)))),
+    ("Embed", inference_pb2.EmbedRequest(tokens=inference_pb2.PackedTokens(
+        token_ids=_i32(5, 6), lengths=_i32(2)), dimensions=33)),
+    ("Score", inference_pb2.ScoreRequest(pairs=inference_pb2.PackedTokens(
+        token_ids=_i32(0, 5, 2), lengths=_i32(3)))),
+    ("Ranges", inference_pb2.RangesRequest(dimensions=16)),
+])
+def test_bad_calls_get_grpcs_status_and_details(replica, method, request_):
+    code, details = frame_status(replica, method, request_)
+    assert code is not grpc.StatusCode.OK
+    assert (code, details) == grpc_status(replica, method, request_)
+
+
+def test_two_hundred_calls_in_flight_each_get_their_own_rows(replica, bert_engine):
+    rng = np.random.default_rng(4)
+    batches = [random_sequences(rng, int(rng.integers(1, 4)), 1, 60) for _ in range(200)]
+
+    async def calls(channel):
+        return await asyncio.gather(*(channel.call("Embed", embed_request(b, request_id=str(k)), timeout=60)
+                                      for k, b in enumerate(batches)))
+    replies = over_frames(replica, calls)
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    for k in (0, 57, 199):   # spot checks against gRPC, rows and ids
+        expected = wire.tensor_to_array(replica.stub.Embed(embed_request(batches[k]), timeout=30,
+                                                           metadata=metadata).embeddings)
+        np.testing.assert_allclose(wire.tensor_to_array(replies[k].embeddings), expected, rtol=1e-5, atol=1e-6)
+    for k, reply in enumerate(replies):
+        assert reply.request_id == str(k)
+        assert reply.embeddings.shape[0] == len(batches[k])
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_a_connection_without_the_token_is_refused(replica, token):
+    with pytest.raises(ReplicaCallError) as info:
+        over_frames(replica, lambda channel: channel.call("Info", inference_pb2.InfoRequest(), 5), token=token)
+    assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_undecodable_and_oversized_calls_are_refused_and_the_connection_serves_on(replica):
+    limit = replica.server.frame_server._max_payload
+
+    async def raw(channel_socket: socket.socket, kind: int, call_id: int, payload: bytes, arg: int = 0):
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(channel_socket, frames.frame(kind, call_id, payload, arg=arg))
+        reader = frames.FrameReader(1 << 30)
+        data = b""
+        while True:
+            data = await loop.sock_recv(channel_socket, 65536)
+            assert data, "the replica closed the connection"
+            got = list(reader.feed(data))
+            if got:
+                return got[0]
+
+    async def run():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(s, str(frame_path(replica)))
+            hello = await raw(s, frames.HELLO, 0, TOKEN.encode())
+            assert frames.status_code(hello.arg) is grpc.StatusCode.OK
+            bad = await raw(s, frames.CALL, 1, b"\xff\xff\xff", arg=frames.METHOD_INDEX["Embed"])
+            big = await raw(s, frames.CALL, 2, bytes(limit + 1), arg=frames.METHOD_INDEX["Embed"])
+            unknown = await raw(s, frames.CALL, 3, b"", arg=200)
+            good = await raw(s, frames.CALL, 4, embed_request([[5, 6, 7]]).SerializeToString(),
+                             arg=frames.METHOD_INDEX["Embed"])
+            return bad, big, unknown, good
+    bad, big, unknown, good = asyncio.run(run())
+    assert (bad.call_id, frames.status_code(bad.arg)) == (1, grpc.StatusCode.INVALID_ARGUMENT)
+    assert (big.call_id, frames.status_code(big.arg)) == (2, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert b"limit" in big.payload
+    assert (unknown.call_id, frames.status_code(unknown.arg)) == (3, grpc.StatusCode.UNIMPLEMENTED)
+    assert (good.call_id, frames.status_code(good.arg)) == (4, grpc.StatusCode.OK)
+    assert inference_pb2.EmbedResponse.FromString(good.payload).embeddings.shape == [1, 32]
+
+
+def test_the_reader_cuts_frames_at_any_byte_boundary():
+    stream = b"".join(frames.frame(frames.REPLY, k, bytes([k]) * k, arg=k % 3) for k in range(40))
+    for cut in (1, 7, 16, 17, 100):
+        reader = frames.FrameReader(1 << 20)
+        got = [f for i in range(0, len(stream), cut) for f in reader.feed(stream[i:i + cut])]
+        assert [(f.call_id, f.arg, f.payload) for f in got] == [(k, k % 3, bytes([k]) * k) for k in range(40)]
+
+
+def test_an_oversized_frame_split_across_reads_is_skipped_whole():
+    reader = frames.FrameReader(10)
+    stream = frames.frame(frames.CALL, 1, bytes(50)) + frames.frame(frames.CALL, 2, b"ok")
+    got = [f for i in range(0, len(stream), 9) for f in reader.feed(stream[i:i + 9])]
+    assert [(f.call_id, f.oversized, f.payload) for f in got] == [(1, True, b""), (2, False, b"ok")]
+
+
+# -- with the engine held shut: deadlines, cancellation, a replica going away ---------
+
+
+@pytest.fixture
+def gated(bert_engine, tiny_bert_dir, socket_dir):
+    """A replica whose engine is held shut, with one call already in it."""
+    recorder = RecordingEngine(bert_engine)
+    settings = _settings(tiny_bert_dir, socket_dir, max_batch_tokens=64, in_flight_depth=1,
+                         max_queue_tokens=600)
+    with ThreadedScheduler(settings, recorder) as server:
+        recorder.gate.clear()
+        steps_before = recorder.steps   # the warm-up's
+        blocker = server.stub.Embed.future(embed_request([[5, 6, 7]]), timeout=60,
+                                           metadata=(("authorization", f"Bearer {TOKEN}"),))
+        wait_until(lambda: recorder.steps == steps_before + 1, what="a step in the engine")
+        yield server, recorder
+        recorder.gate.set()
+        assert list(blocker.result(30).embeddings.shape) == [1, 32]
+    recorder.close()
+
+
+def _ran(recorder: RecordingEngine, marker: int) -> bool:
+    return any(marker in sequence for sequence in recorder.stepped)
+
+
+def test_a_cancelled_caller_cancels_the_call_on_the_replica(gated):
+    server, recorder = gated
+
+    async def calls(channel):
+        task = asyncio.create_task(channel.call("Embed", embed_request([[4242] * 5] * 3), timeout=60))
+        while server.server.pool.queued_sequences < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(wait_until, lambda: server.counter(
+            "embedserve_scheduler_calls_dropped_total", reason="cancelled") == 1)
+        recorder.gate.set()
+        # The connection serves on after the cancel.
+        return await channel.call("Embed", embed_request([[9, 9]]), timeout=30)
+    after = over_frames(server, calls)
+    assert list(after.embeddings.shape) == [1, 32]
+    assert not _ran(recorder, 4242)
+    assert server.counter("embedserve_scheduler_calls_total", method="Embed", code="CANCELLED") == 1
+
+
+def test_a_call_past_its_deadline_is_deadline_exceeded_on_both_sides(gated):
+    server, recorder = gated
+
+    async def calls(channel):
+        with pytest.raises(ReplicaCallError) as info:
+            await channel.call("Embed", embed_request([[4343] * 5] * 3), timeout=1.0)
+        return info.value.code()
+    assert over_frames(server, calls) is grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: sum(server.counter("embedserve_scheduler_calls_dropped_total", reason=r)
+                           for r in ("deadline", "cancelled")) == 1, what="the replica to drop the call")
+    recorder.gate.set()
+    assert not _ran(recorder, 4343)
+
+
+def test_calls_in_flight_fail_unavailable_when_the_replica_stops(gated):
+    server, recorder = gated
+
+    async def calls(channel):
+        task = asyncio.create_task(channel.call("Embed", embed_request([[4444] * 5]), timeout=60))
+        while server.server.pool.queued_sequences < 1:
+            await asyncio.sleep(0.005)
+        # The replica's own shutdown path with no grace: its frame calls are cut.
+        await asyncio.wrap_future(server.submit(server.server.frame_server.stop(grace_s=0)))
+        with pytest.raises(ReplicaCallError) as info:
+            await task
+        assert channel.closed
+        with pytest.raises(ReplicaCallError) as later:
+            await channel.call("Embed", embed_request([[5]]), timeout=5)
+        return info.value.code(), later.value.code()
+    assert over_frames(server, calls) == (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
+    recorder.gate.set()
