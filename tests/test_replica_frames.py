@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, random_sequences, wait_until
 
-from embedserve import frames, wire
+from embedserve import frames, ragged, wire
 from embedserve.engine import Engine
 from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2
@@ -278,3 +278,28 @@ def test_calls_in_flight_fail_unavailable_when_the_replica_stops(gated):
         return info.value.code(), later.value.code()
     assert over_frames(server, calls) == (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
     recorder.gate.set()
+
+
+def test_score_and_ranges_answer_as_grpc_does(tiny_bert_reranker_dir, tiny_bert_dir, bert_engine, tmp_path):
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    rng = np.random.default_rng(5)
+    pairs = [rng.integers(5, 1000, int(rng.integers(3, 40))).astype(np.int32) for _ in range(5)]
+    score = inference_pb2.ScoreRequest(pairs=wire.pack_tokens(ragged.from_sequences(pairs)), sigmoid=True)
+    reranker = Engine.load(tiny_bert_reranker_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="es-") as directory, \
+                ThreadedScheduler(_settings(tiny_bert_reranker_dir, Path(directory)), reranker) as server:
+            by_frames = over_frames(server, lambda channel: channel.call("Score", score, timeout=30))
+            by_grpc = server.stub.Score(score, timeout=30, metadata=metadata)
+    finally:
+        reranker.close()
+    assert by_frames.scores.shape == [5]
+    np.testing.assert_array_equal(wire.tensor_to_array(by_frames.scores), wire.tensor_to_array(by_grpc.scores))
+
+    ranges = inference_pb2.RangesRequest(dimensions=16, normalize=True)
+    with tempfile.TemporaryDirectory(prefix="es-") as directory, \
+            ThreadedScheduler(_settings(tiny_bert_dir, Path(directory), calibration_cache_dir=tmp_path),
+                              bert_engine) as server:
+        by_frames = over_frames(server, lambda channel: channel.call("Ranges", ranges, timeout=30))
+        by_grpc = server.stub.Ranges(ranges, timeout=30, metadata=metadata)
+    assert by_frames.calibration_id and by_frames == by_grpc
