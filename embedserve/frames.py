@@ -34,7 +34,6 @@ directory both are in.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,13 +105,16 @@ class FrameReader:
         self._buffer = bytearray()
         self._skipping = 0      # bytes of an oversized payload still to drop
 
-    def feed(self, data: bytes) -> Iterator[Frame]:
+    def feed(self, data: bytes) -> list[Frame]:
+        """The frames ``data`` completes, in order (a list, not a generator: the buffer is
+        trimmed before the caller acts on any of them)."""
         if self._skipping:
             dropped = min(self._skipping, len(data))
             self._skipping -= dropped
             data = data[dropped:]
         self._buffer += data
         buffer = self._buffer
+        found: list[Frame] = []
         start = 0
         while len(buffer) - start >= HEADER.size and not self._skipping:
             size, call_id, kind, arg, timeout_us = HEADER.unpack_from(buffer, start)
@@ -121,10 +123,11 @@ class FrameReader:
                 present = min(size, len(buffer) - body)
                 self._skipping = size - present
                 start = body + present
-                yield Frame(kind, call_id, arg, timeout_us, b"", oversized=True)
+                found.append(Frame(kind, call_id, arg, timeout_us, b"", oversized=True))
                 continue
             if len(buffer) - body < size:
                 break
             start = body + size
-            yield Frame(kind, call_id, arg, timeout_us, bytes(buffer[body:start]))
+            found.append(Frame(kind, call_id, arg, timeout_us, bytes(buffer[body:start])))
         del buffer[:start]
+        return found
