@@ -1,7 +1,7 @@
 """What every embedserve process does alike at its entry point.
 
-Owns the log line format, the stop signals (SIGTERM and SIGINT, handled on
-the event loop), and the one line each server role prints once it listens,
+Owns the event loop every server process runs on (uvloop), the log line
+format, the stop signals (SIGTERM and SIGINT, handled on the event loop), and the one line each server role prints once it listens,
 together with the pattern a parent process reads that line back with. The
 line and its pattern sit side by side so they cannot drift apart. Knows
 nothing about what the processes serve.
@@ -14,7 +14,12 @@ import contextlib
 import logging
 import re
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import uvloop
+
+T = TypeVar("T")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -24,6 +29,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SCHEDULER_LISTENING = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+)")
 # ``embedserve gateway listening on http://HOST:PORT (replicas: ...)``. Group 1: the URL.
 GATEWAY_LISTENING = re.compile(r"embedserve gateway listening on (http://\S+:\d+)")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a server process's ``main`` to completion on a uvloop event loop.
+
+    uvloop's transports and callbacks are C (libuv): the gateway's HTTP and
+    replica calls and the replica's frame socket and batcher hand-offs each cost
+    less loop time than on asyncio's own loop (BENCHMARKS.md, stack overhead).
+    grpc.aio runs on any asyncio loop (its I/O has threads of its own).
+    """
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def configure_logging(level: str = "info") -> None:

@@ -107,6 +107,16 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: 
     return directory
 
 
+@pytest.fixture(scope="module")
+def bert_engine(tiny_bert_dir: Path):
+    """A loaded Engine of tiny_bert_dir, shared by one test module's in-process servers."""
+    from embedserve.engine import Engine   # torch: only for the modules that ask for it
+
+    engine = Engine.load(tiny_bert_dir)
+    yield engine
+    engine.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_xlmr_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: Path) -> Path:
     """XLMRobertaModel, CLS pooling, no normalization, no prompts."""

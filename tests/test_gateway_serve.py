@@ -83,6 +83,8 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
 
         replicas = children(process.pid)
         assert len(replicas) == 2
+        for pid in (process.pid, replicas[0]):   # entrypoint.run_event_loop's loop
+            assert "uvloop/loop." in open(f"/proc/{pid}/maps").read()
         # Their OpenMP threads stop spinning soon after a step (launch/commands.py).
         environ = open(f"/proc/{replicas[0]}/environ", "rb").read().split(b"\0")
         assert b"GOMP_SPINCOUNT=20000" in environ

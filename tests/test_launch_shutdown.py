@@ -23,6 +23,7 @@ gets the same check at the end of its one run in tests/test_deploy_cluster.py
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -96,3 +97,27 @@ def test_lone_gateway_sigterm_under_load_loses_nothing(default_model_dir: Path, 
                                         "--upstream", default_replica.address, "--port", "0"))
     # The replica (the session's shared one) kept serving throughout: the gateway's drain needed it.
     assert default_replica.process is not None and default_replica.process.poll() is None
+
+
+def test_a_kept_alive_connection_is_refused_with_503_after_the_drain_not_cut(
+        default_model_dir: Path, default_replica) -> None:
+    # The client's connection is idle when the drain ends (nothing admitted is left): the
+    # gateway must keep answering it with 503 + Connection: close for a moment before it
+    # closes connections, or the client's next request is cut (a transport error).
+    command = Command("gateway", "--model", str(default_model_dir), "--upstream",
+                      default_replica.address, "--port", "0")
+    try:
+        url = command.gateway_url()
+        wait_ready(url)
+        with httpx.Client(base_url=url, timeout=30, trust_env=False) as http:
+            assert http.post("/v1/embeddings", json={"input": "kept alive"}).status_code == 200
+            command.popen.send_signal(signal.SIGTERM)
+            statuses = []
+            while not statuses or statuses[-1] == 200:   # 200 until the signal lands
+                time.sleep(0.05)
+                statuses.append(http.post("/v1/embeddings", json={"input": "next"}).status_code)
+                assert len(statuses) < 100, "the gateway never began draining"
+        assert statuses[-1] == 503
+        assert command.popen.wait(30) == 0, command.output()
+    finally:
+        command.close()

@@ -27,13 +27,6 @@ from embedserve.scheduler.settings import SchedulerSettings
 TOKEN = "frames-test-token"
 
 
-@pytest.fixture(scope="module")
-def bert_engine(tiny_bert_dir):
-    engine = Engine.load(tiny_bert_dir)
-    yield engine
-    engine.close()
-
-
 @pytest.fixture
 def socket_dir():
     with tempfile.TemporaryDirectory(prefix="es-") as directory:   # short: sun_path is 108 bytes

@@ -15,19 +15,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 from embedserve import wire
-from embedserve.engine import Batch, Engine
+from embedserve.engine import Batch
 from embedserve.protos import inference_pb2_grpc
 from embedserve.errors import InvalidInput
 from embedserve.scheduler.settings import SchedulerSettings
 
 QUEUED = "embedserve_scheduler_queue_sequences"
-
-
-@pytest.fixture(scope="module")
-def bert_engine(tiny_bert_dir):
-    engine = Engine.load(tiny_bert_dir)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

@@ -22,13 +22,6 @@ from embedserve.scheduler.settings import SchedulerSettings
 
 
 @pytest.fixture(scope="module")
-def bert_engine(tiny_bert_dir):
-    engine = Engine.load(tiny_bert_dir)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def bert_server(bert_engine, tiny_bert_dir):
     settings = SchedulerSettings(model_dir=tiny_bert_dir, max_batch_tokens=512,
                                  max_batch_sequences=64, metrics_port=0)

@@ -26,7 +26,7 @@ from pathlib import Path
 import uvicorn
 
 from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
-from embedserve.entrypoint import configure_logging, gateway_banner, stop_on_signals
+from embedserve.entrypoint import configure_logging, gateway_banner, run_event_loop, stop_on_signals
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
@@ -36,6 +36,11 @@ _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
 # Once every admitted request is answered, only 503s can still be in flight:
 # uvicorn needs little time to finish them and close the connections.
 _CLOSE_GRACE_S = 3
+# Then it goes on answering 503 + Connection: close for this long before closing
+# connections: a client whose last answer was sent before the drain began kept
+# its connection, and its next request, if it lands just as uvicorn closes idle
+# connections, is cut instead of refused. Seen under load (tests/sigterm_load.py).
+_KEEP_ALIVE_GRACE_S = 0.5
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -170,7 +175,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     upstreams = [_upstreams(spec, args.upstream, len(specs)) for spec in specs]
     settings = gateway_settings(args, served_models(args, specs, upstreams),
                                 replica_token_from_args(args, os.environ))
-    return asyncio.run(serve_http(settings))
+    return run_event_loop(serve_http(settings))
 
 
 def _upstreams(spec: ModelSpec, upstream_flag: str | None, model_count: int) -> tuple[str, ...]:
@@ -221,6 +226,8 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
         if not await drain.wait_idle(settings.drain_timeout_s):
             log.warning("drain timeout (%.0f s): %d requests still running are cut off",
                         settings.drain_timeout_s, drain.in_flight)
+        else:
+            await asyncio.sleep(_KEEP_ALIVE_GRACE_S)
         server.should_exit = True
 
     with stop_on_signals(stop.set) if own_stop else contextlib.nullcontext():

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 
 from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
-from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, stop_on_signals
+from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, run_event_loop, stop_on_signals
 from embedserve.gateway.cli import add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                                # where replicas keep the int8/uint8 calibration
                                replica_args=("--cache-dir", str(args.cache_dir))
                                if args.cache_dir else ())
-    return asyncio.run(run_cluster(settings))
+    return run_event_loop(run_cluster(settings))
 
 
 async def run_cluster(settings: ClusterSettings) -> int:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from embedserve.defaults.model_args import ModelSpec, model_specs_from_args
-from embedserve.entrypoint import configure_logging, stop_on_signals
+from embedserve.entrypoint import configure_logging, run_event_loop, stop_on_signals
 from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http, served_models
 from embedserve.launch.commands import replica_env
 from embedserve.launch.processes import first_or_stop
@@ -59,7 +59,7 @@ def run_serve(args: argparse.Namespace) -> int:
                              "upstream= is for embedserve gateway")
     # Names are checked before any replica starts.
     served_models(args, specs, [()] * len(specs))
-    return asyncio.run(_serve_stack(args, specs))
+    return run_event_loop(_serve_stack(args, specs))
 
 
 async def _serve_stack(args: argparse.Namespace, specs: list[ModelSpec]) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
                                             model_dir_from_args)
-from embedserve.entrypoint import configure_logging, scheduler_banner, stop_on_signals
+from embedserve.entrypoint import configure_logging, run_event_loop, scheduler_banner, stop_on_signals
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import (DEFAULT_DTYPE, REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, model_dir_from_args(args))
     if args.calibrate_only:
         return calibrate_only(settings)
-    return asyncio.run(serve(settings))
+    return run_event_loop(serve(settings))
 
 
 def calibrate_only(settings: SchedulerSettings) -> int:
