@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
 
+
 def channel_options(ping_s: float) -> tuple[tuple[str, int], ...]:
     """gRPC channel options for one replica.
 
