@@ -6,12 +6,19 @@ what the issue asks of the file is checked here without one: dependency
 layer before the source, non-root user, the default model built at build
 time, a HEALTHCHECK, one build argument for CPU/CUDA, package sources as
 build arguments and the CA as a build secret (so it builds without the
-public internet), no `# syntax` line (it needs Docker Hub), and a root
-build context without the virtualenv.
+public internet), no `# syntax` line (it needs Docker Hub), a root build
+context without the virtualenv, and the native CPU kernels: a stage with a
+C compiler builds the wheel and fails without them, the runtime stage
+installs that wheel and no compiler.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -100,17 +107,18 @@ def test_package_sources_are_build_arguments() -> None:
 
 def test_private_ca_is_an_optional_build_secret() -> None:
     steps = instructions(DOCKERFILE.read_text())
-    networked = [rest for kind, rest in steps if kind == "RUN" and "pip install" in rest and "--no-index" not in rest]
-    assert len(networked) == 1, "one step reaches the network; the source layer installs offline"
+    networked = [rest for kind, rest in steps
+                 if kind == "RUN" and ("pip install" in rest or "pip wheel" in rest) and "--no-index" not in rest]
+    assert len(networked) == 1, "one step reaches the network; the source is built and installed offline"
     step = networked[0]
     assert step.startswith("--mount=type=secret,id=pip_ca,target=/run/secrets/pip_ca ")
     # Used only when given and non-empty, so a build without the secret works.
     assert "if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi" in step
     assert not any("CERT" in rest or "pip_ca" in rest for kind, rest in steps if kind in ("ARG", "ENV"))
-    # The project's build backend comes with the dependencies, for the offline source install.
+    # The project's build backend comes with the dependencies, for the offline source build.
     assert "build-system" in step
-    source_install = next(rest for kind, rest in steps if kind == "RUN" and "pip install" in rest and "--no-index" in rest)
-    assert "--no-build-isolation" in source_install
+    source_build = next(rest for kind, rest in steps if kind == "RUN" and "pip wheel" in rest)
+    assert "--no-index" in source_build and "--no-build-isolation" in source_build
 
 
 def test_tokenizer_warm_up_compiles_the_installed_package() -> None:
@@ -130,3 +138,94 @@ def test_tokenizer_warm_up_compiles_the_installed_package() -> None:
             warm_up_dir = workdir
     assert source_dir is not None and warm_up_dir is not None
     assert warm_up_dir != source_dir
+
+
+def _stages(steps: list[tuple[str, str]]) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """Stage name -> (the image or stage it is FROM, its instructions)."""
+    stages: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for kind, rest in steps:
+        if kind == "FROM":
+            base, _, name = rest.split()
+            current: list[tuple[str, str]] = []
+            stages[name] = (base, current)
+        elif stages:
+            current.append((kind, rest))
+    return stages
+
+
+def _native_kernels() -> list[str]:
+    """The optional ext-modules pyproject.toml declares, by module name."""
+    pyproject = tomllib.loads((DOCKERFILE.parents[1] / "pyproject.toml").read_text())
+    modules = pyproject["tool"]["setuptools"]["ext-modules"]
+    assert all(module.get("optional") for module in modules)
+    return [module["name"] for module in modules]
+
+
+def _wheel_check(run: str) -> str:
+    """The `python -c` program in the wheel-building step."""
+    match = re.search(r'python -c "([^"]+)"', run)
+    assert match, run
+    return match.group(1)
+
+
+def test_native_kernels_are_built_by_a_compiler_stage_and_checked() -> None:
+    # The kernels are `optional` extensions: without a compiler pip skips them
+    # with a warning, so the stage that builds the wheel brings gcc and the
+    # build fails if either is missing from the wheel.
+    stages = _stages(instructions(DOCKERFILE.read_text()))
+    build = [name for name, (_, steps) in stages.items()
+             if any(kind == "RUN" and "pip wheel" in rest for kind, rest in steps)]
+    assert len(build) == 1
+    base, steps = stages[build[0]]
+    assert base == "deps"
+    runs = [rest for kind, rest in steps if kind == "RUN"]
+    apt = next(rest for rest in runs if "apt-get install" in rest)
+    installs = [part for part in apt.split("&&") if "apt-get install" in part]
+    assert any(" gcc " in f"{part} " for part in installs)
+    assert all("--no-install-recommends" in part for part in installs)
+    assert apt.rstrip().endswith("rm -rf /var/lib/apt/lists/*")
+    wheel = next(rest for rest in runs if "pip wheel" in rest)
+    assert runs.index(apt) < runs.index(wheel)
+    assert "--wheel-dir /wheels" in wheel
+    check = _wheel_check(wheel)
+    for name in _native_kernels():
+        assert name.rsplit(".", 1)[1] in check
+
+
+@pytest.mark.parametrize("present", [(True, True), (True, False), (False, False)],
+                         ids=["both", "one", "none"])
+def test_wheel_check_fails_without_a_kernel(tmp_path: Path, present: tuple[bool, bool]) -> None:
+    # The check itself, run on a wheel with and without the kernels' shared objects.
+    steps = instructions(DOCKERFILE.read_text())
+    check = _wheel_check(next(rest for kind, rest in steps if kind == "RUN" and "pip wheel" in rest))
+    kernels = _native_kernels()
+    with zipfile.ZipFile(tmp_path / "embedserve-0.1.0-cp311-cp311-linux_x86_64.whl", "w") as wheel:
+        wheel.writestr("embedserve/engine/__init__.py", "")
+        wheel.writestr("embedserve/engine/csrc/amx_attention.c", "")
+        for name, built in zip(kernels, present):
+            if built:
+                wheel.writestr(name.replace(".", "/") + ".cpython-311-x86_64-linux-gnu.so", b"")
+    result = subprocess.run([sys.executable, "-c", check.replace("/wheels/", f"{tmp_path}/")],
+                            capture_output=True, text=True, timeout=60)
+    missing = [name.rsplit(".", 1)[1] for name, built in zip(kernels, present) if not built]
+    assert (result.returncode == 0) == (not missing), result.stderr
+    for name in missing:
+        assert name in result.stderr
+
+
+def test_runtime_stage_installs_the_wheel_without_a_compiler() -> None:
+    stages = _stages(instructions(DOCKERFILE.read_text()))
+    build = next(name for name, (_, steps) in stages.items()
+                 if any(kind == "RUN" and "pip wheel" in rest for kind, rest in steps))
+    # The last stage is the image; it starts from deps again, not from the
+    # stage with the compiler, and installs nothing from apt.
+    base, steps = list(stages.values())[-1]
+    assert base == "deps"
+    runs = [rest for kind, rest in steps if kind == "RUN"]
+    assert not any("apt-get" in rest or "gcc" in rest for rest in runs)
+    # The wheel, offline, through a bind mount from the build stage (no layer
+    # keeps it); no source is copied in.
+    install = next(rest for rest in runs if "pip install" in rest)
+    assert install.startswith(f"--mount=type=bind,from={build},source=/wheels,target=/wheels ")
+    assert "--no-index" in install and "/wheels/embedserve-*.whl" in install
+    assert not any(kind == "COPY" for kind, _ in steps)
