@@ -108,8 +108,8 @@ class Tokenizer:
             params = self._hf = hf_params(spec, units)
         nodes, score64 = load_or_build_compact_nodes(spec, Path(cache_dir).expanduser()
                                                      if cache_dir is not None else None)
-        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, spec.compat == "hf",
-                            int(spec.unk_id), _unk_score(spec), _byte_ids(spec))
+        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, int(spec.unk_id),
+                            _unk_score(spec), _byte_ids(spec))
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                                         new_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)

@@ -53,6 +53,8 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
 
     ``nodes``/``nodes_f32``/``score64``: ``trie.compact_nodes`` (the float32 view of the
     same rows, and hf mode's float64 scores when they are not all float32, else empty).
+    ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
+    derives it from a type), so that each mode's loop has none of the other's branches.
     ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
     SCRATCH_TOO_SMALL if ``out_ids`` is too small.
     """
