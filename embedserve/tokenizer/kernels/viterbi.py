@@ -34,10 +34,13 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES, lookup, put_token, put_word, token_at, token_count, word_hash
+from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, lookup, prefetch_slot, put_token, put_word,
+                                                     token_at, token_count, word_hash)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
+# hf mode starts loading a word's cache slot this many words before it is looked up.
+_PREFETCH_WORDS = 8
 _REBASE_BELOW = np.float32(-1e5)
 _REBASE_ABOVE = np.float32(1e5)
 
@@ -64,7 +67,12 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
     one = np.uint64(1)
     caching = use_f64 and cache.records.shape[0] > 0
     wide_scores = score64.shape[0] > 0
+    if caching:
+        for w in range(min(_PREFETCH_WORDS, n_words)):
+            prefetch_slot(cache, text, words[w, 0], words[w, 1])
     for w in range(n_words):
+        if caching and w + _PREFETCH_WORDS < n_words:
+            prefetch_slot(cache, text, words[w + _PREFETCH_WORDS, 0], words[w + _PREFETCH_WORDS, 1])
         start = words[w, 0]
         end = words[w, 1]
         if start >= end:
