@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS = {
     "tokenizer": "bench.tokenizer_bench",
+    "tokenizer_ab": "bench.tokenizer_ab",
     "engine": "bench.engine_bench",
     "engine_profile": "bench.engine_profile",
     "modernbert": "bench.modernbert_bench",

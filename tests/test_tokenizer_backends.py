@@ -185,6 +185,8 @@ def test_a_supported_unigram_runs_natively_and_exactly(tmp_path):
     ours = load_tokenizer_file(path, cache_dir=tmp_path / "trie")
     assert isinstance(ours, Tokenizer) and ours.backend == "native-unigram"
     assert native_backend_for(json.loads(path.read_text()))[0] == "native-unigram"
+    # Trained scores are not float32s: Viterbi reads them from the float64 column.
+    assert ours._model.score64.shape == (ours._model.nodes.shape[0],)
     reference = tokenizers.Tokenizer.from_file(str(path))
     reference.encode_special_tokens = True
     # The trained vocabulary holds "<s>" as a scored piece: tokenizers' Viterbi matches it

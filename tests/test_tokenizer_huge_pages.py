@@ -87,7 +87,7 @@ def test_the_trie_and_word_cache_are_on_huge_pages(huge_pages_available, default
         ours = Tokenizer.from_model_dir(default_model_dir, cache_dir=tmp_path)
         for text in TEXTS:
             assert ours.encode(text).tolist() == reference.encode(text).ids, text
-        trie = ours._model.nodes_u64
+        trie = ours._model.nodes
         assert trie.ctypes.data % HUGE_PAGE_BYTES == 0
         assert anon_huge_kib(trie.ctypes.data) >= HUGE_PAGE_BYTES // 1024
         records = ours._word_cache().records

@@ -48,6 +48,22 @@ def test_single_encode_matches_batch_on_novel_chunks(xlmr_sp_tokenizer, xlmr_sp_
         assert xlmr_sp_tokenizer.encode(chunk, add_special_tokens=False).tolist() == batch.sequence(i).tolist()
 
 
+# normalize_sp copies runs of characters it can decide from its table alone in a tight
+# loop (_copy_plain_run) and hands the rest to its general loop; these put every kind of
+# hand-over (a rule, a 4-byte character, a longer charsmap key, leading/repeated/trailing
+# spaces, the end of the text) at the edges of such runs, alone and joined in pairs.
+PLAIN_RUN_EDGES = ["a", " a", "a ", "  a  b   c  ", "Hello  world", "ｆｕｌｌ width", "Пр ивет  мир", "日本語 テキスト",
+                   "a😀b", "😀 😀", "x\u3000y", "ﬁne ﬂow", "end é", "é", "①②", "tab\tand\nnewline",
+                   "\u00a0nbsp\u00a0", "ｶﾞｷﾞ", "e\u0301"]
+
+
+def test_plain_runs_and_their_edges(xlmr_sp_tokenizer, xlmr_sp_reference):
+    texts = PLAIN_RUN_EDGES + [a + b for a in PLAIN_RUN_EDGES for b in PLAIN_RUN_EDGES]
+    assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, texts)
+    for text in texts:  # the single-text kernel too
+        assert xlmr_sp_tokenizer.encode(text, add_special_tokens=False).tolist() == xlmr_sp_reference.encode(text), text
+
+
 @pytest.mark.parametrize("name", ["spm/test_model.model", "spm/test_ja_model.model"])
 def test_sentencepiece_test_models(name, tokenizer_cache_dir):
     path = shared_file(name)

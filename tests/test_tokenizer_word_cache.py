@@ -107,3 +107,16 @@ def test_sentencepiece_mode_never_caches(tokenizer_cache_dir):
 def test_capacity_must_be_a_power_of_two(tokenizer_cache_dir):
     with pytest.raises(ValueError, match="power of two"):
         ours(tokenizer_cache_dir, 100)
+
+
+def test_prefetching_a_slot_reads_nothing_and_writes_nothing():
+    # prefetch_slot (Viterbi calls it for the word 8 ahead) is a hint to the CPU: any word,
+    # any table, the empty one included, and the table is left as it was.
+    from embedserve.tokenizer.kernels.word_cache import new_word_cache, prefetch_slot
+    text = np.frombuffer("▁Grüße ▁".encode() + b"x" * (MAX_WORD_BYTES + 1), np.uint8)
+    for cache in (new_word_cache(0), new_word_cache(8)):
+        cache.records[...] = 7
+        before = cache.records.copy()
+        for start, end in ((0, 9), (3, 3), (10, text.shape[0])):
+            prefetch_slot(cache, text, start, end)
+        assert (cache.records == before).all()

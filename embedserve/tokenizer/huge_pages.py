@@ -1,9 +1,9 @@
 """Arrays backed by transparent huge pages, for the tokenizer's big random-access tables.
 
-Viterbi walks the vocabulary trie (about 50 MB for XLM-R's 250k pieces) one dependent
+Viterbi walks the vocabulary trie (about 13 MB for XLM-R's 250k pieces) one dependent
 load at a time, and hf mode's per-word cache (8 MiB a thread) is probed at a hash. On
 4 KiB pages such loads can also miss the TLB; on 2 MiB pages the whole trie needs a few
-dozen entries. Measured on multilingual text at 512 tokens (BENCHMARKS.md, tokenizer
+entries. Measured on multilingual text at 512 tokens (BENCHMARKS.md, tokenizer
 section): both modes 5-9 % faster on a quiet machine when encoding is all the process
 does; 17-25 % faster when other large tables are walked between calls (as a server's
 other work does), which evicts a 4 KiB-page trie's TLB entries.

@@ -35,7 +35,7 @@ from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.kernels.normalize_sp import sp_params
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
-from embedserve.tokenizer.kernels.trie import load_or_build_trie, node_views
+from embedserve.tokenizer.kernels.trie import load_or_build_compact_nodes
 from embedserve.tokenizer.kernels.word_cache import new_word_cache
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
@@ -106,9 +106,10 @@ class Tokenizer:
         else:
             from embedserve.tokenizer.kernels.normalize_hf import hf_params
             params = self._hf = hf_params(spec, units)
-        trie = load_or_build_trie(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
-        self._model = Model(units, strings, params, *node_views(trie), spec.compat == "hf",
-                            int(spec.unk_id), _unk_score(spec), _byte_ids(spec))
+        nodes, score64 = load_or_build_compact_nodes(spec, Path(cache_dir).expanduser()
+                                                     if cache_dir is not None else None)
+        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, int(spec.unk_id),
+                            _unk_score(spec), _byte_ids(spec))
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                                         new_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)

@@ -3,13 +3,19 @@
 A node is one cache line (``NODE_DTYPE``): a 256-bit bitmap of the bytes that have a
 child, ``base`` (child for byte c sits at ``base + c``), ``check`` (the parent's index,
 kept for validation), the output token id ending here (``NO_TOKEN`` if none), and the
-token's score in float32 (sentencepiece mode) and float64 (hf mode). Viterbi tests one
-bit of the node it is on and jumps, so a step touches one cache line.
+token's score in float32 (sentencepiece mode) and float64 (hf mode). WordPiece's walk
+tests one bit of the node it is on and jumps, so a step touches one cache line. The
+Unigram Viterbi walks the same double array as 16-byte rows (``compact_nodes``).
 
-Placement uses a free list of unused cells: a node's children go at the first free
-cell that fits all of its labels, so nodes with a single child (most of them) place in
-O(1) and the 250k-piece XLM-R vocabulary builds in a few seconds (a first-fit scan over
-all cells took minutes). Only matchable pieces are inserted (see ``MATCHABLE_KINDS``).
+Placement is depth-first: a node's children go at the first free cells after the node
+that fit all of its labels (found through a union-find "next free cell" table, so the
+250k-piece XLM-R vocabulary builds in about 1.5 s). A node with one child (most of them
+below the first bytes) then usually has it in the next cell, so a walk down a chain
+reads ascending cache lines, which the CPU prefetches; with breadth-first first-fit
+placement a chain's nodes were scattered over the 50 MB array. On multilingual text (a
+different stretch of the trie for every text) that is worth about 2 % of an encode in
+both modes (BENCHMARKS.md, tokenizer section). Only matchable pieces are inserted (see
+``MATCHABLE_KINDS``).
 
 The built array is cached as ``<cache_dir>/trie-<sha256>.npy``, the hash covering the
 pieces, scores, kinds and compat mode, so a later load is an ``np.load``.
@@ -24,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedserve.tokenizer.huge_pages import on_huge_pages
+from embedserve.tokenizer.huge_pages import huge_page_zeros, on_huge_pages
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.spec import PieceKind, TokenizerSpec
 
@@ -63,7 +69,7 @@ SLOT_TOKEN = _slot(NODE_DTYPE, "token_id", np.int32)  # 10
 SLOT_SCORE32 = _slot(NODE_DTYPE, "score32", np.float32)  # 11
 SLOT_SCORE64 = _slot(NODE_DTYPE, "score64", np.float64)  # 6
 
-TRIE_FORMAT = b"embedserve-trie-v1"
+TRIE_FORMAT = b"embedserve-trie-v2"  # v2: depth-first placement
 MATCHABLE_KINDS = (PieceKind.NORMAL, PieceKind.USER_DEFINED)
 
 
@@ -75,6 +81,50 @@ def node_views(trie: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     """
     raw = np.ascontiguousarray(trie).view(np.uint8).reshape(-1, NODE_BYTES)
     return raw.view(np.uint64), raw.view(np.int32), raw.view(np.float32), raw.view(np.float64)
+
+
+# The Unigram kernels' layout (``compact_nodes``): the same double array as int32 rows
+# of four columns, 16 bytes a node, four to a cache line. A child for byte c of node n
+# is the row base + c whose check is n (no bitmap). With the depth-first placement a
+# chain of single-child nodes shares lines; measured on the multilingual bench that is
+# 1-2 % of an encode over the 64-byte nodes, and a quarter of the memory (12.8 MB for
+# XLM-R instead of 51). WordPiece keeps the 64-byte nodes (node_views).
+COMPACT_BASE = 0
+COMPACT_CHECK = 1
+COMPACT_TOKEN = 2
+COMPACT_SCORE32 = 3  # float32 bits: read through the float32 view of the same rows
+COMPACT_COLUMNS = 4
+
+
+def compact_nodes(trie: np.ndarray, use_f64: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The trie as ``COMPACT_COLUMNS`` int32 columns per node (huge pages when big) and
+    the float64 scores per node that hf mode reads when a score is not a float32.
+
+    Rows past the last node (check -1) make ``base + c`` a valid row for every node and
+    byte, so the walk needs no bounds test. The second array is empty unless ``use_f64``
+    and some piece's float64 score differs from its float32 one (a tokenizer.json
+    converted from a SentencePiece model has float32 scores throughout); hf mode then
+    reads it on each match instead of widening the node's float32 score.
+    """
+    base = trie["base"]
+    rows = max(base.shape[0], int(base.max(initial=0)) + 256)
+    nodes = huge_page_zeros((rows, COMPACT_COLUMNS), np.int32)
+    nodes[:, COMPACT_CHECK] = -1
+    nodes[:base.shape[0], COMPACT_BASE] = base
+    nodes[:base.shape[0], COMPACT_CHECK] = trie["check"]
+    nodes[:, COMPACT_TOKEN] = NO_TOKEN
+    nodes[:base.shape[0], COMPACT_TOKEN] = trie["token_id"]
+    nodes.view(np.float32)[:base.shape[0], COMPACT_SCORE32] = trie["score32"]
+    score64 = np.zeros(0, np.float64)
+    if use_f64 and (trie["score64"] != trie["score32"].astype(np.float64)).any():
+        score64 = huge_page_zeros(rows, np.float64)
+        score64[:base.shape[0]] = trie["score64"]
+    return nodes, score64
+
+
+def load_or_build_compact_nodes(spec: TokenizerSpec, cache_dir: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """``compact_nodes`` of the trie for ``spec`` (cached on disk as ``load_or_build_trie``'s)."""
+    return compact_nodes(_cached_or_built_trie(spec, cache_dir), spec.compat == "hf")
 
 
 def spec_hash(spec: TokenizerSpec) -> str:
@@ -167,29 +217,25 @@ def _build(key_bytes, offsets, token_ids):
     check = np.full(cap, -1, np.int32)
     token = np.full(cap, NO_TOKEN, np.int32)
     bitmap = np.zeros((cap, 4), np.uint64)
-    used = np.zeros(cap, np.bool_)
-    # Doubly linked free list over cells 1..cap-1; sentinel 0 (the root, always used).
-    next_free = np.empty(cap, np.int64)
-    prev_free = np.empty(cap, np.int64)
-    for i in range(cap):
-        next_free[i] = i + 1
-        prev_free[i] = i - 1
-    next_free[cap - 1] = 0
-    prev_free[0] = cap - 1
-    used[0] = True
-    # BFS queue of (node, lo, hi, depth): keys[lo:hi] share the node's prefix of length depth.
-    q_node = np.empty(key_bytes.shape[0] + 1, np.int64)
-    q_lo = np.empty_like(q_node)
-    q_hi = np.empty_like(q_node)
-    q_depth = np.empty_like(q_node)
-    q_node[0], q_lo[0], q_hi[0], q_depth[0] = 0, 0, n_keys, 0
-    q_head, q_tail = 0, 1
+    free_from = _free_cells(cap)
+    _take(free_from, 0)  # the root
+    # Depth-first (a stack of (node, lo, hi, depth): keys[lo:hi] share the node's prefix
+    # of length depth), each node's children placed at the first free cells after it:
+    # a chain of single-child nodes, the usual shape below the first few bytes, lies in
+    # consecutive cells, so a walk down it reads ascending cache lines (which the CPU
+    # prefetches) instead of lines scattered over the array.
+    st_node = np.empty(key_bytes.shape[0] + 1, np.int64)
+    st_lo = np.empty_like(st_node)
+    st_hi = np.empty_like(st_node)
+    st_depth = np.empty_like(st_node)
+    st_node[0], st_lo[0], st_hi[0], st_depth[0] = 0, 0, n_keys, 0
+    top = 1
     labels = np.empty(256, np.int64)
     lab_lo = np.empty(256, np.int64)
     lab_hi = np.empty(256, np.int64)
-    while q_head < q_tail:
-        node, lo, hi, depth = q_node[q_head], q_lo[q_head], q_hi[q_head], q_depth[q_head]
-        q_head += 1
+    while top > 0:
+        top -= 1
+        node, lo, hi, depth = st_node[top], st_lo[top], st_hi[top], st_depth[top]
         if lo < hi and offsets[lo + 1] - offsets[lo] == depth:  # a key ends here
             token[node] = token_ids[lo]
             lo += 1
@@ -205,60 +251,80 @@ def _build(key_bytes, offsets, token_ids):
             k = j
         if n_labels == 0:
             continue
-        # First free cell f such that base = f - labels[0] places every child on a free cell.
-        f = next_free[0]
+        # The first free cell f after the node such that base = f - labels[0] puts every
+        # child on a free cell.
+        f = _first_free(free_from, max(node + 1, labels[0]))
         while True:
-            if f == 0:  # list exhausted: grow
-                old = cap
+            b = f - labels[0]
+            if b + labels[n_labels - 1] >= cap:  # past the end: grow
                 cap = cap * 2
                 base = _grow1(base, cap, 0)
                 check = _grow1(check, cap, -1)
                 token = _grow1(token, cap, NO_TOKEN)
                 bitmap = _grow2(bitmap, cap)
-                used = _grow_bool(used, cap)
-                next_free = _grow1(next_free, cap, 0)
-                prev_free = _grow1(prev_free, cap, 0)
-                last = prev_free[0]
-                for i in range(old, cap):
-                    prev_free[i] = i - 1 if i > old else last
-                    next_free[i] = i + 1
-                next_free[last] = old
-                next_free[cap - 1] = 0
-                prev_free[0] = cap - 1
-                f = old
+                free_from = _grow_free(free_from, cap)
                 continue
-            b = f - labels[0]
-            ok = b >= 0
-            if ok:
-                for t in range(1, n_labels):
-                    cell = b + labels[t]
-                    if cell < cap and used[cell]:
-                        ok = False
-                        break
-                    if cell >= cap:
-                        ok = False
-                        break
+            ok = True
+            for t in range(1, n_labels):
+                if not _is_free(free_from, b + labels[t]):
+                    ok = False
+                    break
             if ok:
                 break
-            f = next_free[f]
+            f = _first_free(free_from, f + 1)
         base[node] = b
         for t in range(n_labels):
             c = labels[t]
             cell = b + c
-            used[cell] = True
-            nf, pf = next_free[cell], prev_free[cell]
-            next_free[pf] = nf
-            prev_free[nf] = pf
+            _take(free_from, cell)
             check[cell] = node
             bitmap[node, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-            q_node[q_tail], q_lo[q_tail], q_hi[q_tail], q_depth[q_tail] = cell, lab_lo[t], lab_hi[t], depth + 1
-            q_tail += 1
+        for t in range(n_labels - 1, -1, -1):  # the lowest label on top: visited first
+            st_node[top], st_lo[top], st_hi[top], st_depth[top] = b + labels[t], lab_lo[t], lab_hi[t], depth + 1
+            top += 1
     size = 1
     for i in range(cap - 1, -1, -1):
-        if used[i]:
+        if not _is_free(free_from, i):
             size = i + 1
             break
     return base[:size].copy(), check[:size].copy(), token[:size].copy(), bitmap[:size].copy()
+
+
+# Free cells as a union-find "next free" forest: free_from[i] == i for a free cell, else a
+# cell closer to the first free cell after i. free_from[cap] is a free sentinel.
+
+@cached_njit()
+def _free_cells(cap):
+    return np.arange(cap + 1)
+
+
+@cached_njit()
+def _is_free(free_from, cell):
+    return free_from[cell] == cell
+
+
+@cached_njit()
+def _take(free_from, cell):
+    free_from[cell] = cell + 1
+
+
+@cached_njit()
+def _first_free(free_from, i):
+    """The first free cell at or after i (the sentinel when none), compressing the path."""
+    root = i
+    while free_from[root] != root:
+        root = free_from[root]
+    while free_from[i] != root and i != root:
+        i, free_from[i] = free_from[i], root
+    return root
+
+
+@cached_njit()
+def _grow_free(free_from, cap):
+    out = np.arange(cap + 1)
+    for i in range(free_from.shape[0]):
+        out[i] = free_from[i]
+    return out
 
 
 # The _grow functions copy in loops, not with ``out[:n] = a``: a slice assignment makes
@@ -282,9 +348,3 @@ def _grow2(a, cap):
     return out
 
 
-@cached_njit()
-def _grow_bool(a, cap):
-    out = np.zeros(cap, np.bool_)
-    for i in range(a.shape[0]):
-        out[i] = a[i]
-    return out

@@ -1,4 +1,5 @@
-"""Unigram Viterbi over the word ranges of normalized bytes, on the 64-byte-node trie.
+"""Unigram Viterbi over the word ranges of normalized bytes, on the trie's 16-byte rows
+(``trie.compact_nodes``).
 
 The algorithm is the "optimized" encoder both references use (sentencepiece's
 ``Model::EncodeOptimized``, tokenizers' ``Unigram::encode_optimized``): walk the
@@ -33,11 +34,13 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES, lookup, put_token, put_word, token_at, token_count, word_hash
-from embedserve.tokenizer.kernels.trie import NO_TOKEN, SLOT_BASE, SLOT_CHILDREN, SLOT_SCORE32, SLOT_SCORE64, SLOT_TOKEN
+from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, lookup, prefetch_slot, put_token, put_word,
+                                                     token_at, token_count, word_hash)
+from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
-_CHILDREN = np.uint64(SLOT_CHILDREN)  # unsigned, as the byte it is added to
+# hf mode starts loading a word's cache slot this many words before it is looked up.
+_PREFETCH_WORDS = 8
 _REBASE_BELOW = np.float32(-1e5)
 _REBASE_ABOVE = np.float32(1e5)
 
@@ -45,12 +48,16 @@ _REBASE_ABOVE = np.float32(1e5)
 # Inlined at the IR level into its callers: a real call costs a reference-count round
 # trip on each of its array arguments.
 @cached_njit(nogil=True, inline="always")
-def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_words, use_f64, unk_id, unk_score,
+def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_id, unk_score,
                  best_score, best_start, best_id, out_ids, out_spans, cache):
     """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
 
+    ``nodes``/``nodes_f32``/``score64``: ``trie.compact_nodes`` (the float32 view of the
+    same rows, and hf mode's float64 scores when they are not all float32, else empty).
+    ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
+    derives it from a type), so that each mode's loop has none of the other's branches.
     ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
     SCRATCH_TOO_SMALL if ``out_ids`` is too small.
     """
@@ -59,7 +66,13 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
     # (about a third of the time of this loop).
     one = np.uint64(1)
     caching = use_f64 and cache.records.shape[0] > 0
+    wide_scores = score64.shape[0] > 0
+    if caching:
+        for w in range(min(_PREFETCH_WORDS, n_words)):
+            prefetch_slot(cache, text, words[w, 0], words[w, 1])
     for w in range(n_words):
+        if caching and w + _PREFETCH_WORDS < n_words:
+            prefetch_slot(cache, text, words[w + _PREFETCH_WORDS, 0], words[w + _PREFETCH_WORDS, 1])
         start = words[w, 0]
         end = words[w, 1]
         if start >= end:
@@ -102,18 +115,22 @@ def viterbi_into(nodes_u64, nodes_i32, nodes_f32, nodes_f64, text, words, n_word
             k = pos
             while k < u_end:
                 c = np.uint64(text[k])
-                if (nodes_u64[node, _CHILDREN + (c >> np.uint64(6))] >> (c & np.uint64(63))) & one == 0:
+                child = np.uint64(nodes[node, COMPACT_BASE]) + c
+                # Unsigned: a free row's check (-1) never equals a node's index.
+                if np.uint64(np.int64(nodes[child, COMPACT_CHECK])) != node:
                     break
-                node = np.uint64(nodes_i32[node, SLOT_BASE]) + c
+                node = child
                 k += one
-                tid = nodes_i32[node, SLOT_TOKEN]
+                tid = nodes[node, COMPACT_TOKEN]
                 if tid != NO_TOKEN:
                     if k > reached:
                         reached = k
-                    if use_f64:
-                        cand = here + nodes_f64[node, SLOT_SCORE64]
-                    else:
-                        cand = np.float64(here32 + nodes_f32[node, SLOT_SCORE32])  # a float32 add
+                    if not use_f64:
+                        cand = np.float64(here32 + nodes_f32[node, COMPACT_SCORE32])  # a float32 add
+                    elif wide_scores:
+                        cand = here + score64[node]
+                    else:  # the float64 score is this float32 exactly
+                        cand = here + np.float64(nodes_f32[node, COMPACT_SCORE32])
                     if cand > best_score[k]:
                         best_score[k] = cand
                         best_start[k] = np.int32(pos)

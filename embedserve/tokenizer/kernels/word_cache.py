@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import llvmlite.ir as ir
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from embedserve.tokenizer.huge_pages import huge_page_zeros
 from embedserve.tokenizer.kernel_cache import cached_njit
@@ -60,6 +63,31 @@ def word_hash(text, start, end):
     for i in range(start, end):
         h = (h ^ np.uint64(text[i])) * _FNV_PRIME
     return h
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Start loading the cache line of array.flat[index] (a hint: no fault, no result)."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.gep(data, [args[1]])
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(hint, [address, i32(0), i32(3), i32(1)])  # a read, keep it in every level, data
+        return context.get_dummy_value()
+    return types.void(array, index), codegen
+
+
+@cached_njit(nogil=True, inline="always")
+def prefetch_slot(cache, text, start, end):
+    """Start loading the first line of word text[start:end]'s slot, so that its lookup a
+    few words later hits. A lookup otherwise waits for a miss (the table is 8 MiB, probed
+    at random): with the slot of the word 8 ahead loaded meanwhile, hf mode is ~7 %
+    faster on the multilingual bench (the second line, tokens 9 on, did not pay)."""
+    if end - start <= MAX_WORD_BYTES and cache.records.shape[0] > 0:
+        slot = np.int64(word_hash(text, start, end) & np.uint64(cache.records.shape[0] - 1))
+        _prefetch(cache.records, slot * np.int64(cache.records.shape[1]))
 
 
 @cached_njit(nogil=True, inline="always")

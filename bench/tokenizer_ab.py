@@ -1,0 +1,124 @@
+"""Tokenizer A/B in one process: this tree's Unigram encoder against an earlier commit's.
+
+The multilingual table of tokenizer_bench (UDHR, 512 tokens a text) compares ours with
+sentencepiece in separate processes for before and after; on a shared 2-core machine the
+load moves each run's ratio by several percent, more than a change of a few percent.
+Here both versions are loaded into one process (the earlier commit's ``embedserve``
+package is extracted with ``git archive`` and renamed ``embedserve_before``) and timed
+per text, each call followed by a sentencepiece call as in the bench.
+
+The order alternates per text: whichever version runs second on a text runs ~5-10 %
+faster (its branch predictor and caches were just trained on that text by the same
+kind of work), so the paired ratio is reported for each order and their geometric mean
+("unbiased") is the estimate.
+
+    python -m bench tokenizer_ab --rev fb70ee1 [--data ../shared/data] [--passes 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+
+BEFORE_PACKAGE = "embedserve_before"
+_IMPORTS = re.compile(r"\bembedserve(?=[.\s])")
+# Where the extracted trees live, one per commit, so their compiled kernels are reused.
+TREES_DIR = Path("~/.cache/embedserve/tokenizer_ab").expanduser()
+
+
+def extract_before(rev: str) -> Path:
+    """The ``embedserve`` package of ``rev`` as ``embedserve_before`` under a directory
+    to put on sys.path (reused when already there)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    root = TREES_DIR / commit
+    package = root / BEFORE_PACKAGE
+    if package.is_dir():
+        return root
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "embedserve"], check=True,
+                             capture_output=True).stdout
+    staging = root.with_suffix(".tmp")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(staging, filter="data")
+    for path in (staging / "embedserve").rglob("*.py"):
+        path.write_text(_IMPORTS.sub(BEFORE_PACKAGE, path.read_text(encoding="utf-8")), encoding="utf-8")
+    (staging / "embedserve").rename(staging / BEFORE_PACKAGE)
+    staging.rename(root)
+    return root
+
+
+def paired_ratios(before, after, reference, texts: list[str], passes: int) -> dict:
+    """p50s and the after/before ratio per order of the two versions (see the docstring)."""
+    samples: dict[str, list[int]] = {"before": [], "after": [], "ref_before": [], "ref_after": []}
+    by_order: dict[str, list[int]] = {"before first": [], "after first": []}
+    for p in range(passes):
+        for i, text in enumerate(texts):
+            calls = [("before", before), ("ref_before", reference), ("after", after), ("ref_after", reference)]
+            first = "before first"
+            if (p + i) % 2:
+                calls, first = calls[2:] + calls[:2], "after first"
+            by_order[first].append(len(samples["after"]))
+            for name, call in calls:
+                t0 = time.perf_counter_ns()
+                call(text)
+                samples[name].append(time.perf_counter_ns() - t0)
+    p50 = {name: statistics.median(v) / 1000 for name, v in samples.items()}
+    ratio = {order: statistics.median(samples["after"][k] / samples["before"][k] for k in rows)
+             for order, rows in by_order.items()}
+    return {"p50": p50, "ratio": ratio, "unbiased": math.sqrt(ratio["before first"] * ratio["after first"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", required=True, help="the earlier commit (before)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--passes", type=int, default=4, help="times each text is encoded by each version")
+    args = parser.parse_args(argv)
+    needed = [args.data / "xlmr" / "sentencepiece.bpe.model", args.data / "xlmr" / "tokenizer.json",
+              args.data / "text" / "udhr2"]
+    if (problem := missing_line("python -m bench tokenizer_ab", needed, "--data")) is not None:
+        print(problem, file=sys.stderr)
+        return MISSING_EXIT_STATUS
+    sys.path.insert(0, str(extract_before(args.rev)))
+    import importlib
+
+    import sentencepiece
+
+    from bench.tokenizer_bench import udhr_windows
+    from embedserve.tokenizer import Tokenizer as After
+    Before = importlib.import_module(f"{BEFORE_PACKAGE}.tokenizer").Tokenizer
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(args.data / "xlmr" / "sentencepiece.bpe.model"))
+    texts = udhr_windows(sp, args.data)
+    reference = lambda t: sp.encode(t, add_bos=True, add_eos=True)  # noqa: E731
+    print(f"before {args.rev}, after this tree; {len(texts)} UDHR texts of 512 tokens, {args.passes} passes\n")
+    print("| mode | load | before p50 / sp | after p50 / sp | after/before, before first | after first | unbiased |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for compat, name in (("sentencepiece", "sentencepiece.bpe.model"), ("hf", "tokenizer.json")):
+        before = Before.from_file(args.data / "xlmr" / name, compat=compat)
+        after = After.from_file(args.data / "xlmr" / name, compat=compat)
+        for text in texts:  # warm, and the same ids
+            if before.encode(text).tolist() != after.encode(text).tolist():
+                raise SystemExit(f"{compat}: before and after differ on {text[:40]!r}")
+        load = os.getloadavg()[0]
+        r = paired_ratios(before.encode, after.encode, reference, texts, args.passes)
+        p50 = r["p50"]
+        print(f"| {compat} | {load:.1f}-{os.getloadavg()[0]:.1f} | {p50['before']:.1f} / {p50['ref_before']:.1f} | "
+              f"{p50['after']:.1f} / {p50['ref_after']:.1f} | {r['ratio']['before first']:.3f} | "
+              f"{r['ratio']['after first']:.3f} | {r['unbiased']:.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
