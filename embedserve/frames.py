@@ -38,12 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message_factory import GetMessageClass
 
 from embedserve.protos import inference_pb2
 
 HEADER = struct.Struct("<IIBBxxI")
 HELLO, CALL, REPLY, CANCEL = 1, 2, 3, 4
 MAX_TIMEOUT_US = 2**32 - 1   # ~71 minutes; a longer timeout is sent as none
+# The largest message a gateway takes from a replica, on either transport.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,12 @@ class Method:
     response_type: type
 
 
-METHODS = (Method("Embed", inference_pb2.EmbedRequest, inference_pb2.EmbedResponse),
-           Method("Score", inference_pb2.ScoreRequest, inference_pb2.ScoreResponse),
-           Method("Ranges", inference_pb2.RangesRequest, inference_pb2.RangesResponse),
-           Method("Info", inference_pb2.InfoRequest, inference_pb2.InfoResponse))
+# The embedserve.v1 Inference service's methods, in the order the proto declares them
+# (both ends of a connection run the same package, so the same order).
+METHODS = tuple(Method(m.name, GetMessageClass(m.input_type), GetMessageClass(m.output_type))
+                for m in inference_pb2.DESCRIPTOR.services_by_name["Inference"].methods)
 METHOD_INDEX = {method.name: index for index, method in enumerate(METHODS)}
 
-OK = grpc.StatusCode.OK.value[0]
 STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 

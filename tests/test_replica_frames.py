@@ -144,7 +144,7 @@ def test_a_connection_without_the_token_is_refused(replica, token):
 
 
 def test_undecodable_and_oversized_calls_are_refused_and_the_connection_serves_on(replica):
-    limit = replica.server.frame_server._max_payload
+    limit = replica.server.frame_server.max_payload
 
     async def raw(channel_socket: socket.socket, kind: int, call_id: int, payload: bytes, arg: int = 0):
         loop = asyncio.get_running_loop()

@@ -3,9 +3,8 @@
 Owns the fan-out: split into chunks (``chunking``), send them concurrently
 through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
 whose replica failed on another replica, and reassemble the rows in input
-order. Knows the gRPC messages but not HTTP, nor which transport a replica is
-called over (``Replica.call``). gRPC errors become embedserve
-errors here (``grpc_errors``). Cancelling the awaiting task cancels every
+order. Knows the gRPC messages but not HTTP, nor which transport a replica
+is called over (``Replica.call``). gRPC errors become embedserve errors here (``grpc_errors``). Cancelling the awaiting task cancels every
 outstanding call.
 """
 
@@ -22,9 +21,8 @@ import numpy as np
 from embedserve import wire
 from embedserve.errors import DeadlineExceeded, EmbedServeError
 from embedserve.gateway.chunking import plan_chunks
-from embedserve.gateway.frame_client import ReplicaCallError
 from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
-from embedserve.gateway.replicas import Replica, ReplicaPool
+from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
 
@@ -125,7 +123,7 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             called_at = time.perf_counter()
             reply = await replica.call(rpc, message, remaining, request_id)
             timings.rpc_s = max(timings.rpc_s, time.perf_counter() - called_at)
-        except (grpc.aio.AioRpcError, ReplicaCallError) as exc:
+        except REPLICA_CALL_ERRORS as exc:
             code = exc.code()
             last_error = from_rpc_error(code, exc.details())
             if code in REPLICA_DOWN_CODES:

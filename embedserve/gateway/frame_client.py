@@ -49,7 +49,7 @@ class FrameChannel(asyncio.Protocol):
 
     @classmethod
     async def open(cls, path: str | Path, token: str | None, timeout_s: float,
-                   max_payload: int = 256 * 1024 * 1024) -> FrameChannel:
+                   max_payload: int = frames.MAX_MESSAGE_BYTES) -> FrameChannel:
         """Connect and say HELLO; ReplicaCallError if the replica refuses the token,
         OSError if nothing listens at ``path``."""
         loop = asyncio.get_running_loop()

@@ -15,7 +15,6 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import grpc
 import numpy as np
 from starlette.requests import Request
 
@@ -23,12 +22,11 @@ from embedserve import validate, wire
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
-from embedserve.gateway.frame_client import ReplicaCallError
 from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
-from embedserve.gateway.replicas import ReplicaPool
+from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, ReplicaPool
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
@@ -141,7 +139,7 @@ class Gateway:
             return await healthy[0].call(
                 "Ranges", inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
                 self.settings.request_timeout_s, "")
-        except (grpc.aio.AioRpcError, ReplicaCallError) as exc:
+        except REPLICA_CALL_ERRORS as exc:
             raise from_rpc_error(exc.code(), exc.details()) from None
 
     async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:

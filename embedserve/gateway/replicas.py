@@ -41,6 +41,8 @@ from embedserve.scheduler.auth import call_metadata
 log = logging.getLogger(__name__)
 
 UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
+# What ``Replica.call`` raises for a call that got no answer: either answers code() and details().
+REPLICA_CALL_ERRORS = (grpc.aio.AioRpcError, ReplicaCallError)
 
 
 def channel_options(ping_s: float) -> tuple[tuple[str, int], ...]:
@@ -66,8 +68,8 @@ def channel_options(ping_s: float) -> tuple[tuple[str, int], ...]:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ("grpc.max_send_message_length", 256 * 1024 * 1024))
+            ("grpc.max_receive_message_length", frames.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", frames.MAX_MESSAGE_BYTES))
 
 
 class ReplicaSource(Protocol):
@@ -105,8 +107,7 @@ class Replica:
 
     async def call(self, rpc: str, request: Message, timeout: float | None, request_id: str) -> Message:
         """One Embed/Score/Ranges call, over the frame channel when it is open, else
-        gRPC. Raises grpc.aio.AioRpcError or ReplicaCallError (both: ``code()``,
-        ``details()``)."""
+        gRPC. Raises one of ``REPLICA_CALL_ERRORS``."""
         channel = self.frames
         if channel is not None and not channel.closed:
             return await channel.call(rpc, request, timeout)

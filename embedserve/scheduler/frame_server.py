@@ -54,12 +54,12 @@ class FrameServer:
 
     def __init__(self, service: InferenceService, token: str | None, max_payload: int,
                  max_calls: int) -> None:
-        self._service = service
+        self.service = service
         self._token = (token or "").encode()
-        self._max_payload = max_payload
-        self._max_calls = max_calls
+        self.max_payload = max_payload
+        self.max_calls = max_calls
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[_Connection] = set()
+        self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
 
     async def start(self, path: Path) -> None:
@@ -74,7 +74,7 @@ class FrameServer:
             await asyncio.wait(list(self.calls), timeout=grace_s)
         for task in list(self.calls):
             task.cancel()
-        for connection in list(self._connections):
+        for connection in list(self.connections):
             connection.close()
         await self._server.wait_closed()
 
@@ -86,17 +86,17 @@ class FrameServer:
 class _Connection(asyncio.Protocol):
     def __init__(self, server: FrameServer) -> None:
         self._server = server
-        self._reader = frames.FrameReader(server._max_payload)
+        self._reader = frames.FrameReader(server.max_payload)
         self._transport: asyncio.Transport | None = None
         self._greeted = False
         self._calls: dict[int, asyncio.Task] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._server._connections.add(self)
+        self._server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._server._connections.discard(self)
+        self._server.connections.discard(self)
         for task in self._calls.values():   # the gateway is gone: nobody awaits these
             task.cancel()
         self._transport = None
@@ -108,7 +108,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for item in self._reader.feed(data):
             if not self._greeted:
-                self._greet(item)
+                if not self._greet(item):
+                    return   # refused: the connection is closing, the rest is not read
             elif item.kind == frames.CALL:
                 self._start_call(item)
             elif item.kind == frames.CANCEL:
@@ -116,26 +117,28 @@ class _Connection(asyncio.Protocol):
                 if task is not None:
                     task.cancel()
 
-    def _greet(self, hello: frames.Frame) -> None:
+    def _greet(self, hello: frames.Frame) -> bool:
+        """Accept the connection if ``hello`` carries the token; else refuse and close it."""
         if hello.kind == frames.HELLO and self._server.token_matches(hello.payload):
             self._greeted = True
             self._reply(hello.call_id, grpc.StatusCode.OK, b"", kind=frames.HELLO)
-            return
+            return True
         log.warning("refused a frame connection: missing or wrong replica token")
         self._reply(hello.call_id, grpc.StatusCode.UNAUTHENTICATED,
                     b"missing or wrong replica token; see --replica-token-file", kind=frames.HELLO)
         self.close()
+        return False
 
     def _start_call(self, call: frames.Frame) -> None:
         if call.oversized:
             self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"request larger than this replica's limit of {self._server._max_payload} "
+                        f"request larger than this replica's limit of {self._server.max_payload} "
                         f"bytes".encode())
             return
         if call.arg >= len(frames.METHODS):
             self._reply(call.call_id, grpc.StatusCode.UNIMPLEMENTED, b"unknown method")
             return
-        if len(self._server.calls) >= self._server._max_calls:
+        if len(self._server.calls) >= self._server.max_calls:
             self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         b"the replica is serving its maximum of concurrent calls")
             return
@@ -159,7 +162,7 @@ class _Connection(asyncio.Protocol):
             self._reply(call.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                         f"cannot decode the {method.name} request".encode())
             return
-        handler = getattr(self._server._service, method.name)
+        handler = getattr(self._server.service, method.name)
         try:
             async with asyncio.timeout(timeout):
                 response = await handler(request, context)

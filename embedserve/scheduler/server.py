@@ -66,7 +66,8 @@ class SchedulerServer:
         # A call can carry at most max_queue_tokens tokens (ids + segment ids
         # + lengths, 4 bytes each) and get back as many rows of float32.
         tokens = settings.max_queue_tokens
-        options = [("grpc.max_receive_message_length", 12 * tokens + _MESSAGE_SLACK),
+        max_request_bytes = 12 * tokens + _MESSAGE_SLACK
+        options = [("grpc.max_receive_message_length", max_request_bytes),
                    ("grpc.max_send_message_length",
                     4 * tokens * max(1, info.dimension) + _MESSAGE_SLACK),
                    ("grpc.so_reuseport", 0),
@@ -79,8 +80,8 @@ class SchedulerServer:
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
         # Beside the Unix socket: the same calls, cheaper (embedserve/frames.py).
-        self.frame_server = FrameServer(self.service, settings.replica_token,
-                                        12 * tokens + _MESSAGE_SLACK, settings.max_concurrent_rpcs)
+        self.frame_server = FrameServer(self.service, settings.replica_token, max_request_bytes,
+                                        settings.max_concurrent_rpcs)
         inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(

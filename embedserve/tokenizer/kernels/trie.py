@@ -314,8 +314,10 @@ def _first_free(free_from, i):
     root = i
     while free_from[root] != root:
         root = free_from[root]
-    while free_from[i] != root and i != root:
-        i, free_from[i] = free_from[i], root
+    while i != root:
+        after = free_from[i]
+        free_from[i] = root
+        i = after
     return root
 
 
