@@ -1,6 +1,6 @@
 """Stack overhead: what the gateway, gRPC and the scheduler add to a short query's compute.
 
-    python -m bench overhead [--iterations 400] [--text "..."] [--client http.client|httpx]
+    python -m bench overhead [--iterations 400] [--text "..."] [--client raw|http.client|httpx]
                              [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...] [-- SERVE FLAGS]
 
 Starts ``embedserve serve --port 0`` (default model and settings unless flags
@@ -13,11 +13,13 @@ each stack in turn in blocks of ``--block`` requests, so background load on a sh
 machine hits every stack alike (``--stack /work/main --stack .`` is a before/after in
 one run).
 
-The client is the standard library's ``http.client`` with TCP_NODELAY (default): the
-overhead is the stack's, so the client should add as little as a client can. httpx
-(``--client httpx``) spends about 1.1 ms more of the client's own time per request on
-this machine (BENCHMARKS.md, "Stack overhead per hop"), which earlier runs counted as
-overhead.
+The client (``--client raw``, default) is a bare socket with TCP_NODELAY that sends
+each request in one write, as curl, Go's net/http and hyper do for a small body: the
+overhead is the stack's, so the client should add as little as a client can. The
+standard library's ``http.client`` (``--client http.client``) writes the head and the
+body separately, which wakes the server twice per request; httpx (``--client httpx``)
+also spends about 1.1 ms more of the client's own time per request on this machine
+(BENCHMARKS.md, "Stack overhead per hop"). Earlier runs counted both as overhead.
 
 Reports per stack: client p50/p99, the engine compute p50 (Server-Timing
 ``inference``), overhead p50 (the per-request client time minus its
@@ -115,6 +117,65 @@ class LeanClient:
         self._connection.close()
 
 
+class RawClient:
+    """One keep-alive HTTP/1.1 connection on a bare socket: each request leaves in one write.
+
+    ``http.client`` writes the head and the body in two ``send`` calls, so with Nagle
+    off (as it must be for latency) the server wakes twice per request; curl, Go's
+    net/http and hyper send a small request in one write. Responses must carry
+    Content-Length (the gateway's all do).
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self._address = (parts.hostname, parts.port)
+        self._host = parts.netloc.encode()
+        self._socket: socket.socket | None = None
+        self._buffer = b""
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+        """(status, Server-Timing header) of one request; the body is read whole."""
+        if self._socket is None:
+            self._socket = socket.create_connection(self._address, timeout=60)
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = [f"{method} {path} HTTP/1.1".encode(), b"Host: " + self._host]
+        if body is not None:
+            head += [b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+        self._socket.sendall(b"\r\n".join(head) + b"\r\n\r\n" + (body or b""))
+        status_line, headers = self._read_head()
+        self._read_exactly(int(headers.get("content-length", "0")))
+        return int(status_line.split()[1]), headers.get("server-timing", "")
+
+    def _read_head(self) -> tuple[str, dict[str, str]]:
+        while b"\r\n\r\n" not in self._buffer:
+            self._receive()
+        head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "content-length" not in headers:
+            raise RuntimeError(f"response without Content-Length: {status_line}")
+        return status_line, headers
+
+    def _read_exactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            self._receive()
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _receive(self) -> None:
+        chunk = self._socket.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self._buffer += chunk
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+
+
 class HttpxClient:
     """The same requests through one keep-alive ``httpx.Client``."""
 
@@ -130,13 +191,13 @@ class HttpxClient:
         self._client.close()
 
 
-CLIENTS = {"http.client": LeanClient, "httpx": HttpxClient}
+CLIENTS = {"raw": RawClient, "http.client": LeanClient, "httpx": HttpxClient}
 
 
 class Stack:
     """One ``embedserve serve`` from one source tree, and what it measured."""
 
-    def __init__(self, spec: str, serve_flags: list[str], client: str = "http.client") -> None:
+    def __init__(self, spec: str, serve_flags: list[str], client: str = "raw") -> None:
         words = spec.split()
         self.label = spec
         self.source = Path(words[0]).resolve()
@@ -212,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured requests per stack first")
     parser.add_argument("--block", type=int, default=20, help="requests per stack per turn")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the query (default: one sentence)")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="http.client",
-                        help="the HTTP client (default: the standard library's, the leanest)")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw",
+                        help="the HTTP client (default: a bare socket, one write per request)")
     parser.add_argument("--stack", action="append", default=None,
                         help="a source tree to serve from, then VAR=VALUE and --flags for it "
                              "(repeat to compare; default: this checkout)")

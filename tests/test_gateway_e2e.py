@@ -343,7 +343,7 @@ def test_every_response_has_request_id_and_server_timing(gateway):
 
 @pytest.mark.parametrize("client_name", sorted(CLIENTS))
 def test_overhead_bench_clients_read_the_gateways_answers(gateway, client_name):
-    # `python -m bench overhead` times requests with either client; both must see the
+    # `python -m bench overhead` times requests with any of its clients; each must see the
     # gateway's status and its Server-Timing phases, over one kept-alive connection.
     client = CLIENTS[client_name](gateway.url)
     try:

@@ -23,6 +23,7 @@ from fastapi_offline import FastAPIOffline
 from embedserve import __version__
 from embedserve import wire
 from embedserve.gateway.routes import embed, ops, rerank, tokenize
+from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
@@ -91,13 +92,17 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     # CDN, so they work on a machine without internet access.
     app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
                   description="OpenAI- and TEI-compatible embedding and reranking API.")
-    # Added first, so it runs inside GatewayMiddleware: its 503s carry request ids and are counted.
+    install_error_handlers(app)
+    routers = [module.router for module in (embed, rerank, tokenize, ops)]
+    for router in routers:
+        app.include_router(router, responses=ERROR_RESPONSES)
+    # Each middleware added runs outside the ones before it: the direct routes inside
+    # the drain (admitted like any request), both inside GatewayMiddleware (their
+    # answers, the drain's 503s included, carry request ids and are counted).
+    app.add_middleware(DirectRoutes, routes=direct_routes(r for router in routers for r in router.routes))
     drain = Drain(metrics.registry, settings.retry_after_s)
     app.state.drain = drain
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
-    install_error_handlers(app)
-    for module in (embed, rerank, tokenize, ops):
-        app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

@@ -79,7 +79,7 @@ class GatewayMiddleware:
                 if too_big:
                     await _send_error(send_with_headers, *self._too_large())
                     return
-                receive = _replay(body, receive)
+                receive = replay_body(body, receive)
             await self.app(scope, receive, send_with_headers)
         except Exception:
             # The one place an unexpected error ends: logged with its traceback,
@@ -167,7 +167,8 @@ async def _read_limited(receive: Receive, limit: int) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that first hands out ``body`` (already read) as the whole request body."""
     sent = False
 
     async def replay() -> Message:
