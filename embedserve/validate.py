@@ -48,10 +48,14 @@ def check_ragged(batch: RaggedBatch, field: str = "batch") -> None:
         raise InvalidInput(f"token_ids and cu_seqlens must be int32, not {ids.dtype} and "
                            f"{cu_seqlens.dtype}", field=f"{field}.cu_seqlens")
     check_cu_seqlens(cu_seqlens, batch.num_tokens, field)
-    types = batch.token_type_ids
-    if types is not None and types.shape != ids.shape:
+    check_token_types(batch.token_type_ids, batch.num_tokens, field)
+
+
+def check_token_types(types: np.ndarray | None, num_tokens: int, field: str = "batch") -> None:
+    """InvalidInput unless segment ids are absent or one per token id."""
+    if types is not None and types.shape != (num_tokens,):
         raise InvalidInput(f"token_type_ids holds {types.shape[0] if types.ndim else 0} entries "
-                           f"for {batch.num_tokens} token ids", field=f"{field}.token_type_ids")
+                           f"for {num_tokens} token ids", field=f"{field}.token_type_ids")
 
 
 def check_cu_seqlens(cu_seqlens: np.ndarray, num_tokens: int, field: str = "batch") -> None:

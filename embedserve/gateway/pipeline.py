@@ -187,24 +187,31 @@ async def timed(request: Request, phase: str, work: Awaitable[T]) -> T:
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; cancel it (and its gRPC calls) if the client disconnects."""
+    """Run ``work``; cancel it (and its replica calls) if the client disconnects."""
     task = asyncio.ensure_future(work)
+    client_left = False
 
     async def client_gone() -> None:
+        nonlocal client_left
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        client_left = True
+        task.cancel()
 
     watcher = asyncio.ensure_future(client_gone())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-        watcher.cancel()
-    if task.done() and not task.cancelled():
-        return task.result()
-    try:
-        await task
+        # Awaited directly (no asyncio.wait): a request whose own task is cancelled
+        # cancels ``task`` through this await.
+        return await task
     except asyncio.CancelledError:
-        pass
-    raise Cancelled("the client disconnected")
+        if client_left and not _being_cancelled():
+            raise Cancelled("the client disconnected") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task itself has been asked to stop (not only the work it awaited)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
