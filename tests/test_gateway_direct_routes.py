@@ -179,12 +179,17 @@ EMBEDDER_REQUESTS = [
 ]
 
 
+def both_paths(server, path: str, payload: dict) -> tuple[httpx.Response, httpx.Response]:
+    """The same body sent once to the direct path and once past it, to FastAPI."""
+    body = json.dumps(payload).encode()
+    with server.client() as http:
+        return (http.post(path, content=body, headers={"content-type": "application/json"}),
+                http.post(path, content=body, headers={"content-type": FASTAPI_JSON}))
+
+
 @pytest.mark.parametrize("path, payload", EMBEDDER_REQUESTS)
 def test_the_direct_path_answers_as_fastapi_does(embedder, path, payload):
-    body = json.dumps(payload).encode()
-    with embedder.client() as http:
-        direct = http.post(path, content=body, headers={"content-type": "application/json"})
-        fastapi = http.post(path, content=body, headers={"content-type": FASTAPI_JSON})
+    direct, fastapi = both_paths(embedder, path, payload)
     assert direct.status_code == fastapi.status_code
     assert direct.content == fastapi.content
     assert direct.headers["content-type"] == fastapi.headers["content-type"]
@@ -199,10 +204,7 @@ def test_the_direct_path_answers_as_fastapi_does(embedder, path, payload):
     ("/v1/embeddings", {"input": "x"}),                                   # 400: not an embedder
 ])
 def test_the_direct_path_reranks_as_fastapi_does(reranker, path, payload):
-    body = json.dumps(payload).encode()
-    with reranker.client() as http:
-        direct = http.post(path, content=body, headers={"content-type": "application/json"})
-        fastapi = http.post(path, content=body, headers={"content-type": FASTAPI_JSON})
+    direct, fastapi = both_paths(reranker, path, payload)
     assert direct.status_code == fastapi.status_code
     assert direct.content == fastapi.content
 
