@@ -40,6 +40,7 @@ class Drain:
                                 "Requests admitted (probes and /metrics excluded)", registry=registry)
         self.in_flight_gauge = Gauge("embedserve_gateway_requests_in_flight",
                                      "Requests admitted and not yet answered", registry=registry)
+        self.in_flight_gauge.set_function(lambda: self.in_flight)
 
     def begin(self) -> None:
         """From now on, refuse new requests; those admitted carry on."""
@@ -57,14 +58,12 @@ class Drain:
     def admitted_request(self) -> Iterator[None]:
         """Count one admitted request while the block runs."""
         self.in_flight += 1
-        self.in_flight_gauge.inc()
         self.admitted.inc()
         self._idle.clear()
         try:
             yield
         finally:
             self.in_flight -= 1
-            self.in_flight_gauge.dec()
             if self.in_flight == 0:
                 self._idle.set()
 

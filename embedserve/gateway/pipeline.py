@@ -51,6 +51,8 @@ class Gateway:
         self.pool = pool
         self.metrics = metrics
         self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
+        # Read when scraped, not written twice per request.
+        metrics.inflight_tokens.labels(self.model_id).set_function(lambda: self.budget.in_use)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
         # The last replica report read and the ModelInfo made of it: a request reads
@@ -157,14 +159,12 @@ class Gateway:
         deadline = time.monotonic() + self.settings.request_timeout_s
         started = time.perf_counter()
         with self.budget.hold(tokens):
-            self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use)
             try:
                 result = await cancel_on_disconnect(request, run_chunks_outputs(
                     self.pool, packed, self.policy, rpc, make, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
                     on_retry=self.metrics.chunk_retries.labels(self.model_id).inc))
             finally:
-                self.metrics.inflight_tokens.labels(self.model_id).set(self.budget.in_use - tokens)
                 timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
                 timing["rpc"] = timings.rpc_s
                 timing["replica"] = timings.replica_s

@@ -67,6 +67,9 @@ def group_runs(entries: list[SequenceEntry]) -> list[Run]:
 
 def assemble_batch(runs: list[Run], task: Task) -> Batch:
     """One packed Batch from the runs' token slices, in batch order."""
+    if len(runs) == 1 and runs[0].first_index == 0 \
+            and runs[0].count == runs[0].call.tokens.num_sequences:
+        return Batch.of(runs[0].call.tokens, task)  # one whole call: its arrays as they are
     id_parts, type_parts, length_parts = [], [], []
     any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
     for run in runs:
@@ -98,6 +101,11 @@ class Batcher:
         self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
         self._run_task: asyncio.Task | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """Steps submitted to the engine and not yet finished."""
+        return len(self._in_flight)
+
     async def stop(self) -> None:
         """Cancel the loop and any step still awaited (after a drain there are none)."""
         tasks = [*self._in_flight, *([self._run_task] if self._run_task else [])]
@@ -125,8 +133,6 @@ class Batcher:
             plan = self._pool.take(self._token_budget, self._max_sequences)
             for entry, reason in plan.dropped:
                 self._metrics.sequences_dropped.labels(reason).inc()
-            self._metrics.queue_sequences.set(self._pool.queued_sequences)
-            self._metrics.queue_tokens.set(self._pool.queued_tokens)
             if plan.taken:
                 self._metrics.batch_sequences.observe(len(plan.taken))
                 self._metrics.batch_tokens.observe(plan.tokens)
@@ -146,7 +152,6 @@ class Batcher:
             return
         task = asyncio.create_task(self._finish(lazy, runs, submitted_at=now))
         self._in_flight.add(task)
-        self._metrics.in_flight_batches.set(len(self._in_flight))
         task.add_done_callback(self._step_done)
 
     async def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
@@ -179,7 +184,6 @@ class Batcher:
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._in_flight.discard(task)
-        self._metrics.in_flight_batches.set(len(self._in_flight))
         self._slots.release()
 
 

@@ -1,7 +1,10 @@
 """Prometheus metrics of one scheduler replica, in a registry of its own.
 
 Owns the metric definitions and the HTTP endpoint that exposes them; the
-batcher and the service only call ``observe``/``inc``. A per-server
+batcher and the service only call ``observe``/``inc``. The gauges of live
+state (queue, active calls, batches in flight) are read from their owners at
+scrape time (``track_state``), not set on every change: a short call would
+otherwise pay for eight gauge writes nobody reads. A per-server
 ``CollectorRegistry`` (not the process-global one) lets tests run several
 servers in one process. The engine's own counters (graph captures and
 replays, eager runs, padding waste, ...) are read from ``engine.stats()`` at
@@ -64,6 +67,14 @@ class SchedulerMetrics:
                                     "Engine steps that raised", registry=r)
         if engine_stats is not None:
             self.registry.register(_EngineStatsCollector(engine_stats))
+
+    def track_state(self, queued_sequences: Callable[[], float], queued_tokens: Callable[[], float],
+                    active_calls: Callable[[], float], in_flight_batches: Callable[[], float]) -> None:
+        """Read the state gauges from these functions at each scrape."""
+        self.queue_sequences.set_function(queued_sequences)
+        self.queue_tokens.set_function(queued_tokens)
+        self.active_calls.set_function(active_calls)
+        self.in_flight_batches.set_function(in_flight_batches)
 
 
 class _EngineStatsCollector(Collector):

@@ -62,6 +62,9 @@ class SchedulerServer:
         self.batcher = Batcher(engine, self.pool, info.task, settings.max_batch_tokens,
                                settings.max_batch_sequences, settings.in_flight_depth,
                                self.metrics)
+        pool, service, batcher = self.pool, self.service, self.batcher
+        self.metrics.track_state(lambda: pool.queued_sequences, lambda: pool.queued_tokens,
+                                 lambda: service.active_calls, lambda: batcher.in_flight)
         self.health = health.aio.HealthServicer()
         # A call can carry at most max_queue_tokens tokens (ids + segment ids
         # + lengths, 4 bytes each) and get back as many rows of float32.

@@ -156,8 +156,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining)
         self._pool.admit(call)  # raises Overloaded at once when full
-        self._metrics.queue_sequences.set(self._pool.queued_sequences)
-        self._metrics.queue_tokens.set(self._pool.queued_tokens)
         try:
             rows = await call.future
         except asyncio.CancelledError:
@@ -180,7 +178,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _answer(self, method: str, context: Context, handle: Callable[[], Awaitable]):
         """Run one Embed/Score handler; map its errors to a status exactly here."""
         self.active_calls += 1
-        self._metrics.active_calls.set(self.active_calls)
         self._idle.clear()
         try:
             response = await handle()
@@ -199,7 +196,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             return None
         finally:
             self.active_calls -= 1
-            self._metrics.active_calls.set(self.active_calls)
             if self.active_calls == 0:
                 self._idle.set()
         self._metrics.calls.labels(method, grpc.StatusCode.OK.name).inc()
