@@ -249,6 +249,41 @@ class Stack:
         stop_popen(self.process, 60.0)
 
 
+def idle_penalty(text: str, repeats: int = 200, idle_s: float = 0.01) -> tuple[float, float]:
+    """(hot, after idle) p50 µs of the same small piece of Python work: JSON round trips
+    of a request body and a tokenization of ``text``.
+
+    A short query's overhead is code that runs once after the replica's compute has
+    kept this process waiting; on a virtual machine whose idle vCPU the host hands to
+    others, that code then runs from cold caches and TLBs. The ratio says how much
+    slower the same work is then on this machine, apart from the stack.
+    """
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(ensure_default_model(default_cache_dir()))
+    body = json.dumps({"input": [text], "model": "m", "encoding_format": "float"})
+
+    def work() -> None:
+        for _ in range(20):
+            json.loads(json.dumps(json.loads(body)))
+        tokenizer.encode_batch([text])
+
+    def p50_us(pause: float) -> float:
+        samples = []
+        for _ in range(repeats):
+            if pause:
+                time.sleep(pause)
+            started = time.perf_counter()
+            work()
+            samples.append(time.perf_counter() - started)
+        return float(np.median(samples)) * 1e6
+
+    work()
+    return p50_us(0.0), p50_us(idle_s)
+
+
 def summarize(stack: Stack) -> list[tuple[str, float]]:
     client = np.array(stack.client_ms)
     inference = np.array([t.get("inference", np.nan) for t in stack.timings])
@@ -303,9 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         for stack in stacks:
             stack.close()
     load_after = os.getloadavg()
+    hot_us, cold_us = idle_penalty(args.text)
     print(f"overhead bench: {args.iterations} sequential requests per stack, {len(args.text)} chars, "
           f"serve {' '.join(serve_flags) or '(defaults)'}, client {args.client}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"idle penalty of this machine: the same Python work (JSON, a tokenization) p50 "
+          f"{hot_us:.0f} µs back to back, {cold_us:.0f} µs after 10 ms asleep "
+          f"({cold_us / hot_us:.1f}x)")
     summaries = [dict(summarize(s)) for s in stacks]
     labels = list(dict.fromkeys(label for summary in summaries for label in summary))
     for k, stack in enumerate(stacks):
