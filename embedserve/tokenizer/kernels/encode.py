@@ -95,7 +95,9 @@ def _normalize_for(model, src, scratch, hf):
     return huggingface
 
 
-@cached_njit(nogil=True)
+# Inlined into the entry points: a real call costs a reference-count round trip on each
+# array of the Model and Scratch tuples, a fixed cost that a short text notices.
+@cached_njit(nogil=True, inline="always")
 def encode_raw(model, src, scratch, want_offsets, hf, cache):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
