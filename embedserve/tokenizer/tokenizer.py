@@ -112,9 +112,17 @@ class Tokenizer:
                                                      if cache_dir is not None else None)
         self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, int(spec.unk_id),
                             _unk_score(spec), _byte_ids(spec))
+        # hf mode's "first" prepend scheme reads where a word came from (kernels/origins.py).
+        self._ids_read_origins = spec.hf is not None and spec.hf.prepend_scheme == "first"
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
-                                        new_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+                                        self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+
+    def _encode_scratch(self, src_len: int, factor: int) -> Scratch:
+        """Scratch for encode(), which reports no offsets: without the normalizers' source
+        ranges (``None``, kernels/origins.py) unless the ids depend on them."""
+        scratch = new_scratch(src_len, factor)
+        return scratch if self._ids_read_origins else scratch._replace(norm_origin=None)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
@@ -208,7 +216,7 @@ class Tokenizer:
         with ever larger scratch, kept for next time unless the text is huge."""
         factor = 4
         while True:
-            scratch = new_scratch(len(src), factor)
+            scratch = self._encode_scratch(len(src), factor)
             if len(src) <= KEEP_SCRATCH_BYTES:  # never pin a huge one
                 self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, cache)
             ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
@@ -259,12 +267,12 @@ class Tokenizer:
         10 MB text must not pin 750 MB)."""
         buffers = getattr(self._local, "buffers", None)
         if buffers is None:  # a table is not safe to share between threads: one each
-            scratch = new_scratch(256, 2)
+            scratch = self._encode_scratch(256, 2)
             buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch,
                                                            new_word_cache(self._word_cache_slots))
         if src_len <= buffers.capacity:
             return buffers
-        scratch = new_scratch(src_len, 2)
+        scratch = self._encode_scratch(src_len, 2)
         if src_len > KEEP_SCRATCH_BYTES:
             return _ThreadBuffers(src_len, scratch, buffers.word_cache)
         buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, buffers.word_cache)

@@ -34,6 +34,7 @@ from numba.extending import overload
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
 from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into
+from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
@@ -168,8 +169,8 @@ def _spans_to_chars(src, scratch, n):
     scratch.char_index[src.shape[0]] = count
     for t in range(n):
         s, e = scratch.spans[t, 0], scratch.spans[t, 1]
-        src_start = scratch.norm_origin[s, 0]
-        src_end = max(scratch.norm_origin[e - 1, 1], src_start)
+        src_start = origin_start(scratch.norm_origin, s)
+        src_end = max(origin_end(scratch.norm_origin, e - 1), src_start)
         scratch.spans[t, 0] = scratch.char_index[src_start]
         scratch.spans[t, 1] = scratch.char_index[src_end]
 

@@ -31,6 +31,7 @@ import numpy as np
 from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
+from embedserve.tokenizer.kernels.origins import origin_end, origin_rows, origin_start, set_origin
 from embedserve.tokenizer.kernels.pretokenize_hf import (P_PREPEND, P_REP, P_REP_LEN, P_SPLIT, P_WS_SPLIT,
                                                  PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
                                                  is_rust_whitespace, pre_tokenize, put)
@@ -135,12 +136,12 @@ def _first_match(units, params, buf, start, end, cp, n):
 @nb.njit(inline="always")
 def _origin_start(origin, i, raw):
     """Where byte i of a step's input came from: itself when reading the raw source."""
-    return i if raw else origin[i, 0]
+    return i if raw else origin_start(origin, i)
 
 
 @nb.njit(inline="always")
 def _origin_end(origin, i, raw):
-    return i + 1 if raw else origin[i, 1]
+    return i + 1 if raw else origin_end(origin, i)
 
 
 @cached_njit(nogil=True)
@@ -268,7 +269,7 @@ def _strip(buf, s, e, left, right):
 @cached_njit(nogil=True)
 def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_words):
     """Normalize + pre-tokenize ``src``; see the module docstring and spec.py."""
-    half = min(out_bytes.shape[0], out_origin.shape[0]) // 2
+    half = min(out_bytes.shape[0], origin_rows(out_origin, out_bytes.shape[0])) // 2
     n = src.shape[0]
     if n > half:
         return SCRATCH_TOO_SMALL, 0
@@ -310,7 +311,6 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
     if base == 0:  # the pre-tokenizer writes at 0: move the text to the upper half first
         for i in range(e - s):
             out_bytes[half + i] = out_bytes[s + i]
-            out_origin[half + i, 0] = out_origin[s + i, 0]
-            out_origin[half + i, 1] = out_origin[s + i, 1]
+            set_origin(out_origin, half + i, origin_start(out_origin, s + i), origin_end(out_origin, s + i))
         s, e = half, half + (e - s)
     return pre_tokenize(params, out_bytes, out_origin, s, e, half, out_words)

@@ -19,6 +19,7 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8
+from embedserve.tokenizer.kernels.origins import origin_end, origin_start, set_origin
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # Slots of normalize_hf's int64 params that this module reads.
@@ -39,10 +40,9 @@ def is_rust_whitespace(cp: int) -> bool:
 
 @nb.njit(inline="always")
 def put(buf, origin, w, byte, o_start, o_end):
-    """Write one output byte and the source range it came from."""
+    """Write one output byte and the source range it came from (origins.py)."""
     buf[w] = byte
-    origin[w, 0] = o_start
-    origin[w, 1] = o_end
+    set_origin(origin, w, o_start, o_end)
 
 
 @nb.njit(inline="always")
@@ -78,7 +78,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
                 b = buf[i]
                 if b >= 0x80 or b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first:
                     break
-                put(buf, origin, w, b, origin[i, 0], origin[i, 1])
+                put(buf, origin, w, b, origin_start(origin, i), origin_end(origin, i))
                 w += 1
                 i += 1
         if i == e:
@@ -103,11 +103,11 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
         if not in_piece:  # a piece (word of WhitespaceSplit, or the whole text) starts
             in_piece = True
             word_start = w
-            if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin[i, 0] == 0)):
+            if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin_start(origin, i) == 0)):
                 if w + rep_len > limit:
                     return SCRATCH_TOO_SMALL, 0
                 for k in range(rep_len):
-                    put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i, 0])
+                    put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_start(origin, i))
                 w += rep_len
         if is_rep:
             if split and w > word_start:  # MergedWithNext: a word starts at each ▁
@@ -119,13 +119,13 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             if w + rep_len > limit:
                 return SCRATCH_TOO_SMALL, 0
             for k in range(rep_len):
-                put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i + n - 1, 1])
+                put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_end(origin, i + n - 1))
             w += rep_len
         else:
             if w + n > limit:
                 return SCRATCH_TOO_SMALL, 0
             for k in range(n):
-                put(buf, origin, w + k, buf[i + k], origin[i + k, 0], origin[i + k, 1])
+                put(buf, origin, w + k, buf[i + k], origin_start(origin, i + k), origin_end(origin, i + k))
             w += n
         i += n
     return w, n_words
