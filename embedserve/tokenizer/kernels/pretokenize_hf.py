@@ -10,6 +10,11 @@ on, as tokenizers 0.23.3 splits them:
   word starts at original offset 0; ``never``); with ``split`` a new word starts at
   every replacement character (tokenizers' MergedWithNext). An empty normalized
   string has no words.
+
+When the normalizer's last step is ``Replace`` of runs of spaces by one space (" {2,}",
+XLM-R's), normalize_hf.py leaves it to this pass (``P_COLLAPSE_SPACES``): a run of
+spaces is read as one space spanning the run, as that step would have written it, and
+the text is not scanned and copied once more for it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # Slots of normalize_hf's int64 params that this module reads.
 P_WS_SPLIT, P_PREPEND, P_SPLIT, P_REP_LEN, P_REP = 0, 1, 2, 3, 4  # P_REP..+3: replacement bytes
+P_COLLAPSE_SPACES = 9  # (slot 8 is normalize_hf's)
 PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER = 0, 1, 2
 _SPACE = 0x20
 _NO_CHAR = -1  # the code point read at the end of the text
@@ -66,6 +72,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
     split = params[P_SPLIT] != 0
     rep_len = params[P_REP_LEN]
     rep_first = params[P_REP]
+    collapse_spaces = params[P_COLLAPSE_SPACES] != 0
     w, n_words, word_start = 0, 0, 0
     in_piece = False
     i = s
@@ -86,6 +93,9 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
         else:
             b = buf[i]
             cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)
+            if cp == _SPACE and collapse_spaces:  # the run is one space (module docstring)
+                while i + n < e and buf[i + n] == _SPACE:
+                    n += 1
             is_space = ws_split and is_rust_whitespace(cp)
         if is_space:
             if in_piece and w > word_start:
