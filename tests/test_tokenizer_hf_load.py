@@ -207,3 +207,17 @@ def test_broken_json_fails_at_load(tmp_path, content):
         tokenizers.Tokenizer.from_file(str(path))
     with pytest.raises(ModelLoadError, match="cannot read tokenizer.json"):
         Tokenizer.from_file(path)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_pipeline_variant_encode_matches_tokenizers(name, tmp_path, tokenizer_cache_dir, variant_texts,
+                                                    xlmr_tokenizer_dir):
+    # encode() runs the normalizers without source ranges (kernels/origins.py) except
+    # where the ids read them (prepend_scheme "first"); encode_batch keeps them.
+    path = small_xlmr(xlmr_tokenizer_dir / "tokenizer.json", tmp_path, name, *VARIANTS[name])
+    ours = Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    expected = [e.ids for e in reference.encode_batch_fast(variant_texts)]
+    mismatches = [(t, ours.encode(t).tolist(), expected[i]) for i, t in enumerate(variant_texts)
+                  if ours.encode(t).tolist() != expected[i]]
+    assert not mismatches, f"{len(mismatches)} differ, e.g. {mismatches[:2]}"

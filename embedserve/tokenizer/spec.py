@@ -40,7 +40,8 @@ Each stage is a Numba function writing into caller-owned scratch:
    - ``out_origin``: int32[:, 2]: for normalized byte i, the [start, end) byte range of
      ``src`` it came from (a byte inserted from nothing, like the dummy-prefix ``▁``,
      gets the empty range at the position where it was inserted). Used only to report
-     character offsets; never affects ids.
+     character offsets and by hf mode's "first" prepend scheme; otherwise it may be
+     ``None``, and nothing is written (kernels/origins.py).
    - ``out_words``: int32[:, 2]: [start, end) ranges of ``out_bytes`` that Viterbi runs
      on, in order. SP mode: one range (the whole string; 0 words for empty output).
      HF mode: one range per pre-tokenized word.

@@ -22,6 +22,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +31,20 @@ from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer.formats.charsmap import parse_charsmap
 from embedserve.tokenizer.backend import Truncation
 from embedserve.tokenizer.encoded import EncodedBatch
-from embedserve.tokenizer.kernels.encode import Model, compiled_for, encode_run, encode_with_template, new_scratch
+from embedserve.tokenizer.kernels.encode import Model, Scratch, compiled_for, encode_run, encode_with_template, new_scratch
 from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.kernels.normalize_sp import sp_params
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.kernels.trie import load_or_build_compact_nodes
-from embedserve.tokenizer.kernels.word_cache import new_word_cache
+from embedserve.tokenizer.kernels.word_cache import WordCache, new_word_cache
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BYTE_PIECE = re.compile("<0x([0-9A-F]{2})>")
 _EMPTY = np.zeros(0, np.int32)
+_NO_SPECIALS = (_EMPTY, _EMPTY)
 # Below this many input bytes per thread a batch is encoded on the calling thread:
 # handing work to other threads costs more than it saves.
 PARALLEL_MIN_BYTES = 1 << 15
@@ -110,9 +112,17 @@ class Tokenizer:
                                                      if cache_dir is not None else None)
         self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, int(spec.unk_id),
                             _unk_score(spec), _byte_ids(spec))
+        # hf mode's "first" prepend scheme reads where a word came from (kernels/origins.py).
+        self._ids_read_origins = spec.hf is not None and spec.hf.prepend_scheme == "first"
         # encode()'s kernel, bound once to the argument types every call passes.
         self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
-                                        new_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+                                        self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+
+    def _encode_scratch(self, src_len: int, factor: int) -> Scratch:
+        """Scratch for encode(), which reports no offsets: without the normalizers' source
+        ranges (``None``, kernels/origins.py) unless the ids depend on them."""
+        scratch = new_scratch(src_len, factor)
+        return scratch if self._ids_read_origins else scratch._replace(norm_origin=None)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
@@ -189,28 +199,37 @@ class Tokenizer:
     # ---- encoding ------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> np.ndarray:
         """Ids of one text (int32), with the single template's specials unless disabled."""
+        # The common path is kept to a few attribute reads: on a short text the Python
+        # around the kernel call costs as much as the kernel.
         src = np.frombuffer(to_utf8(text), np.uint8)
-        prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
+        prefix, suffix = self._single if add_special_tokens else _NO_SPECIALS
         if self._wordpiece is not None:
             return self._wordpiece.encode_one(src, prefix, suffix)
-        scratch = self._scratch(len(src))
-        cache = self._word_cache()
-        ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None or len(src) > buffers.capacity:
+            buffers = self._thread_buffers(len(src))
+        ids, ok = self._encode_one(self._model, src, buffers.scratch, prefix, suffix, self._hf, buffers.word_cache)
+        return ids if ok else self._encode_growing(src, prefix, suffix, buffers.word_cache)
+
+    def _encode_growing(self, src: np.ndarray, prefix: np.ndarray, suffix: np.ndarray, cache) -> np.ndarray:
+        """encode() of a text whose normalization expanded it more than 2x (rare): retry
+        with ever larger scratch, kept for next time unless the text is huge."""
         factor = 4
-        while not ok:  # rare: normalization expanded the text more than 2x
-            scratch = new_scratch(len(src), factor)
-            if len(src) <= KEEP_SCRATCH_BYTES:  # keep it for next time, but never pin a huge one
-                self._local.scratch = scratch
+        while True:
+            scratch = self._encode_scratch(len(src), factor)
+            if len(src) <= KEEP_SCRATCH_BYTES:  # never pin a huge one
+                self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, cache)
             ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
+            if ok:
+                return ids
             factor *= 2
-        return ids
 
     def encode_batch(self, texts: Sequence[str], max_length: int | None = None,
                      truncation: Truncation = None, add_special_tokens: bool = True,
                      return_offsets: bool = False) -> EncodedBatch:
         """Encode many texts in parallel (all cores, GIL released) into one packed batch."""
         limit, from_left = truncation_limit(max_length, truncation)
-        prefix, suffix = (self._single[0], self._single[1]) if add_special_tokens else (_EMPTY, _EMPTY)
+        prefix, suffix = self._single if add_special_tokens else _NO_SPECIALS
         if limit != NO_LIMIT and limit < len(prefix) + len(suffix):
             raise InvalidInput(f"max_length {limit} leaves no room for the special tokens", "max_length")
         ids, spans, start, count = self._encode_raw(texts, return_offsets)
@@ -242,29 +261,32 @@ class Tokenizer:
         return [self.spec.pieces[i] for i in self.encode(text, add_special_tokens=False)]
 
     # ---- internals -----------------------------------------------------------------
-    def _scratch(self, src_len: int):
-        """This thread's reusable scratch; inputs over KEEP_SCRATCH_BYTES get a temporary one
-        (scratch is ~75 bytes per input byte: a 10 MB text must not pin 750 MB)."""
+    def _thread_buffers(self, src_len: int) -> _ThreadBuffers:
+        """This thread's buffers with scratch for ``src_len`` source bytes. Inputs over
+        KEEP_SCRATCH_BYTES get a temporary scratch (scratch is ~75 bytes per input byte: a
+        10 MB text must not pin 750 MB)."""
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:  # a table is not safe to share between threads: one each
+            scratch = self._encode_scratch(256, 2)
+            buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch,
+                                                           new_word_cache(self._word_cache_slots))
+        if src_len <= buffers.capacity:
+            return buffers
+        scratch = self._encode_scratch(src_len, 2)
         if src_len > KEEP_SCRATCH_BYTES:
-            return new_scratch(src_len, 2)
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None or scratch.char_index.shape[0] < src_len + 1 or \
-                scratch.norm_bytes.shape[0] < 2 * src_len + 16:
-            scratch = self._local.scratch = new_scratch(max(src_len, 256), 2)
-        return scratch
+            return _ThreadBuffers(src_len, scratch, buffers.word_cache)
+        buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, buffers.word_cache)
+        return buffers
 
     def _word_cache(self):
         """This thread's word cache (a table is not safe to share between threads)."""
-        cache = getattr(self._local, "word_cache", None)
-        if cache is None:
-            cache = self._local.word_cache = new_word_cache(self._word_cache_slots)
-        return cache
+        return self._thread_buffers(0).word_cache
 
     def clear_word_cache(self) -> None:
         """Forget the calling thread's cached words (to measure or test a cold start)."""
-        cache = getattr(self._local, "word_cache", None)
-        if cache is not None:
-            cache.lengths[:] = 0  # a slot of length 0 matches no word
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is not None:
+            buffers.word_cache.lengths[:] = 0  # a slot of length 0 matches no word
 
     def _encode_raw(self, texts: Sequence[str], want_offsets: bool):
         if isinstance(texts, str):
@@ -303,6 +325,19 @@ class Tokenizer:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="tokenizer")
             return self._pool
+
+
+class _ThreadBuffers(NamedTuple):
+    """What one thread's encode() calls reuse: scratch and the hf-mode word cache."""
+
+    capacity: int  # the longest source (bytes) the scratch holds
+    scratch: Scratch
+    word_cache: WordCache
+
+
+def _capacity(scratch: Scratch) -> int:
+    """The longest source new_scratch(..., 2) needs no more room than ``scratch`` for."""
+    return min(scratch.char_index.shape[0] - 1, (scratch.norm_bytes.shape[0] - 16) // 2)
 
 
 def _concat(parts):

@@ -34,6 +34,7 @@ from numba.extending import overload
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
 from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into
+from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
@@ -95,7 +96,9 @@ def _normalize_for(model, src, scratch, hf):
     return huggingface
 
 
-@cached_njit(nogil=True)
+# Inlined into the entry points: a real call costs a reference-count round trip on each
+# array of the Model and Scratch tuples, a fixed cost that a short text notices.
+@cached_njit(nogil=True, inline="always")
 def encode_raw(model, src, scratch, want_offsets, hf, cache):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
@@ -166,8 +169,8 @@ def _spans_to_chars(src, scratch, n):
     scratch.char_index[src.shape[0]] = count
     for t in range(n):
         s, e = scratch.spans[t, 0], scratch.spans[t, 1]
-        src_start = scratch.norm_origin[s, 0]
-        src_end = max(scratch.norm_origin[e - 1, 1], src_start)
+        src_start = origin_start(scratch.norm_origin, s)
+        src_end = max(origin_end(scratch.norm_origin, e - 1), src_start)
         scratch.spans[t, 0] = scratch.char_index[src_start]
         scratch.spans[t, 1] = scratch.char_index[src_end]
 

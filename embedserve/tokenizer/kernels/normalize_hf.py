@@ -31,8 +31,9 @@ import numpy as np
 from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
-from embedserve.tokenizer.kernels.pretokenize_hf import (P_PREPEND, P_REP, P_REP_LEN, P_SPLIT, P_WS_SPLIT,
-                                                 PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
+from embedserve.tokenizer.kernels.origins import origin_end, origin_rows, origin_start, set_origin
+from embedserve.tokenizer.kernels.pretokenize_hf import (P_COLLAPSE_SPACES, P_PREPEND, P_REP, P_REP_LEN, P_SPLIT,
+                                                 P_WS_SPLIT, PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
                                                  is_rust_whitespace, pre_tokenize, put)
 from embedserve.tokenizer.kernels.replace_hf import (STEP_REPLACE_LITERAL, STEP_REPLACE_RUN, replace_applies,
                                              replace_into, replace_step_size)
@@ -49,6 +50,8 @@ _CR = 0x0D
 _STEP_PRECOMPILED, _STEP_STRIP = 1, 2  # the Replace kinds: replace_hf.STEP_REPLACE_*
 _NUL = 0
 _WHOLE_CLUSTER_LIMIT = 6  # clusters shorter than this (in bytes) are looked up whole
+# Replace(" {2,}", " ") as the last step (XLM-R's) is left to pretokenize_hf.py.
+_COLLAPSE_SPACES = ("replace_run", " ", 2, " ")
 
 
 def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
@@ -64,9 +67,13 @@ def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
     replacement = pipeline.metaspace_replacement.encode("utf-8")
     params[P_REP_LEN] = len(replacement)
     params[P_REP:P_REP + len(replacement)] = list(replacement)
-    params[_P_N_STEPS] = len(pipeline.normalizer_steps)
+    steps = list(pipeline.normalizer_steps)
+    if steps and steps[-1] == _COLLAPSE_SPACES:  # done by the pre-tokenizer, in its pass
+        params[P_COLLAPSE_SPACES] = 1
+        steps.pop()
+    params[_P_N_STEPS] = len(steps)
     params[_P_TABLE:_P_STEPS] = bmp_char_table(charsmap_units).tolist()
-    for step in pipeline.normalizer_steps:
+    for step in steps:
         params.extend(_encode_step(step))
     return np.asarray(params, np.int64)
 
@@ -135,12 +142,12 @@ def _first_match(units, params, buf, start, end, cp, n):
 @nb.njit(inline="always")
 def _origin_start(origin, i, raw):
     """Where byte i of a step's input came from: itself when reading the raw source."""
-    return i if raw else origin[i, 0]
+    return i if raw else origin_start(origin, i)
 
 
 @nb.njit(inline="always")
 def _origin_end(origin, i, raw):
-    return i + 1 if raw else origin[i, 1]
+    return i + 1 if raw else origin_end(origin, i)
 
 
 @cached_njit(nogil=True)
@@ -268,7 +275,7 @@ def _strip(buf, s, e, left, right):
 @cached_njit(nogil=True)
 def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_words):
     """Normalize + pre-tokenize ``src``; see the module docstring and spec.py."""
-    half = min(out_bytes.shape[0], out_origin.shape[0]) // 2
+    half = min(out_bytes.shape[0], origin_rows(out_origin, out_bytes.shape[0])) // 2
     n = src.shape[0]
     if n > half:
         return SCRATCH_TOO_SMALL, 0
@@ -310,7 +317,6 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
     if base == 0:  # the pre-tokenizer writes at 0: move the text to the upper half first
         for i in range(e - s):
             out_bytes[half + i] = out_bytes[s + i]
-            out_origin[half + i, 0] = out_origin[s + i, 0]
-            out_origin[half + i, 1] = out_origin[s + i, 1]
+            set_origin(out_origin, half + i, origin_start(out_origin, s + i), origin_end(out_origin, s + i))
         s, e = half, half + (e - s)
     return pre_tokenize(params, out_bytes, out_origin, s, e, half, out_words)

@@ -17,6 +17,7 @@ import numpy as np
 
 from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match
 from embedserve.tokenizer.kernel_cache import cached_njit
+from embedserve.tokenizer.kernels.origins import set_origin
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, PieceKind, TokenizerSpec
 
 # params layout: [add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces,
@@ -157,8 +158,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
             else:
                 for k in range(length):
                     out_bytes[o] = src[pos + k]
-                    out_origin[o, 0] = pos
-                    out_origin[o, 1] = pos + length
+                    set_origin(out_origin, o, pos, pos + length)
                     o += 1
                 is_prev_space = False
         else:
@@ -175,8 +175,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
                     o = _put_space(out_bytes, out_origin, o, escape, pos, pos + length)
                 else:
                     out_bytes[o] = c
-                    out_origin[o, 0] = pos
-                    out_origin[o, 1] = pos + length
+                    set_origin(out_origin, o, pos, pos + length)
                     o += 1
                 last = c
                 k += 1
@@ -243,8 +242,7 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
         else:
             for k in range(length):
                 out_bytes[o + k] = src[pos + k]
-                out_origin[o + k, 0] = pos
-                out_origin[o + k, 1] = pos + length
+                set_origin(out_origin, o + k, pos, pos + length)
             o += length
             is_prev_space = False
         pos += length
@@ -260,10 +258,8 @@ def _put_space(out_bytes, out_origin, o, escape, origin_start, origin_end):
         out_bytes[o + 1] = 0x96
         out_bytes[o + 2] = 0x81
         for k in range(3):
-            out_origin[o + k, 0] = origin_start
-            out_origin[o + k, 1] = origin_end
+            set_origin(out_origin, o + k, origin_start, origin_end)
         return o + 3
     out_bytes[o] = _SPACE
-    out_origin[o, 0] = origin_start
-    out_origin[o, 1] = origin_end
+    set_origin(out_origin, o, origin_start, origin_end)
     return o + 1

@@ -10,6 +10,11 @@ on, as tokenizers 0.23.3 splits them:
   word starts at original offset 0; ``never``); with ``split`` a new word starts at
   every replacement character (tokenizers' MergedWithNext). An empty normalized
   string has no words.
+
+When the normalizer's last step is ``Replace`` of runs of spaces by one space (" {2,}",
+XLM-R's), normalize_hf.py leaves it to this pass (``P_COLLAPSE_SPACES``): a run of
+spaces is read as one space spanning the run, as that step would have written it, and
+the text is not scanned and copied once more for it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8
+from embedserve.tokenizer.kernels.origins import origin_end, origin_start, set_origin
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # Slots of normalize_hf's int64 params that this module reads.
 P_WS_SPLIT, P_PREPEND, P_SPLIT, P_REP_LEN, P_REP = 0, 1, 2, 3, 4  # P_REP..+3: replacement bytes
+P_COLLAPSE_SPACES = 9  # (slot 8 is normalize_hf's)
 PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER = 0, 1, 2
 _SPACE = 0x20
 _NO_CHAR = -1  # the code point read at the end of the text
@@ -39,10 +46,9 @@ def is_rust_whitespace(cp: int) -> bool:
 
 @nb.njit(inline="always")
 def put(buf, origin, w, byte, o_start, o_end):
-    """Write one output byte and the source range it came from."""
+    """Write one output byte and the source range it came from (origins.py)."""
     buf[w] = byte
-    origin[w, 0] = o_start
-    origin[w, 1] = o_end
+    set_origin(origin, w, o_start, o_end)
 
 
 @nb.njit(inline="always")
@@ -66,6 +72,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
     split = params[P_SPLIT] != 0
     rep_len = params[P_REP_LEN]
     rep_first = params[P_REP]
+    collapse_spaces = params[P_COLLAPSE_SPACES] != 0
     w, n_words, word_start = 0, 0, 0
     in_piece = False
     i = s
@@ -78,7 +85,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
                 b = buf[i]
                 if b >= 0x80 or b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first:
                     break
-                put(buf, origin, w, b, origin[i, 0], origin[i, 1])
+                put(buf, origin, w, b, origin_start(origin, i), origin_end(origin, i))
                 w += 1
                 i += 1
         if i == e:
@@ -86,6 +93,9 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
         else:
             b = buf[i]
             cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)
+            if cp == _SPACE and collapse_spaces:  # the run is one space (module docstring)
+                while i + n < e and buf[i + n] == _SPACE:
+                    n += 1
             is_space = ws_split and is_rust_whitespace(cp)
         if is_space:
             if in_piece and w > word_start:
@@ -103,11 +113,11 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
         if not in_piece:  # a piece (word of WhitespaceSplit, or the whole text) starts
             in_piece = True
             word_start = w
-            if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin[i, 0] == 0)):
+            if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin_start(origin, i) == 0)):
                 if w + rep_len > limit:
                     return SCRATCH_TOO_SMALL, 0
                 for k in range(rep_len):
-                    put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i, 0])
+                    put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_start(origin, i))
                 w += rep_len
         if is_rep:
             if split and w > word_start:  # MergedWithNext: a word starts at each ▁
@@ -119,13 +129,13 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             if w + rep_len > limit:
                 return SCRATCH_TOO_SMALL, 0
             for k in range(rep_len):
-                put(buf, origin, w + k, params[P_REP + k], origin[i, 0], origin[i + n - 1, 1])
+                put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_end(origin, i + n - 1))
             w += rep_len
         else:
             if w + n > limit:
                 return SCRATCH_TOO_SMALL, 0
             for k in range(n):
-                put(buf, origin, w + k, buf[i + k], origin[i + k, 0], origin[i + k, 1])
+                put(buf, origin, w + k, buf[i + k], origin_start(origin, i + k), origin_end(origin, i + k))
             w += n
         i += n
     return w, n_words

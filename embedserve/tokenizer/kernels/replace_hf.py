@@ -14,6 +14,7 @@ import numba as nb
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
+from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.pretokenize_hf import matches, put
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
@@ -62,7 +63,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
             if w + n > limit:
                 return SCRATCH_TOO_SMALL
             for m in range(n):
-                put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
+                put(buf, origin, w + m, buf[i + m], origin_start(origin, i + m), origin_end(origin, i + m))
             w += n
             i += n
             continue
@@ -74,7 +75,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
             if w + c_len > limit:
                 return SCRATCH_TOO_SMALL
             for m in range(c_len):
-                put(buf, origin, w + m, params[c_start + m], origin[i, 0], origin[k - 1, 1])
+                put(buf, origin, w + m, params[c_start + m], origin_start(origin, i), origin_end(origin, k - 1))
             w += c_len
             i = k
             continue
@@ -82,7 +83,7 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
         if w + (k - i) > limit:
             return SCRATCH_TOO_SMALL
         for m in range(k - i):
-            put(buf, origin, w + m, buf[i + m], origin[i + m, 0], origin[i + m, 1])
+            put(buf, origin, w + m, buf[i + m], origin_start(origin, i + m), origin_end(origin, i + m))
         w += k - i
         i = k
     return w
