@@ -135,16 +135,28 @@ class RawClient:
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
         """(status, Server-Timing header) of one request; the body is read whole."""
-        if self._socket is None:
-            self._socket = socket.create_connection(self._address, timeout=60)
-            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = [f"{method} {path} HTTP/1.1".encode(), b"Host: " + self._host]
         if body is not None:
             head += [b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
-        self._socket.sendall(b"\r\n".join(head) + b"\r\n\r\n" + (body or b""))
-        status_line, headers = self._read_head()
+        message = b"\r\n".join(head) + b"\r\n\r\n" + (body or b"")
+        try:
+            self._send(message)
+            status_line, headers = self._read_head()
+        except ConnectionError:
+            # The server closes a connection left idle past its keep-alive timeout
+            # (while another stack warms up): reconnect and send again, as
+            # http.client does.
+            self.close()
+            self._send(message)
+            status_line, headers = self._read_head()
         self._read_exactly(int(headers.get("content-length", "0")))
         return int(status_line.split()[1]), headers.get("server-timing", "")
+
+    def _send(self, message: bytes) -> None:
+        if self._socket is None:
+            self._socket = socket.create_connection(self._address, timeout=60)
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socket.sendall(message)
 
     def _read_head(self) -> tuple[str, dict[str, str]]:
         while b"\r\n\r\n" not in self._buffer:
@@ -174,6 +186,7 @@ class RawClient:
     def close(self) -> None:
         if self._socket is not None:
             self._socket.close()
+        self._socket, self._buffer = None, b""
 
 
 class HttpxClient:

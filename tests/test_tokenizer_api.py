@@ -118,6 +118,29 @@ def test_batch_is_packed_and_equals_single(xlmr):
     assert batch.original_lengths.tolist() == batch.lengths.tolist()
 
 
+@pytest.mark.parametrize("compat", ["hf", "sentencepiece"])
+def test_a_batch_of_one_text_equals_the_reference(compat, xlmr_tokenizer_dir, tokenizer_cache_dir,
+                                                  hf_reference, default_sp_reference):
+    # One text takes encode()'s path inside encode_batch unless it must be cut; each
+    # mode against its own reference (tokenizers, sentencepiece).
+    tokenizer = Tokenizer.from_model_dir(xlmr_tokenizer_dir, compat=compat, cache_dir=tokenizer_cache_dir)
+    for text in ENGLISH[:40] + ["query: ¿Dónde está?", "日本語のテキスト", "👍🏽 " * 30]:
+        expected = (hf_reference.encode(text).ids if compat == "hf"
+                    else [0] + fairseq(default_sp_reference.encode(text)) + [2])
+        batch = tokenizer.encode_batch([text])
+        assert batch.token_ids.tolist() == expected and batch.token_ids.dtype == np.int32
+        assert batch.cu_seqlens.tolist() == [0, len(expected)] and batch.cu_seqlens.dtype == np.int32
+        assert batch.original_lengths.tolist() == [len(expected)] and not batch.truncated.any()
+        bare = tokenizer.encode_batch([text], add_special_tokens=False)
+        assert bare.token_ids.tolist() == expected[1:-1]
+        cut = tokenizer.encode_batch([text], max_length=8, truncation="right")
+        assert cut.token_ids.tolist() == (expected if len(expected) <= 8 else expected[:7] + [2])
+        assert cut.truncated.tolist() == [len(expected) > 8]
+        assert cut.original_lengths.tolist() == [len(expected)]
+    ids = [tokenizer.encode_batch(["the same text"]).token_ids for _ in range(2)]
+    assert ids[0] is not ids[1] and ids[0].tolist() == ids[1].tolist()   # never a shared buffer
+
+
 def test_large_batch_on_threads_equals_single(default_sp_reference, xlmr_tokenizer_dir):
     # Enough bytes to be split across threads; three threads even on a 2-core machine.
     tokenizer = Tokenizer(load_sentencepiece_model(xlmr_tokenizer_dir / "sentencepiece.bpe.model"), threads=3)
