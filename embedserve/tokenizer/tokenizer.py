@@ -72,8 +72,6 @@ def to_utf8(text: str) -> bytes:
 class Tokenizer:
     """An exact Unigram encoder over a loaded TokenizerSpec (a ``backend.TokenizerBackend``)."""
 
-    backend = "native-unigram"
-
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
                  threads: int | None = None, word_cache_slots: int = WORD_CACHE_SLOTS) -> None:
         """``threads``: how many threads encode_batch uses (default: all cores).
