@@ -2,9 +2,10 @@
 
 Owns the event loop every server process runs on (uvloop), the log line
 format, the stop signals (SIGTERM and SIGINT, handled on the event loop), and
-the one line each server role prints once it listens, together with the pattern a parent process reads that line back with. The
-line and its pattern sit side by side so they cannot drift apart. Knows
-nothing about what the processes serve.
+the one line each server role prints once it listens, together with the
+pattern a parent process reads that line back with. The line and its pattern
+sit side by side so they cannot drift apart. Knows nothing about what the
+processes serve.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve.errors import EmbedServeError
 from embedserve.gateway.http_errors import embedserve_error_response
-from embedserve.gateway.middleware import replay_body
+from embedserve.gateway.middleware import read_body, replay_body
 
 Handler = Callable[[BaseModel, Request], Awaitable[Response]]
 
@@ -88,7 +88,7 @@ class DirectRoutes:
         if direct is None or scope["method"] != "POST" or not is_json(_header(scope, b"content-type")):
             await self.app(scope, receive, send)
             return
-        raw = await _read_body(receive)
+        raw = await read_body(receive)  # its size was bounded by the gateway middleware
         if raw is None:
             return   # the client left mid-body: nobody to answer
         try:
@@ -107,21 +107,9 @@ class DirectRoutes:
         await response(scope, receive, send)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body (the middleware outside has bounded its size), or None if
-    the client disconnected first."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (ASGI servers lowercase header names)."""
     for key, value in scope["headers"]:
-        if key.lower() == name:
+        if key == name:
             return value
     return None

@@ -4,8 +4,8 @@ Owns the fan-out: split into chunks (``chunking``), send them concurrently
 through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
 whose replica failed on another replica, and reassemble the rows in input
 order. Knows the gRPC messages but not HTTP, nor which transport a replica
-is called over (``Replica.call``). gRPC errors become embedserve errors here (``grpc_errors``). Cancelling the awaiting task cancels every
-outstanding call.
+is called over (``Replica.call``). gRPC errors become embedserve errors here
+(``grpc_errors``). Cancelling the awaiting task cancels every outstanding call.
 """
 
 from __future__ import annotations

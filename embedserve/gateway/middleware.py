@@ -75,8 +75,8 @@ class GatewayMiddleware:
             declared = headers.get(b"content-length")
             if declared is None and scope["method"] in ("POST", "PUT", "PATCH"):
                 # A chunked body: read it here, within the limit, then replay it.
-                body, too_big = await _read_limited(receive, self.max_body_bytes)
-                if too_big:
+                body = await read_body(receive, self.max_body_bytes)
+                if body is None:
                     await _send_error(send_with_headers, *self._too_large())
                     return
                 receive = replay_body(body, receive)
@@ -151,20 +151,21 @@ async def _send_error(send: Send, status: int, message: str, code: str | None) -
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_limited(receive: Receive, limit: int) -> tuple[bytes, bool]:
+async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The whole request body; None if the client left first or it grew past ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b"", True
+            return None
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            return b"", True
+        if limit is not None and size > limit:
+            return None
         chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks), False
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:
