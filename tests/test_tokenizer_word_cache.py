@@ -2,6 +2,7 @@
 tokenizers==0.23.3 with the cache cold, hot, thrashing in a two-slot table, and shared by
 threads; offsets equal those of the same tokenizer with the cache off (whose offsets
 test_tokenizer_api.py checks against the source text). The table never grows.
+sentencepiece mode's cache: test_tokenizer_sp_word_cache.py.
 
 Texts: the first 1,500 characters of each UDHR translation (../shared/data), so the
 words cover many scripts, and words longer than the cache's bound (CJK runs, a long
@@ -96,12 +97,6 @@ def test_threads_each_get_reference_output(tokenizer_cache_dir, corpus, expected
     big = corpus * 3
     batch = Tokenizer(tokenizer.spec, cache_dir=tokenizer_cache_dir, threads=4, word_cache_slots=8).encode_batch(big)
     assert_ids_equal(big, batch, [expected[t] for t in big])
-
-
-def test_sentencepiece_mode_never_caches(tokenizer_cache_dir):
-    sp_mode = Tokenizer.from_file(shared_file("xlmr/sentencepiece.bpe.model"), cache_dir=tokenizer_cache_dir)
-    sp_mode.encode("a few words to cache")
-    assert sp_mode._word_cache().records.shape[0] == 0
 
 
 def test_capacity_must_be_a_power_of_two(tokenizer_cache_dir):

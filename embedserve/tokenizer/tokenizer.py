@@ -36,7 +36,8 @@ from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
 from embedserve.tokenizer.kernels.normalize_sp import sp_params
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
-from embedserve.tokenizer.kernels.trie import load_or_build_compact_nodes
+from embedserve.tokenizer.kernels.trie import (COMPACT_SCORE32, COMPACT_TOKEN, MATCHABLE_KINDS, NO_TOKEN,
+                                               load_or_build_compact_nodes)
 from embedserve.tokenizer.kernels.word_cache import WordCache, new_word_cache
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
@@ -51,11 +52,12 @@ PARALLEL_MIN_BYTES = 1 << 15
 # A thread keeps its scratch (~75 bytes per input byte) for inputs up to this size:
 # 128 KiB covers a 16k-token text of 3-byte characters at ~10 MB per thread.
 KEEP_SCRATCH_BYTES = 1 << 17
-# Slots of each thread's hf-mode word cache (kernels/word_cache.py): 128 bytes a slot,
-# 8 MiB per thread that encodes (zeroed pages, committed as slots fill). Smaller tables
-# measured no faster than none on the 379-language bench (4096 and 16384 slots: 1.00x;
-# 32768: 0.89x; 65536: 0.79x, BENCHMARKS.md), as its ~41k distinct words a pass collide.
-WORD_CACHE_SLOTS = 1 << 16
+# Slots of each thread's word cache (kernels/word_cache.py): 64 bytes a slot, 8 MiB per
+# thread that encodes (zeroed pages, committed as slots fill). The table pays only when
+# it holds many of the words that come again: on the 379-language bench (~41k distinct
+# words a pass) 16,384 slots of 128 bytes measured no faster than none, 65,536 0.79x
+# (BENCHMARKS.md).
+WORD_CACHE_SLOTS = 1 << 17
 _NO_WORD_CACHE = new_word_cache(0)  # never written: a table of no slots caches nothing
 
 
@@ -76,8 +78,9 @@ class Tokenizer:
                  threads: int | None = None, word_cache_slots: int = WORD_CACHE_SLOTS) -> None:
         """``threads``: how many threads encode_batch uses (default: all cores).
 
-        ``word_cache_slots``: slots of each thread's cache of per-word results in hf mode
-        (a power of two; 0 turns it off). sentencepiece mode never caches.
+        ``word_cache_slots``: slots of each thread's cache of per-word results (a power of
+        two; 0 turns it off). sentencepiece mode caches only where every piece has "▁"
+        at most as its first character and "▁" alone is a piece (``_words_chain``).
         """
         if any(spec.single_type_ids):  # encode_batch gives single texts no segment ids
             raise ModelLoadError(f"{spec.source}: field post_processor.single: segment ids other than 0 are "
@@ -85,7 +88,8 @@ class Tokenizer:
         self.spec = spec
         new_word_cache(word_cache_slots)  # checks the size before anything is built
         # The table packs a token id in 23 bits (kernels/word_cache.py).
-        self._word_cache_slots = word_cache_slots if spec.compat == "hf" and spec.vocab_size < 1 << 23 else 0
+        caches = spec.compat == "hf" or _words_chain(spec)
+        self._word_cache_slots = word_cache_slots if caches and spec.vocab_size < 1 << 23 else 0
         self._wordpiece: WordPieceEncoder | None = None
         if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
             self._wordpiece = WordPieceEncoder(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)
@@ -108,8 +112,12 @@ class Tokenizer:
             params = self._hf = hf_params(spec, units)
         nodes, score64 = load_or_build_compact_nodes(spec, Path(cache_dir).expanduser()
                                                      if cache_dir is not None else None)
-        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, int(spec.unk_id),
-                            _unk_score(spec), _byte_ids(spec))
+        unk_score = _unk_score(spec)
+        token_scores, max_abs_score = np.zeros(0, np.float32), 0.0
+        if spec.compat == "sentencepiece" and self._word_cache_slots:
+            token_scores, max_abs_score = _token_scores(nodes, spec.vocab_size, unk_score)
+        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, token_scores,
+                            max_abs_score, int(spec.unk_id), unk_score, _byte_ids(spec))
         # hf mode's "first" prepend scheme reads where a word came from (kernels/origins.py).
         self._ids_read_origins = spec.hf is not None and spec.hf.prepend_scheme == "first"
         # encode()'s kernel, bound once to the argument types every call passes.
@@ -332,7 +340,7 @@ class Tokenizer:
 
 
 class _ThreadBuffers(NamedTuple):
-    """What one thread's encode() calls reuse: scratch and the hf-mode word cache."""
+    """What one thread's encode() calls reuse: scratch and the word cache."""
 
     capacity: int  # the longest source (bytes) the scratch holds
     scratch: Scratch
@@ -366,6 +374,26 @@ def _unk_score(spec: TokenizerSpec) -> float:
         low = np.float32(spec.scores[normal].min()) if normal.any() else np.float32(0)
         return float(low - np.float32(10.0))
     return float(np.min(spec.scores) - 10.0)
+
+
+def _words_chain(spec: TokenizerSpec) -> bool:
+    """Whether sentencepiece mode's Viterbi falls into words at each "▁" (so that it can
+    cache them, kernels/viterbi.py): no matchable piece has "▁" past its first character,
+    so no piece spans a word's start, and "▁" alone is one, so no unknown piece does."""
+    pieces = [p for p, kind in zip(spec.pieces, spec.kinds.tolist()) if kind in MATCHABLE_KINDS]
+    return "\u2581" in pieces and not any("\u2581" in p[1:] for p in pieces)
+
+
+def _token_scores(nodes: np.ndarray, vocab_size: int, unk_score: float) -> tuple[np.ndarray, float]:
+    """The float32 score Viterbi adds for each token id (from the trie, so user-defined
+    pieces have sentencepiece's score for them), and the largest magnitude of any score
+    it adds, the unknown's included."""
+    rows = nodes[:, COMPACT_TOKEN] != NO_TOKEN
+    scores = nodes.view(np.float32)[rows, COMPACT_SCORE32]
+    token_scores = np.zeros(vocab_size, np.float32)
+    token_scores[nodes[rows, COMPACT_TOKEN]] = scores
+    largest = max(float(np.abs(scores).max(initial=0.0)), abs(float(np.float32(unk_score))))
+    return token_scores, largest
 
 
 def _byte_ids(spec: TokenizerSpec) -> np.ndarray:

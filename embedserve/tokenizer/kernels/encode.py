@@ -15,8 +15,9 @@ text, as sentencepiece's ``SentencePieceProcessor::Encode`` does after the model
 byte piece spans the character it is a byte of. Templates and truncation are ``templates.py``'s
 job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. ``cache`` is the calling thread's
-``word_cache.WordCache`` (hf mode; an empty one disables it). Parallelism over texts is the
-caller's (threads: every kernel here releases the GIL).
+``word_cache.WordCache`` (an empty one disables it; sentencepiece mode also needs the
+Model's ``token_scores``). Parallelism over texts is the caller's (threads: every
+kernel here releases the GIL).
 
 A cached kernel here embeds the normalizers and Viterbi it calls; its on-disk cache is
 keyed by the source of the whole package (kernel_cache.py), so an edit to any of them
@@ -33,7 +34,7 @@ from numba.extending import overload
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
-from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into
+from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into, split_at_metaspace
 from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
@@ -45,6 +46,8 @@ class Model(NamedTuple):
     nodes: np.ndarray  # trie.compact_nodes: int32 [M, 4]
     nodes_f32: np.ndarray  # the same rows viewed as float32 (the score column)
     score64: np.ndarray  # float64 [M], hf mode's scores where not all are float32; else empty
+    token_scores: np.ndarray  # float32 [V]: sentencepiece mode's score per id when it caches words; else empty
+    max_abs_score: float  # the largest |score| of a piece or the unknown (sentencepiece mode's cache)
     unk_id: int
     unk_score: float
     byte_ids: np.ndarray  # int32 [256]: id of <0xXX> per byte with byte fallback, else [0]
@@ -107,13 +110,17 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache):
     n_bytes, n_words = normalize(model, src, scratch, hf)
     if n_bytes == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
+    if hf is None and model.token_scores.shape[0] > 0 and cache.records.shape[0] > 0:
+        n_words = split_at_metaspace(scratch.norm_bytes, n_bytes, scratch.words)  # the cache's words
+        if n_words == SCRATCH_TOO_SMALL:
+            return SCRATCH_TOO_SMALL
     # hf mode scores in float64. Decided by the type of ``hf``, so a constant once the
     # kernel is typed: each mode's Viterbi loop compiles without the other's branches
     # (a Model field read at run time measured 1-4 % slower on the multilingual bench).
     use_f64 = hf is not None
-    n = viterbi_into(model.nodes, model.nodes_f32, model.score64, scratch.norm_bytes,
-                     scratch.words, n_words, use_f64, model.unk_id, model.unk_score, scratch.best_score,
-                     scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, cache)
+    n = viterbi_into(model.nodes, model.nodes_f32, model.score64, model.token_scores, model.max_abs_score,
+                     scratch.norm_bytes, scratch.words, n_words, use_f64, model.unk_id, model.unk_score,
+                     scratch.best_score, scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, cache)
     if n == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     if model.byte_ids.shape[0] == 256:

@@ -263,3 +263,30 @@ def _put_space(out_bytes, out_origin, o, escape, origin_start, origin_end):
     out_bytes[o] = _SPACE
     set_origin(out_origin, o, origin_start, origin_end)
     return o + 1
+
+
+@nb.njit(inline="always")
+def split_at_metaspace(text, n, words):
+    """Cut text[:n] into words, each starting at a "▁" (its first one at 0): the words
+    sentencepiece mode's word cache looks up. Returns how many, or SCRATCH_TOO_SMALL."""
+    count = 0
+    start = 0
+    i = 1
+    while i + 2 < n:
+        if text[i] == 0xE2 and text[i + 1] == 0x96 and text[i + 2] == 0x81:
+            if count + 1 >= words.shape[0]:
+                return SCRATCH_TOO_SMALL
+            words[count, 0] = start
+            words[count, 1] = i
+            count += 1
+            start = i
+            i += 3
+        else:
+            i += 1
+    if n > 0:
+        if count >= words.shape[0]:
+            return SCRATCH_TOO_SMALL
+        words[count, 0] = start
+        words[count, 1] = n
+        count += 1
+    return count

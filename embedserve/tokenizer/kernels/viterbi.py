@@ -22,10 +22,19 @@ the current start position leaves [-1e5, 1e5] it subtracts that score, in float3
 from every entry set so far at or after it. Without the rebase, float32 rounding at
 ~1e5 (steps of 0.016) flips near-ties on inputs of ~16k tokens and more.
 
-hf mode looks each word up in a per-thread ``word_cache.WordCache`` first: a hit
-writes the word's cached path into best_start / best_id (so the back-track below reads
-it as if Viterbi had run), a miss runs Viterbi and stores the word's back-tracked
-tokens in the table.
+Each word is looked up in a per-thread ``word_cache.WordCache`` first: a hit writes
+the word's cached path into best_start / best_id (so the back-track below reads it as
+if Viterbi had run), a miss runs Viterbi and stores the word's back-tracked tokens in
+the table. sentencepiece mode caches when its text is cut into words at each "▁"
+(``normalize_sp.split_at_metaspace``): the words then chain, each starting from the
+path score at its start instead of 0. A word's comparisons are float32 sums after that
+score, so each one can come out differently after another prefix only if the two sides
+are within their rounding error (``_rounding_bound``) of each other. A miss keeps the
+narrowest comparison's gap, less twice its own rounding bound, as the word's slack; a
+hit is used only where that slack exceeds twice the rounding bound after the current
+prefix (then every comparison, and so the path, comes out the same), and replays the
+path's float32 additions to get the score at the word's end exactly. Words with an
+unknown piece on their path, or near the rebase threshold, are not cached in this mode.
 """
 
 from __future__ import annotations
@@ -34,29 +43,35 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, lookup, prefetch_slot, put_token, put_word,
-                                                     token_at, token_count, word_hash)
+from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, SCORED_TOKENS, TOKEN_INTS, lookup,
+                                                     prefetch_slot, put_score, put_slack, put_token, put_word,
+                                                     score_at, slack_of, token_at, token_count)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
-# hf mode starts loading a word's cache slot this many words before it is looked up.
+# A word's cache slot starts loading this many words before it is looked up.
 _PREFETCH_WORDS = 8
 _REBASE_BELOW = np.float32(-1e5)
 _REBASE_ABOVE = np.float32(1e5)
+# A float32 result's spacing relative to its magnitude, at most: twice the rounding error of
+# an addition, so the bound also covers its own second-order terms.
+_ULP = 2.0 ** -23
 
 
 # Inlined at the IR level into its callers: a real call costs a reference-count round
 # trip on each of its array arguments.
 @cached_njit(nogil=True, inline="always")
-def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_id, unk_score,
-                 best_score, best_start, best_id, out_ids, out_spans, cache):
+def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, words, n_words, use_f64, unk_id,
+                 unk_score, best_score, best_start, best_id, out_ids, out_spans, cache):
     """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
 
     ``nodes``/``nodes_f32``/``score64``: ``trie.compact_nodes`` (the float32 view of the
     same rows, and hf mode's float64 scores when they are not all float32, else empty).
-    ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
+    ``token_scores``: sentencepiece mode's float32 score per token id, and
+    ``max_abs_score`` the largest magnitude of a score (the unknown's included), for its
+    word cache. ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
     derives it from a type), so that each mode's loop has none of the other's branches.
     ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
     SCRATCH_TOO_SMALL if ``out_ids`` is too small.
@@ -65,36 +80,52 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
     # (about a third of the time of this loop).
     one = np.uint64(1)
-    caching = use_f64 and cache.records.shape[0] > 0
+    caching = cache.records.shape[0] > 0
+    chained = not use_f64  # sentencepiece mode: a word's paths go on from the score at its start
+    stride = 2 if chained else 1  # the cache's records keep scores beside the tokens
+    records_f32 = cache.records.view(np.float32)
     wide_scores = score64.shape[0] > 0
+    # The hashes of the words whose slots are loading: word w's at w % _PREFETCH_WORDS.
+    hashes = np.zeros(_PREFETCH_WORDS, np.uint64)
     if caching:
         for w in range(min(_PREFETCH_WORDS, n_words)):
-            prefetch_slot(cache, text, words[w, 0], words[w, 1])
+            hashes[w] = prefetch_slot(cache, text, words[w, 0], words[w, 1])
     for w in range(n_words):
+        h = hashes[w % _PREFETCH_WORDS]
         if caching and w + _PREFETCH_WORDS < n_words:
-            prefetch_slot(cache, text, words[w + _PREFETCH_WORDS, 0], words[w + _PREFETCH_WORDS, 1])
+            ahead = w + _PREFETCH_WORDS
+            hashes[ahead % _PREFETCH_WORDS] = prefetch_slot(cache, text, words[ahead, 0], words[ahead, 1])
         start = words[w, 0]
         end = words[w, 1]
         if start >= end:
             continue
+        if not chained or w == 0:
+            # hf mode: a word's paths start at 0. Where words touch, best_score[start]
+            # held the previous word's total; that word's back-track reads only
+            # best_start/best_id.
+            best_score[start] = 0.0
         cacheable = caching and end - start <= MAX_WORD_BYTES
-        h = np.uint64(0)
         if cacheable:
-            h = word_hash(text, start, end)
             slot = lookup(cache, text, start, end, h)
-            if slot >= 0:  # the cached path, where the back-track reads it
+            if slot >= 0 and (not chained or
+                              _reusable(records_f32, slot, best_score[start], end - start, max_abs_score)):
+                # The cached path, where the back-track reads it.
                 prev = start
+                score = np.float32(best_score[start])
                 for t in range(token_count(cache, slot)):
-                    tid, rel_end = token_at(cache, slot, t)
+                    tid, rel_end = token_at(cache, slot, t, stride)
                     e = start + rel_end
                     best_start[e] = np.int32(prev)
                     best_id[e] = tid
                     prev = e
+                    if chained:
+                        score = score + score_at(records_f32, slot, t)  # the float32 additions Viterbi made
+                if chained:
+                    best_score[end] = np.float64(score)
                 continue
+        track = chained and cacheable  # keep the narrowest comparison's gap, for the slack
+        narrowest = np.inf
         u_end = np.uint64(end)
-        # A word's paths start at 0. Where words touch, best_score[start] held the
-        # previous word's total; that word's back-track reads only best_start/best_id.
-        best_score[start] = 0.0
         for i in range(np.uint64(start) + one, u_end + one):
             best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
         pos = np.uint64(start)
@@ -131,6 +162,8 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
                         cand = here + score64[node]
                     else:  # the float64 score is this float32 exactly
                         cand = here + np.float64(nodes_f32[node, COMPACT_SCORE32])
+                    if track:
+                        narrowest = min(narrowest, abs(cand - best_score[k]))
                     if cand > best_score[k]:
                         best_score[k] = cand
                         best_start[k] = np.int32(pos)
@@ -145,13 +178,25 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
                     cand = here + unk_score
                 else:
                     cand = np.float64(here32 + unk32)
+                if track:
+                    narrowest = min(narrowest, abs(cand - best_score[k]))
                 if cand > best_score[k]:
                     best_score[k] = cand
                     best_start[k] = np.int32(pos)
                     best_id[k] = unk_id
             pos += mblen
-        if cacheable:
-            _store(cache, text, start, end, h, best_start, best_id, unk_id)
+        if not cacheable:
+            continue
+        if not chained:
+            _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride, token_scores)
+            continue
+        prefix = best_score[start]
+        slack = narrowest - 2.0 * _rounding_bound(prefix, end - start, max_abs_score)
+        if slack > 0.0 and _clear_of_rebase(prefix, end - start, max_abs_score) \
+                and _scored_path_fits(best_start, best_id, start, end, unk_id):
+            slot = _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride,
+                          token_scores)
+            put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
     count = 0
     for w in range(n_words):
@@ -180,6 +225,46 @@ def viterbi_into(nodes, nodes_f32, score64, text, words, n_words, use_f64, unk_i
 
 
 @cached_njit(nogil=True, inline="always")
+def _rounding_bound(prefix, n_bytes, max_abs_score):
+    """How far a float32 path score inside a word of ``n_bytes`` after the path score
+    ``prefix`` can be from the exact sum, with room to spare: at most ``n_bytes``
+    additions (each piece is at least one byte), each off by at most half an ulp of a
+    value no larger in magnitude than |prefix| + n_bytes * max_abs_score (counted here
+    as a whole ulp)."""
+    return n_bytes * (abs(prefix) + n_bytes * max_abs_score) * _ULP
+
+
+@cached_njit(nogil=True, inline="always")
+def _clear_of_rebase(prefix, n_bytes, max_abs_score):
+    """No path score inside the word can leave [-1e5, 1e5] (so no rebase happens in it)."""
+    return abs(prefix) + n_bytes * max_abs_score + 1.0 < 1e5
+
+
+@cached_njit(nogil=True, inline="always")
+def _reusable(records_f32, slot, prefix, n_bytes, max_abs_score):
+    """Whether the cached path of the word in ``slot`` is the path after ``prefix``: its
+    slack is above twice the rounding bound there, so no comparison can come out
+    differently, and no rebase can happen inside the word."""
+    return slack_of(records_f32, slot) > 2.0 * _rounding_bound(prefix, n_bytes, max_abs_score) \
+        and _clear_of_rebase(prefix, n_bytes, max_abs_score)
+
+
+@cached_njit(nogil=True, inline="always")
+def _scored_path_fits(best_start, best_id, start, end, unk_id):
+    """Whether sentencepiece mode's cache can keep the best path of text[start:end]: no
+    unknown piece on it (a fused unknown stands for several additions) and at most
+    ``SCORED_TOKENS`` tokens."""
+    j = end
+    count = 0
+    while j > start:
+        if best_id[j] == unk_id or count == SCORED_TOKENS:
+            return False
+        count += 1
+        j = best_start[j]
+    return True
+
+
+@cached_njit(nogil=True, inline="always")
 def _fused_token_count(best_start, best_id, start, end, unk_id):
     """How many tokens the best path of text[start:end] back-tracks to, each run of
     unknown pieces counted once (they are fused into one token)."""
@@ -196,11 +281,14 @@ def _fused_token_count(best_start, best_id, start, end, unk_id):
 
 
 @cached_njit(nogil=True, inline="always")
-def _store(cache, text, start, end, h, best_start, best_id, unk_id):
+def _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride, token_scores):
     """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
-    overwriting whatever word was there."""
+    overwriting whatever word was there, with their scores when ``stride`` is 2; returns
+    the slot. A path of more tokens than a record holds is not kept."""
     slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
     count = _fused_token_count(best_start, best_id, start, end, unk_id)
+    if count > TOKEN_INTS:
+        return slot
     t = count
     j = end
     prev_unk = False
@@ -208,7 +296,10 @@ def _store(cache, text, start, end, h, best_start, best_id, unk_id):
         is_unk = best_id[j] == unk_id
         if not (is_unk and prev_unk):
             t -= 1
-            put_token(cache, slot, t, best_id[j], j - start)  # a fused unknown keeps its right end
+            put_token(cache, slot, t, best_id[j], j - start, stride)  # a fused unknown keeps its right end
+            if stride == 2:
+                put_score(records_f32, slot, t, token_scores[best_id[j]])
         prev_unk = is_unk
         j = best_start[j]
     put_word(cache, slot, text, start, end, count)
+    return slot

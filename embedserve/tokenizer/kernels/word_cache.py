@@ -1,16 +1,24 @@
-"""A bounded per-word cache of Unigram Viterbi results (hf mode), in fixed numpy arrays.
+"""A bounded per-word cache of Unigram Viterbi results, in fixed numpy arrays.
 
 In hf mode each pre-tokenized word is its own Viterbi with scores from 0, so a word's
 tokens (ids, and each token's end in bytes of the word) depend on its bytes only:
-caching them is exact. The table is open addressing with one probe: a word's FNV-1a
-hash picks its slot, the slot keeps the word's bytes for verification, and a new
-word overwrites whatever was there. Token ids must fit 23 bits (the Tokenizer checks). Its size is fixed at construction (no growth, no
-eviction bookkeeping); words longer than ``MAX_WORD_BYTES`` are not cached.
+caching them is exact. sentencepiece mode runs one Viterbi over the whole text, but no
+piece spans a "▁" other than its first (the Tokenizer checks the vocabulary), so the
+text falls into words at each "▁", every path passes each word's start, and a word's
+best path depends on the text before it only through the float32 path score there:
+float32 rounding near a tie can decide differently after another prefix. A record
+therefore also keeps the word's slack (``slack_of``): how much larger than its rounding
+error the narrowest comparison of the word's Viterbi was, and a later lookup uses the
+record only when its own rounding error cannot undo any comparison (viterbi.py).
+
+The table is open addressing with one probe: a word's FNV-1a hash picks its slot, the
+slot keeps the word's bytes for verification, and a new word overwrites whatever was
+there. Token ids must fit 23 bits (the Tokenizer checks). Its size is fixed at
+construction (no growth, no eviction bookkeeping); words longer than ``MAX_WORD_BYTES``
+are not cached.
 
 A table is not safe to share between threads (a reader could see a half-written
-slot): the Tokenizer gives each thread its own. sentencepiece mode runs one Viterbi
-over the whole text with float32 path scores that depend on the prefix before a word,
-so it never uses the cache (it passes an empty table).
+slot): the Tokenizer gives each thread its own.
 """
 
 from __future__ import annotations
@@ -25,9 +33,18 @@ from numba.extending import intrinsic
 from embedserve.tokenizer.huge_pages import huge_page_zeros
 from embedserve.tokenizer.kernel_cache import cached_njit
 
-MAX_WORD_BYTES = 24  # longer words skip the cache; each token is >= 1 byte, so <= this many tokens
-_HEAD = 7  # record ints before the tokens: length | count << 8, then the word, 4 bytes an int
-RECORD_INTS = _HEAD + MAX_WORD_BYTES + 1  # 32 ints: one 128-byte record a slot
+MAX_WORD_BYTES = 24  # longer words skip the cache
+# A record is one 64-byte cache line of ints: length | count << 8, the word (4 bytes an
+# int), sentencepiece mode's slack (float32 bits), then the tokens. Twice as many of
+# these in the same memory as 128-byte records held more hits than the 9th-24th token
+# slots did (BENCHMARKS.md, tokenizer section); a word of more tokens is not cached.
+_SLACK = 1 + MAX_WORD_BYTES // 4
+_HEAD = _SLACK + 1
+RECORD_INTS = 16
+TOKEN_INTS = RECORD_INTS - _HEAD  # 8 tokens a word
+# sentencepiece mode keeps each token's float32 score beside it (stride 2), so a hit
+# replays the path's additions from the record alone: at most this many tokens a word.
+SCORED_TOKENS = TOKEN_INTS // 2
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
@@ -81,13 +98,17 @@ def _prefetch(typingctx, array, index):
 
 @cached_njit(nogil=True, inline="always")
 def prefetch_slot(cache, text, start, end):
-    """Start loading the first line of word text[start:end]'s slot, so that its lookup a
-    few words later hits. A lookup otherwise waits for a miss (the table is 8 MiB, probed
-    at random): with the slot of the word 8 ahead loaded meanwhile, hf mode is ~7 %
-    faster on the multilingual bench (the second line, tokens 9 on, did not pay)."""
+    """Start loading the line of word text[start:end]'s slot, so that its lookup a few
+    words later hits, and return the word's hash for that lookup (0 for a word the table
+    does not take). A lookup otherwise waits for a miss (the table is 8 MiB, probed at
+    random): with the slot of the word 8 ahead loaded meanwhile, hf mode is ~7 % faster
+    on the multilingual bench."""
     if end - start <= MAX_WORD_BYTES and cache.records.shape[0] > 0:
-        slot = np.int64(word_hash(text, start, end) & np.uint64(cache.records.shape[0] - 1))
+        h = word_hash(text, start, end)
+        slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
         _prefetch(cache.records, slot * np.int64(cache.records.shape[1]))
+        return h
+    return np.uint64(0)
 
 
 @cached_njit(nogil=True, inline="always")
@@ -109,15 +130,31 @@ def token_count(cache, slot):
 
 
 @cached_njit(nogil=True, inline="always")
-def token_at(cache, slot, t):
-    """(id, end in bytes of the word) of the slot's token t."""
-    v = cache.records[slot, _HEAD + t]
+def token_at(cache, slot, t, stride):
+    """(id, end in bytes of the word) of the slot's token t (``stride``: 1 in hf mode, 2
+    with scores)."""
+    v = cache.records[slot, _HEAD + stride * t]
     return v >> 8, v & 0xFF
 
 
 @cached_njit(nogil=True, inline="always")
-def put_token(cache, slot, t, token_id, end):
-    cache.records[slot, _HEAD + t] = (token_id << 8) | end
+def put_token(cache, slot, t, token_id, end, stride):
+    cache.records[slot, _HEAD + stride * t] = (token_id << 8) | end
+
+
+# The float32 fields take ``records_f32``, the records viewed as float32 once per call
+# (``records.view`` in each read measured slower: a view is built every time).
+
+
+@cached_njit(nogil=True, inline="always")
+def score_at(records_f32, slot, t):
+    """The float32 score of the slot's token t (sentencepiece mode)."""
+    return records_f32[slot, _HEAD + 2 * t + 1]
+
+
+@cached_njit(nogil=True, inline="always")
+def put_score(records_f32, slot, t, score):
+    records_f32[slot, _HEAD + 2 * t + 1] = score
 
 
 @cached_njit(nogil=True, inline="always")
@@ -131,3 +168,14 @@ def put_word(cache, slot, text, start, end, count):
                 packed |= np.int32(text[start + i]) << (8 * b)
         cache.records[slot, 1 + k] = packed
     cache.records[slot, 0] = n | (count << 8)
+
+
+@cached_njit(nogil=True, inline="always")
+def put_slack(records_f32, slot, slack):
+    """Keep ``slack`` (a float32) in the slot of the word just put there."""
+    records_f32[slot, _SLACK] = slack
+
+
+@cached_njit(nogil=True, inline="always")
+def slack_of(records_f32, slot):
+    return records_f32[slot, _SLACK]
