@@ -88,8 +88,8 @@ class Tokenizer:
         self.spec = spec
         new_word_cache(word_cache_slots)  # checks the size before anything is built
         # The table packs a token id in 23 bits (kernels/word_cache.py).
-        caches = spec.compat == "hf" or _words_chain(spec)
-        self._word_cache_slots = word_cache_slots if caches and spec.vocab_size < 1 << 23 else 0
+        caches = word_cache_slots > 0 and spec.vocab_size < 1 << 23 and (spec.compat == "hf" or _words_chain(spec))
+        self._word_cache_slots = word_cache_slots if caches else 0
         self._wordpiece: WordPieceEncoder | None = None
         if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
             self._wordpiece = WordPieceEncoder(spec, Path(cache_dir).expanduser() if cache_dir is not None else None)

@@ -43,7 +43,7 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, SCORED_TOKENS, TOKEN_INTS, lookup,
+from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, TOKEN_INTS, lookup,
                                                      prefetch_slot, put_score, put_slack, put_token, put_word,
                                                      score_at, slack_of, token_at, token_count)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
@@ -193,10 +193,11 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
         prefix = best_score[start]
         slack = narrowest - 2.0 * _rounding_bound(prefix, end - start, max_abs_score)
         if slack > 0.0 and _clear_of_rebase(prefix, end - start, max_abs_score) \
-                and _scored_path_fits(best_start, best_id, start, end, unk_id):
+                and not _has_unknown(best_start, best_id, start, end, unk_id):
             slot = _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride,
                           token_scores)
-            put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
+            if slot >= 0:
+                put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
     count = 0
     for w in range(n_words):
@@ -250,18 +251,15 @@ def _reusable(records_f32, slot, prefix, n_bytes, max_abs_score):
 
 
 @cached_njit(nogil=True, inline="always")
-def _scored_path_fits(best_start, best_id, start, end, unk_id):
-    """Whether sentencepiece mode's cache can keep the best path of text[start:end]: no
-    unknown piece on it (a fused unknown stands for several additions) and at most
-    ``SCORED_TOKENS`` tokens."""
+def _has_unknown(best_start, best_id, start, end, unk_id):
+    """Whether the best path of text[start:end] has an unknown piece (sentencepiece mode
+    does not cache such a word: a fused unknown stands for several additions)."""
     j = end
-    count = 0
     while j > start:
-        if best_id[j] == unk_id or count == SCORED_TOKENS:
-            return False
-        count += 1
+        if best_id[j] == unk_id:
+            return True
         j = best_start[j]
-    return True
+    return False
 
 
 @cached_njit(nogil=True, inline="always")
@@ -284,11 +282,11 @@ def _fused_token_count(best_start, best_id, start, end, unk_id):
 def _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride, token_scores):
     """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
     overwriting whatever word was there, with their scores when ``stride`` is 2; returns
-    the slot. A path of more tokens than a record holds is not kept."""
+    the slot, or -1 for a path of more tokens than a record holds (nothing written)."""
     slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
     count = _fused_token_count(best_start, best_id, start, end, unk_id)
-    if count > TOKEN_INTS:
-        return slot
+    if count > TOKEN_INTS // stride:
+        return -1
     t = count
     j = end
     prev_unk = False

@@ -41,10 +41,9 @@ MAX_WORD_BYTES = 24  # longer words skip the cache
 _SLACK = 1 + MAX_WORD_BYTES // 4
 _HEAD = _SLACK + 1
 RECORD_INTS = 16
-TOKEN_INTS = RECORD_INTS - _HEAD  # 8 tokens a word
-# sentencepiece mode keeps each token's float32 score beside it (stride 2), so a hit
-# replays the path's additions from the record alone: at most this many tokens a word.
-SCORED_TOKENS = TOKEN_INTS // 2
+# 8 tokens a word; sentencepiece mode keeps each token's float32 score beside it
+# (stride 2), so a hit replays the path's additions from the record alone: 4 tokens.
+TOKEN_INTS = RECORD_INTS - _HEAD
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
