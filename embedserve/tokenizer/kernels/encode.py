@@ -205,11 +205,13 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache
     for i in range(lo, hi):
         src = data[text_starts[i]:text_starts[i + 1]]
         grow = 4
-        n = encode_raw(model, src, scratch, want_offsets, hf, cache)
-        while n == SCRATCH_TOO_SMALL:  # rare: normalization expanded the text more than 2x
-            scratch = new_scratch(longest, grow)
-            grow *= 2
+        # One call site: encode_raw is inlined, and each site costs its whole compile again.
+        while True:
             n = encode_raw(model, src, scratch, want_offsets, hf, cache)
+            if n != SCRATCH_TOO_SMALL:
+                break
+            scratch = new_scratch(longest, grow)  # rare: normalization expanded the text more than 2x
+            grow *= 2
         if w + n > cap:
             return ids, spans, tok_start, tok_count, i
         ids[w:w + n] = scratch.ids[:n]
