@@ -29,6 +29,7 @@ BENCHMARKS = {
     "quantized_recall": "bench.quantized_recall",
     "dtype_load": "bench.dtype_load",
     "startup": "bench.startup",
+    "tokenizer_compile": "bench.tokenizer_compile",
     "native_kernels": "bench.native_kernels",
 }
 
