@@ -154,8 +154,8 @@ def _origin_end(origin, i, raw):
 def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin, w, limit):
     """Precompiled over src[s:e] into buf[w:limit]: the end of the output, or SCRATCH_TOO_SMALL.
 
-    ``raw``: src is the input text itself (byte i came from byte i; ``src_origin`` is
-    not read), so the first step needs no copy of the input with origins beforehand.
+    ``raw``: src holds the input text as it came (byte i came from byte i; ``src_origin``
+    is not read), so the first step needs no source offsets written beforehand.
     """
     # The common case, a one-character BMP cluster, is handled here and in inlined
     # helpers only: in Numba a real call taking arrays costs reference counting, per
