@@ -95,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import sentencepiece
 
-    from bench.tokenizer_bench import udhr_windows
+    from bench.tokenizer_bench import udhr_documents, udhr_windows
     from embedserve.tokenizer import Tokenizer as After
     Before = importlib.import_module(f"{BEFORE_PACKAGE}.tokenizer").Tokenizer
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(args.data / "xlmr" / "sentencepiece.bpe.model"))
-    texts = udhr_windows(sp, args.data)
+    texts = udhr_windows(sp, udhr_documents(args.data))
     reference = lambda t: sp.encode(t, add_bos=True, add_eos=True)  # noqa: E731
     print(f"before {args.rev}, after this tree; {len(texts)} UDHR texts of 512 tokens, {args.passes} passes\n")
     print("| mode | load | before p50 / sp | after p50 / sp | after/before, before first | after first | unbiased |")

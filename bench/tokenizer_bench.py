@@ -178,11 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def udhr_windows(sp, data: Path, length: int = MULTILINGUAL_LENGTH) -> list[str]:
+def udhr_documents(data: Path) -> list[str]:
+    """The UDHR in each language, in file-name order."""
+    return [path.read_text(encoding="utf-8") for path in sorted((data / "text" / "udhr2").glob("*.txt"))]
+
+
+def udhr_windows(sp, documents: list[str], length: int = MULTILINGUAL_LENGTH) -> list[str]:
     """One text of ``length`` tokens (with <s> </s>) per UDHR language long enough."""
     texts = []
-    for path in sorted((data / "text" / "udhr2").glob("*.txt")):
-        ids = sp.encode(path.read_text(encoding="utf-8"))
+    for document in documents:
+        ids = sp.encode(document)
         if len(ids) >= UDHR_SKIP + length:
             texts.append(sp.decode(ids[UDHR_SKIP:UDHR_SKIP + length - 2]))
     return texts
@@ -190,7 +195,8 @@ def udhr_windows(sp, data: Path, length: int = MULTILINGUAL_LENGTH) -> list[str]
 
 def multilingual_row(sp, ours_sp, ours_hf, hf, data: Path) -> dict:
     """p50/p99 of each implementation over the UDHR texts, each pair interleaved per text."""
-    texts = udhr_windows(sp, data)
+    documents = udhr_documents(data)
+    texts = udhr_windows(sp, documents)
     row: dict = {"texts": len(texts), "tokens": statistics.median(len(ours_hf.encode(t)) for t in texts)}
     reference = lambda t: sp.encode(t, add_bos=True, add_eos=True)  # noqa: E731
     row.update(timed({"ours_sp": ours_sp.encode, "sentencepiece": reference}, texts))
@@ -211,21 +217,20 @@ def multilingual_row(sp, ours_sp, ours_hf, hf, data: Path) -> dict:
     group = timed({"warm": ours_hf.encode, "cold": cold, "clear": lambda _: cold_hf.clear_word_cache(),
                    "off": off.encode, "sp": reference}, texts)
     row["cache"] = group
-    row["stream"] = {"sp": stream_ratio(ours_sp, data), "hf": stream_ratio(ours_hf, data)}
+    lines = [line for document in documents for line in document.split("\n") if line.strip()]
+    row["stream"] = {"sp": stream_ratio(ours_sp, lines), "hf": stream_ratio(ours_hf, lines)}
     print("# multilingual: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items()
                                          if isinstance(v, tuple)), file=sys.stderr)
     return row
 
 
-def stream_ratio(ours, data: Path) -> float:
-    """The word cache on a stream of text it has not seen: every non-empty UDHR line once,
-    language by language, each encoded by ``ours`` (cache on, cleared first) and by the
-    same tokenizer with the cache off, whichever first alternating per line; the
-    geometric mean of the two orders' median on/off ratios (two identical tokenizers
-    measure 1.000). The timed tables above repeat each text every pass, so there the
+def stream_ratio(ours, lines: list[str]) -> float:
+    """The word cache on a stream of text it has not seen: each of ``lines`` once (every
+    non-empty UDHR line, language by language), encoded by ``ours`` (cache on, cleared
+    first) and by the same tokenizer with the cache off, whichever first alternating per
+    line; the geometric mean of the two orders' median on/off ratios (two identical
+    tokenizers measure 1.000). The timed tables above repeat each text every pass, so there the
     cache also holds a text's own words from its previous pass."""
-    lines = [line for path in sorted((data / "text" / "udhr2").glob("*.txt"))
-             for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     on, off = ours, type(ours)(ours.spec, word_cache_slots=0)
     on.clear_word_cache()
     ratios: dict[bool, list[float]] = {True: [], False: []}

@@ -141,6 +141,24 @@ def test_a_batch_of_one_text_equals_the_reference(compat, xlmr_tokenizer_dir, to
     assert ids[0] is not ids[1] and ids[0].tolist() == ids[1].tolist()   # never a shared buffer
 
 
+@pytest.mark.parametrize("compat", ["hf", "sentencepiece"])
+def test_a_batch_whose_normalization_outgrows_its_scratch_equals_the_reference(
+        compat, xlmr_tokenizer_dir, tokenizer_cache_dir, hf_reference, default_sp_reference):
+    # The batch kernel sizes its scratch at twice the longest text; the charsmap spells
+    # U+FDFA (3 bytes) in 33, so the first texts need the retry with ever larger scratch,
+    # and the texts after them must come out as if it never happened.
+    tokenizer = Tokenizer.from_model_dir(xlmr_tokenizer_dir, compat=compat, cache_dir=tokenizer_cache_dir)
+    texts = ["\ufdfa" * 40, "a", "\ufdfa \u337b \ufdfa", "\u337b" * 30 + " x", "the last text"]
+    batch = tokenizer.encode_batch(texts)
+    for i, text in enumerate(texts):
+        expected = (hf_reference.encode(text).ids if compat == "hf"
+                    else [0] + fairseq(default_sp_reference.encode(text)) + [2])
+        assert batch.sequence(i).tolist() == expected, text
+    # It did outgrow the room: its pieces spell more than twice its bytes.
+    spelled = sum(len(tokenizer.id_to_piece(i).encode()) for i in batch.sequence(0)[1:-1].tolist())
+    assert spelled > 2 * len(texts[0].encode()) + 16
+
+
 def test_large_batch_on_threads_equals_single(default_sp_reference, xlmr_tokenizer_dir):
     # Enough bytes to be split across threads; three threads even on a 2-core machine.
     tokenizer = Tokenizer(load_sentencepiece_model(xlmr_tokenizer_dir / "sentencepiece.bpe.model"), threads=3)
