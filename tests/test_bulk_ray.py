@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk_corpus import documents, write_jsonl
-from embedserve.bulk.ray_job import cpus_per_actor_for, local_cpus, start_local_ray
+from embedserve.bulk.ray_job import (GCS_START_WAIT_VARIABLE, LOCAL_GCS_START_WAIT_S, cpus_per_actor_for,
+                                    environment_default, local_cpus, start_local_ray)
 from embedserve.cli import main
 from embedserve.local.columns import embedding_matrix
 
@@ -106,3 +107,17 @@ def test_actors_share_the_cores_of_a_local_ray_unless_told(monkeypatch):
     assert cpus_per_actor_for("local", 16, None) == 1
     assert cpus_per_actor_for("auto", 1, None) == 1     # a cluster's nodes are not this machine
     assert cpus_per_actor_for("local", 1, 0.5) == 0.5
+
+
+def test_a_local_head_waits_longer_for_its_gcs_unless_the_user_chose(monkeypatch):
+    # Ray fails ray.init when its GCS has not published a port in 30 s; a busy machine
+    # once took longer. The longer wait lasts only while the head starts.
+    monkeypatch.delenv(GCS_START_WAIT_VARIABLE, raising=False)
+    with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
+        assert int(os.environ[GCS_START_WAIT_VARIABLE]) > 30
+    assert GCS_START_WAIT_VARIABLE not in os.environ
+
+    monkeypatch.setenv(GCS_START_WAIT_VARIABLE, "7")
+    with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
+        assert os.environ[GCS_START_WAIT_VARIABLE] == "7"
+    assert os.environ[GCS_START_WAIT_VARIABLE] == "7"

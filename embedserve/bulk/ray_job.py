@@ -17,9 +17,11 @@ at every Unicode line boundary (``str.splitlines``), not only at ``\\n``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +102,36 @@ def start_local_ray(actors: int, cpus_per_actor: float) -> None:
     results, so they run at the default priority: at nice 15 every wake-up of a
     daemon preempted one of the actor's OpenMP threads, and the others waited for
     it (the model ran about 5 % slower on 2 cores).
+
+    Ray gives its GCS server 30 s to publish its port and then fails the whole
+    ``ray.init``. On a busy machine it once needed longer (no GCS log had even
+    been written by then), and a bulk job has nothing better to do than wait,
+    so a head started here gets ``LOCAL_GCS_START_WAIT_S`` unless the user set
+    Ray's own variable.
     """
     import ray
 
-    ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False, include_dashboard=False,
-             _system_config={"worker_niceness": 0})
+    with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
+        ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False, include_dashboard=False,
+                 _system_config={"worker_niceness": 0})
+
+
+GCS_START_WAIT_VARIABLE = "RAY_gcs_server_port_wait_time_s"
+LOCAL_GCS_START_WAIT_S = 120
+
+
+@contextlib.contextmanager
+def environment_default(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment while the block runs, unless ``name``
+    is already set (then it is left alone)."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def local_cpus(actors: int, cpus_per_actor: float) -> int:
