@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+from embedserve.launch.processes import die_with_parent
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
@@ -35,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent(os.environ)   # a launcher's child: before the imports that take seconds
     parser = build_parser()
     args = parser.parse_args(argv)
     result = args.func(args)

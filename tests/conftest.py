@@ -230,7 +230,7 @@ def tokenizer_kernels_warmed(request: pytest.FixtureRequest, tmp_path_factory: p
     import sys
     import warnings
 
-    from embedserve.launch.processes import die_with_parent_hook, stop_popen
+    from embedserve.launch.processes import child_environment, stop_popen
 
     if hasattr(request.config, "workerinput"):
         yield
@@ -243,8 +243,8 @@ def tokenizer_kernels_warmed(request: pytest.FixtureRequest, tmp_path_factory: p
         process = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "kernel_warmup.py"), str(default_model_dir), str(minilm_dir),
              str(tmp_path_factory.mktemp("warmup_tries"))],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=die_with_parent_hook())
+            cwd=ROOT, env=child_environment(dict(os.environ, PYTHONPATH=str(ROOT))), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=stderr)
     yield
     finished = process.poll() is not None
     status = stop_popen(process, grace_s=10)

@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from embedserve.launch.processes import die_with_parent
 from embedserve.tokenizer import Tokenizer
 
 TEXTS = ["Hello, world! A first text.", "Привет, мир", "日本語のテキスト", "naïve café", ""]
@@ -41,5 +42,6 @@ def main(default_model_dir: Path, minilm_dir: Path, trie_cache: Path) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent(os.environ)
     os.nice(5)  # the tests' own processes come first; this only fills a core they leave idle
     main(*(Path(arg) for arg in sys.argv[1:]))

@@ -58,7 +58,8 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         [sys.executable, "-m", "embedserve.cli", "serve", "--replicas", "2", "--port", "0",
          "--model", str(default_model_dir), "--served-model-name", "tiny", "tiny-alias",
          "--dtype", "float32"],
-        stdout=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    output: list[str] = []
     try:
         url = None
         assert process.stdout is not None
@@ -68,7 +69,8 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
                 url = match.group(1)
                 break
         assert url, "serve exited without printing where it listens"
-        threading.Thread(target=process.stdout.read, daemon=True).start()
+        reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
+        reader.start()
         wait_healthy(url, 2)
         reply = httpx.post(url + "/v1/embeddings", json={"input": ["one command"]}, timeout=60).json()
         vector = np.array(reply["data"][0]["embedding"])
@@ -135,6 +137,10 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         tally = sigterm_under_load(process, url)
         assert process.wait(90) == 0
         assert_nothing_lost(tally)
+        reader.join(30)
+        # The restart above forks the gateway's process, which has gRPC threads; Python run
+        # between that fork and exec crashed the child (SIGSEGV) in about one restart of four.
+        assert not [line for line in output if "failed to restart" in line], "".join(output[-50:])
         assert not any(alive(pid) for pid in current)
         assert not token_file.parent.exists()
         assert not sockets[0].parent.parent.exists()

@@ -30,7 +30,7 @@ from embedserve.gateway.cli import add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
 from embedserve.launch.commands import models_gateway_command, replica_env
-from embedserve.launch.processes import first_or_stop, start_child, stop_child
+from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.cli import add_engine_flags, engine_flags
@@ -134,7 +134,7 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
                           stop_timeout_s=settings.stop_timeout_s,
                           label=(spec.names[0] if spec.names else spec.path.name) if several else "")
         for spec, count in zip(settings.models, counts)])
-    gateway: asyncio.subprocess.Process | None = None
+    gateway: Child | None = None
     gateway_output: asyncio.Task | None = None
     stop = asyncio.Event()
     status = 0
@@ -180,7 +180,7 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
     return status
 
 
-async def _wait_ready(url: str, process: asyncio.subprocess.Process, timeout_s: float) -> bool:
+async def _wait_ready(url: str, process: Child, timeout_s: float) -> bool:
     """Probe the gateway's /ready until 200, its exit, or ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while process.returncode is None and time.monotonic() < deadline:

@@ -14,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
+PARENT_PID_VARIABLE = "EMBEDSERVE_PARENT_PID"
 
 
 class ChildFailed(RuntimeError):
@@ -43,27 +45,84 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def die_with_parent_hook() -> Callable[[], None] | None:
-    """A pre-exec hook that asks Linux to SIGTERM the child when this process dies.
+def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) plus what makes an embedserve child die with this
+    process: the variable ``die_with_parent`` reads in the child."""
+    return {**(os.environ if env is None else env), PARENT_PID_VARIABLE: str(os.getpid())}
 
-    prctl is looked up here, in the parent: loading a library between fork and exec
-    (``ctypes.CDLL`` in the child) can deadlock on a loader lock that another thread of
-    the parent held at fork time. The hook itself only calls the resolved function.
+
+def die_with_parent(environ: MutableMapping[str, str]) -> None:
+    """In a child started with ``child_environment``: ask Linux to SIGTERM this process
+    when its parent dies (parent-death signal). Does nothing when the variable is absent.
+
+    The child arms the signal itself, after exec: a pre-exec hook would run Python
+    between fork and exec, which ``Child`` exists to avoid. The variable is removed,
+    so that this process's own children do not take its parent for theirs. A parent
+    that died before the signal was armed is no longer ``getppid()``, and this process
+    exits at once instead.
     """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+    parent = environ.pop(PARENT_PID_VARIABLE, None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):
+        raise SystemExit(f"the process that started this one (pid {parent}) has exited")
 
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
-    return hook
+class Child:
+    """A child process awaited from the event loop, started without running Python between
+    fork and exec.
+
+    ``asyncio.create_subprocess_exec`` on uvloop forks and then runs Python in the child
+    (CPython's after-fork hooks) before exec. In a parent with gRPC threads, the
+    gateway restarting a replica, that child crashed with SIGSEGV in about one start of
+    four. ``subprocess.Popen`` without a pre-exec hook runs no Python there (it uses
+    vfork where it can). Its exit is awaited through a pidfd the loop watches, so no
+    thread waits per child.
+    """
+
+    def __init__(self, popen: subprocess.Popen, stdout: asyncio.StreamReader) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        pidfd = os.pidfd_open(popen.pid)
+        loop.add_reader(pidfd, self._on_exit, loop, pidfd)
+
+    @classmethod
+    async def start(cls, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
+        """``argv`` in its own session, its stdout a pipe read here, stderr ours."""
+        popen = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=None, env=child_environment(env),
+                                 start_new_session=True)
+        assert popen.stdout is not None
+        stdout = asyncio.StreamReader()
+        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout),
+                                                           popen.stdout)
+        return cls(popen, stdout)
+
+    def _on_exit(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        self._exited.set_result(self._popen.wait())   # readable pidfd: reaps at once
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, signum: int) -> None:
+        self._popen.send_signal(signum)   # nothing once reaped: the pid may be another's
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 async def start_child(argv: Sequence[str], listening: re.Pattern[str], *, name: str,
                       env: Mapping[str, str] | None = None, timeout_s: float = 300.0,
-                      ) -> tuple[asyncio.subprocess.Process, re.Match[str], asyncio.Task[None]]:
+                      ) -> tuple[Child, re.Match[str], asyncio.Task[None]]:
     """Start ``argv`` and wait for the line matching ``listening``.
 
     Returns the process, the match, and the task that keeps forwarding the
@@ -73,11 +132,7 @@ async def start_child(argv: Sequence[str], listening: re.Pattern[str], *, name: 
     replicas do). Raises ``ChildFailed`` (after killing the child) when it
     exits or stays silent for ``timeout_s`` first.
     """
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=None,
-        env=None if env is None else dict(env), preexec_fn=die_with_parent_hook(),
-        start_new_session=True)
-    assert process.stdout is not None
+    process = await Child.start(argv, env)
     try:
         match = await asyncio.wait_for(_read_until(process.stdout, listening), timeout_s)
     except TimeoutError:
@@ -111,7 +166,7 @@ def _echo(line: bytes) -> None:
     sys.stdout.flush()
 
 
-async def stop_child(process: asyncio.subprocess.Process, grace_s: float) -> int:
+async def stop_child(process: Child, grace_s: float) -> int:
     """SIGTERM (a server drains), then SIGKILL after ``grace_s``; the exit status."""
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.launch.commands import scheduler_command
-from embedserve.launch.processes import ChildFailed, start_child, stop_child
+from embedserve.launch.processes import Child, ChildFailed, start_child, stop_child
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class ReplicaProcess:
     index: int
     port: int = 0
-    process: asyncio.subprocess.Process | None = None
+    process: Child | None = None
     address: str = ""
     restarts: int = 0
     output: asyncio.Task | None = field(default=None, repr=False)
