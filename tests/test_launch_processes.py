@@ -1,9 +1,12 @@
-"""A launcher's children die with it: each arms Linux's parent-death signal itself,
-after exec (``launch.processes.die_with_parent``), for the parent that started it."""
+"""A launcher's children (``launch.processes``): their exits are awaited from the event
+loop, and they die with their launcher, each arming Linux's parent-death signal itself,
+after exec (``die_with_parent``), for the parent that started it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from embedserve.entrypoint import GATEWAY_LISTENING
-from embedserve.launch.processes import PARENT_PID_VARIABLE, child_environment, popen_listening
+from embedserve.entrypoint import GATEWAY_LISTENING, run_event_loop
+from embedserve.launch.processes import (PARENT_PID_VARIABLE, child_environment, popen_listening, start_child,
+                                         stop_child)
 from process_tree import alive, children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
@@ -29,6 +33,27 @@ armed = ctypes.c_int()
 ctypes.CDLL(None).prctl({_PR_GET_PDEATHSIG}, ctypes.byref(armed))
 print(armed.value, os.environ.get("{PARENT_PID_VARIABLE}"))
 """
+LISTENING = re.compile(r"listening on (\d+)")
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "thread"])
+def test_a_childs_exit_is_awaited_from_the_loop(monkeypatch, pidfds):
+    if not pidfds:   # as where Linux has no pidfd_open: a thread waits instead
+        monkeypatch.delattr(os, "pidfd_open")
+
+    async def run() -> tuple[str, int, int, int]:
+        exits, match, output = await start_child(
+            [sys.executable, "-c", "print('listening on 7', flush=True); raise SystemExit(3)"], LISTENING, name="one")
+        code = await asyncio.wait_for(exits.wait(), 60)
+        output.cancel()
+        sleeps, _, output = await start_child(
+            [sys.executable, "-c", "import time; print('listening on 8', flush=True); time.sleep(60)"],
+            LISTENING, name="two")
+        stopped = await asyncio.wait_for(stop_child(sleeps, grace_s=10), 60)
+        output.cancel()
+        return match.group(1), code, exits.returncode, stopped
+
+    assert run_event_loop(run()) == ("7", 3, 3, -signal.SIGTERM)   # uvloop, as the launchers run
 
 
 def test_a_child_arms_the_signal_for_its_parent_and_passes_nothing_on():

@@ -78,7 +78,7 @@ class Child:
     gateway restarting a replica, that child crashed with SIGSEGV in about one start of
     four. ``subprocess.Popen`` without a pre-exec hook runs no Python there (it uses
     vfork where it can). Its exit is awaited through a pidfd the loop watches, so no
-    thread waits per child.
+    thread waits per child where Linux has them.
     """
 
     def __init__(self, popen: subprocess.Popen, stdout: asyncio.StreamReader) -> None:
@@ -87,8 +87,12 @@ class Child:
         self.stdout = stdout
         loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = loop.create_future()
-        pidfd = os.pidfd_open(popen.pid)
-        loop.add_reader(pidfd, self._on_exit, loop, pidfd)
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):   # no pidfds (not Linux, or before 5.3): a thread waits
+            self._exited = asyncio.ensure_future(asyncio.to_thread(popen.wait))
+        else:
+            loop.add_reader(pidfd, self._on_exit, loop, pidfd)
 
     @classmethod
     async def start(cls, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
