@@ -126,9 +126,9 @@ def calibration_batches(model_dir: Path, info: ModelInfo, max_tokens: int,
     ``max_sequences`` sequences."""
     # Here, not at the top: a replica imports this module at every start but tokenizes
     # (Numba and its kernels) only the one time it computes a calibration.
-    from embedserve.tokenizer import Tokenizer
+    from embedserve.tokenizer import load_tokenizer
 
-    tokenizer = Tokenizer.from_model_dir(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     prompts = [info.prompts[name] for name in sorted(info.prompts)] or [""]
     texts = [prompt + text for prompt in prompts for text in CALIBRATION_TEXTS]
     encoded = tokenizer.encode_batch(texts, max_length=min(info.max_positions, max_tokens),

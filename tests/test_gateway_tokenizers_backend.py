@@ -90,3 +90,20 @@ def test_embeddings_embed_the_reference_ids(gateway, reference, bpe_model_dir):
             expected.append((vector / vector.norm()).numpy())
     cosines = (got * np.array(expected)).sum(1) / np.linalg.norm(got, axis=1)
     assert (cosines > 0.9999).all(), cosines
+
+
+def test_int8_is_served_for_a_bpe_model(gateway, bpe_model_dir):
+    # The replica's calibration tokenizes its texts as the gateway does (load_tokenizer).
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    with gateway.client() as client:
+        reply = client.post("/v1/embeddings", json={"input": TEXTS, "model": bpe_model_dir.name,
+                                                    "embedding_types": ["float", "int8"]})
+        ranges = client.get("/v1/quantization/ranges")
+    assert reply.status_code == 200, reply.text
+    assert ranges.status_code == 200, ranges.text
+    data = reply.json()["data"]
+    floats = np.array([d["embedding"]["float"] for d in data], np.float32)
+    int8 = np.array([d["embedding"]["int8"] for d in data], np.int8)
+    expected = quantize_embeddings(floats, "int8", ranges=np.array(ranges.json()["ranges"], np.float32))
+    assert np.array_equal(int8, expected)

@@ -28,7 +28,7 @@ from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import read_model_info
-from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer import load_tokenizer
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
 REQUEST_MAX_TOKENS = 16_384     # tokens per request: several chunks for the gateway to spread
@@ -68,7 +68,7 @@ class RemoteEmbedder:
         self.dimension = options.dimensions or self.info.dimension
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
-        self.tokenizer = Tokenizer.from_model_dir(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, self.limit, options.chunk_overlap)
         self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None

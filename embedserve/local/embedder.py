@@ -1,7 +1,8 @@
 """LocalEmbedder: texts in, finished vectors out, with the engine in this process.
 
 Owns one part's path through the model: the prompt, tokenization on all
-cores (``Tokenizer.encode_batch`` runs its own thread pool, GIL released),
+cores (the model's tokenizer as the gateway loads it, ``load_tokenizer``: the
+native one runs its own thread pool with the GIL released, ``tokenizers`` its own),
 the long-input policy, packing into token-budget batches (``packing.py``),
 engine steps with the next batch submitted while one runs, scatter back into
 input order, normalization and Matryoshka cut (``model/postprocess.py``) and
@@ -40,7 +41,7 @@ from embedserve.model.windows import pool_windows
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.engine_loading import load_engine
 from embedserve.scheduler.settings import DEFAULT_DTYPE
-from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer import load_tokenizer
 
 # Steps handed to the engine before the oldest is awaited: one runs while the
 # next is assembled and queued, so the engine never waits for Python.
@@ -73,7 +74,7 @@ class LocalEmbedder:
         model_dir = Path(model_dir)
         self.engine = load_engine(model_dir, device, dtype, probe_min_cosine=probe_min_cosine)
         kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
-        self.tokenizer = Tokenizer.from_model_dir(model_dir, **kwargs)
+        self.tokenizer = load_tokenizer(model_dir, **kwargs)
         self.options = options
         info = self.engine.info
         if options.dimensions is not None and not 1 <= options.dimensions <= info.dimension:

@@ -22,7 +22,7 @@ from embedserve.errors import InvalidInput
 from embedserve.local.documents import too_long
 from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
-from embedserve.tokenizer import EncodedBatch, Tokenizer
+from embedserve.tokenizer import EncodedBatch, TokenizerBackend
 
 
 @dataclass
@@ -55,13 +55,13 @@ class EncodedTexts:
         return np.diff(self.windows.window_cu) > 1
 
 
-def window_room(tokenizer: Tokenizer, limit: int) -> int:
+def window_room(tokenizer: TokenizerBackend, limit: int) -> int:
     """Content tokens one window of ``limit`` tokens holds besides the model's specials."""
     prefix, suffix = tokenizer.single_specials
     return limit - len(prefix) - len(suffix)
 
 
-def check_overlap(tokenizer: Tokenizer, limit: int, overlap: int) -> None:
+def check_overlap(tokenizer: TokenizerBackend, limit: int, overlap: int) -> None:
     """InvalidInput unless windows of ``limit`` tokens can share ``overlap`` content tokens."""
     room = window_room(tokenizer, limit)
     if not 0 <= overlap < room:
@@ -87,7 +87,7 @@ def subset(encoded: EncodedBatch, rows: np.ndarray) -> EncodedBatch:
                         original_lengths=encoded.original_lengths[rows])
 
 
-def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], prompt: str, limit: int,
+def encode_texts(tokenizer: TokenizerBackend, texts: Sequence[str], prompt: str, limit: int,
                  long_inputs: str, overlap: int = 0) -> EncodedTexts:
     """Tokenize ``prompt + text`` on all cores and apply the long-input policy.
 
