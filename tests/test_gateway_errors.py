@@ -122,6 +122,7 @@ def _check_unavailable(gateway: GatewayServer) -> None:
         response = http.post("/v1/embeddings", json={"input": "x"})
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "service_unavailable"
+    assert int(response.headers["retry-after"]) >= 1      # clients back off, then retry
     with pytest.raises(openai.InternalServerError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0).embeddings.create(
             input="x", model=gateway.settings.model_dir.name)

@@ -92,6 +92,9 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
+UNAVAILABLE_RETRY_AFTER_S = 1
+
+
 def status_for(exc: errors.EmbedServeError) -> tuple[int, str]:
     """(HTTP status, error.code) of ``exc``, through its class hierarchy."""
     for cls in type(exc).__mro__:
@@ -105,6 +108,9 @@ def embedserve_error_response(exc: errors.EmbedServeError) -> JSONResponse:
     headers = None
     if isinstance(exc, errors.Overloaded):
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    elif isinstance(exc, errors.Unavailable):
+        # No replica ready (all restarting, say): worth a retry soon, as a draining 503 is.
+        headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
     if status >= 500 and type(exc) is errors.EmbedServeError:
         log.error("request failed: %s", exc.message)
     return error_response(status, exc.message, getattr(exc, "field", None), code, headers)
