@@ -241,3 +241,15 @@ def test_offsets_are_characters_not_bytes(xlmr):
     offsets = batch.sequence_offsets(0)[1:-1]
     assert offsets[:, 1].max() == len(text)
     assert (np.diff(offsets[:, 0]) >= 0).all() and (offsets[:, 0] <= offsets[:, 1]).all()
+
+
+def test_a_server_that_only_batches_never_binds_encodes_kernel(tokenizer_cache_dir, xlmr_tokenizer_dir,
+                                                               hf_reference):
+    # Binding encode()'s kernel compiles it on a fresh install (38 s in hf mode on 2 cores),
+    # and the gateway, the bulk job and the calibration run encode_batch only.
+    tokenizer = Tokenizer.from_file(xlmr_tokenizer_dir / "tokenizer.json", "hf", cache_dir=tokenizer_cache_dir)
+    batch = tokenizer.encode_batch(ENGLISH[:3])
+    assert "_encode_one" not in vars(tokenizer)
+    assert [tokenizer.encode(text).tolist() for text in ENGLISH[:3]] == \
+        [batch.token_ids[a:b].tolist() for a, b in zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])] == \
+        [hf_reference.encode(text).ids for text in ENGLISH[:3]]

@@ -17,6 +17,7 @@ from the template. Lone surrogates are replaced by U+FFFD before encoding.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -120,9 +121,14 @@ class Tokenizer:
                             max_abs_score, int(spec.unk_id), unk_score, _byte_ids(spec))
         # hf mode's "first" prepend scheme reads where a word came from (kernels/origins.py).
         self._ids_read_origins = spec.hf is not None and spec.hf.prepend_scheme == "first"
-        # encode()'s kernel, bound once to the argument types every call passes.
-        self._encode_one = compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
-                                        self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+
+    @functools.cached_property
+    def _encode_one(self):
+        """encode()'s kernel, bound to the argument types every call passes, on the first
+        call: a server only runs encode_batch, and binding compiles (first use after an
+        install: 38 s in hf mode on 2 cores) or loads the kernel from the disk cache."""
+        return compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
+                            self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
 
     def _encode_scratch(self, src_len: int, factor: int) -> Scratch:
         """Scratch for encode(), which reports no offsets: without the normalizers' source

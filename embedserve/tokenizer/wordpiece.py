@@ -9,6 +9,7 @@ threads and batching stay in tokenizer.py and templates.py, shared with Unigram.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -41,8 +42,12 @@ class WordPieceEncoder:
             _node_of(nodes_u64, nodes_i32, params.continuing_subword_prefix), int(spec.unk_id),
             int(params.max_input_chars_per_word), self._expansion)
         self._local = threading.local()
-        self._encode_one = compiled_for(kernels.encode_with_template, self.model, np.frombuffer(b"", np.uint8),
-                                        kernels.new_scratch(0, self._expansion), _EMPTY, _EMPTY)
+
+    @functools.cached_property
+    def _encode_one(self):
+        """encode_one's kernel, bound on the first call (see Tokenizer._encode_one)."""
+        return compiled_for(kernels.encode_with_template, self.model, np.frombuffer(b"", np.uint8),
+                            kernels.new_scratch(0, self._expansion), _EMPTY, _EMPTY)
 
     def encode_one(self, src: np.ndarray, prefix: np.ndarray, suffix: np.ndarray) -> np.ndarray:
         return self._encode_one(self.model, src, self._scratch(len(src)), prefix, suffix)
