@@ -94,6 +94,10 @@ def cpus_per_actor_for(address: str, actors: int, asked: float | None) -> float:
     return 1.0
 
 
+GCS_START_WAIT_VARIABLE = "RAY_gcs_server_port_wait_time_s"
+LOCAL_GCS_START_WAIT_S = 120   # Ray's own default is 30 s
+
+
 def start_local_ray(actors: int, cpus_per_actor: float) -> None:
     """Start a Ray cluster on this machine for ``actors`` actors of ``cpus_per_actor`` CPUs.
 
@@ -114,10 +118,6 @@ def start_local_ray(actors: int, cpus_per_actor: float) -> None:
     with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
         ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False, include_dashboard=False,
                  _system_config={"worker_niceness": 0})
-
-
-GCS_START_WAIT_VARIABLE = "RAY_gcs_server_port_wait_time_s"
-LOCAL_GCS_START_WAIT_S = 120
 
 
 @contextlib.contextmanager

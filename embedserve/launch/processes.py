@@ -85,14 +85,15 @@ class Child:
         self._popen = popen
         self.pid = popen.pid
         self.stdout = stdout
-        loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[int] = loop.create_future()
+        self._exited: asyncio.Future[int]
         try:
             pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):   # no pidfds (not Linux, or before 5.3): a thread waits
             self._exited = asyncio.ensure_future(asyncio.to_thread(popen.wait))
-        else:
-            loop.add_reader(pidfd, self._on_exit, loop, pidfd)
+            return
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
+        loop.add_reader(pidfd, self._on_exit, loop, pidfd)
 
     @classmethod
     async def start(cls, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
