@@ -10,8 +10,8 @@ empty ``NUMBA_CACHE_DIR`` loads the default model's tokenizer, runs what a serve
 (``encode_batch()``, with offsets or without: one kernel; "server s" is load plus that),
 and then ``encode()``, which library callers use. Each phase's wall seconds are
 reported, and CPU seconds of the whole process (from ``resource``, which background
-load hardly moves). Trees alternate per mode, so load
-falls on both alike (``--stack /tmp/before --stack .`` is a before/after).
+load hardly moves). Trees alternate per mode, so load falls on both alike
+(``--stack /tmp/before --stack .`` is a before/after).
 """
 
 from __future__ import annotations

@@ -251,5 +251,5 @@ def test_a_server_that_only_batches_never_binds_encodes_kernel(tokenizer_cache_d
     batch = tokenizer.encode_batch(ENGLISH[:3])
     assert "_encode_one" not in vars(tokenizer)
     assert [tokenizer.encode(text).tolist() for text in ENGLISH[:3]] == \
-        [batch.token_ids[a:b].tolist() for a, b in zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:])] == \
+        [batch.sequence(i).tolist() for i in range(3)] == \
         [hf_reference.encode(text).ids for text in ENGLISH[:3]]
