@@ -7,6 +7,7 @@ a cached kernel that calls jitted functions of ``kpkg/callee.py``, and
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,9 @@ print(json.dumps({"value": int(value), "hits": sum(stats.cache_hits.values()),
                   "misses": sum(stats.cache_misses.values()), "cache_path": stats.cache_path}))
 '''
 
-# REPORT for two processes at once: each waits, imported, until the test creates "go".
+# REPORT for processes at once: each waits, imported, until the test creates "go", then
+# calls run(v) for each JSON value in argv[2:] (1: the int64 signature, 1.5: a float64
+# one) and reports the first value.
 RACE_REPORT = '''
 import json, os, sys, time
 from pathlib import Path
@@ -65,10 +69,29 @@ here = Path(sys.argv[1])
 (here / f"ready-{os.getpid()}").touch()
 while not (here / "go").exists():
     time.sleep(0.002)
-value = run(1)
+value = [run(json.loads(a)) for a in sys.argv[2:]][0]
 stats = run.stats
 print(json.dumps({"value": int(value), "hits": sum(stats.cache_hits.values()),
                   "misses": sum(stats.cache_misses.values())}))
+'''
+
+# Holds kernel locks of kpkg.caller.run until the test creates "release": argv[2:] names
+# them ("index", or the type of a compile's one argument: "int64", "float64").
+HOLD_LOCKS = '''
+import fcntl, os, sys, time
+from pathlib import Path
+from numba.core import types
+from kpkg.caller import run
+here = Path(sys.argv[1])
+cache = run._cache
+paths = [cache.index_lock_path if name == "index" else cache.compile_lock_path((getattr(types, name),))
+         for name in sys.argv[2:]]
+fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o644) for path in paths]
+for fd in fds:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+(here / "held").touch()
+while not (here / "release").exists():
+    time.sleep(0.01)
 '''
 
 # Environment that would change where or whether Numba caches.
@@ -123,26 +146,80 @@ def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
 
 def test_two_processes_that_need_a_kernel_at_once_compile_it_once(package, tmp_path):
     # Both call run(1) at the same moment on an empty cache: one compiles it, the other
-    # waits for the kernel's lock and then loads the first one's from disk.
+    # waits for that signature's lock and then loads the first one's from disk.
+    results = race(start_racers(package, tmp_path, ["1"], ["1"]), tmp_path)
+    assert [r["value"] for r in results] == [4, 4]
+    assert sorted((r["misses"], r["hits"]) for r in results) == [(0, 1), (1, 0)]
+
+
+def start_racers(package: Path, tmp_path: Path, *argvs: list[str]) -> list[subprocess.Popen]:
+    """One RACE_REPORT process per argv, each waiting, imported, for "go"."""
     env = kernel_env(package, tmp_path / "numba-cache")
-    racers = [subprocess.Popen([sys.executable, "-c", RACE_REPORT, str(tmp_path)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    return [subprocess.Popen([sys.executable, "-c", RACE_REPORT, str(tmp_path), *argv], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+
+
+def race(racers: list[subprocess.Popen], tmp_path: Path) -> list[dict]:
+    """Start the racers at once; each one's report."""
     try:
         deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready-*"))) < 2:
+        while len(list(tmp_path.glob("ready-*"))) < len(racers):
             assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
             assert time.monotonic() < deadline, "the processes never got ready"
             time.sleep(0.01)
         (tmp_path / "go").touch()
-        outputs = [r.communicate(timeout=300) for r in racers]
+        outputs = [r.communicate(timeout=120) for r in racers]
     finally:
         for racer in racers:
             racer.kill()
             racer.wait()
-    assert [r.returncode for r in racers] == [0, 0], outputs
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert [r["value"] for r in results] == [4, 4]
-    assert sorted((r["misses"], r["hits"]) for r in results) == [(0, 1), (1, 0)]
+    assert [r.returncode for r in racers] == [0] * len(racers), outputs
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+@contextlib.contextmanager
+def locks_held(package: Path, tmp_path: Path, *names: str) -> Iterator[None]:
+    """Another process holding these locks of kpkg.caller.run (HOLD_LOCKS) for the block."""
+    here = tmp_path / "holder"
+    here.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCKS, str(here), *names],
+                              env=kernel_env(package, tmp_path / "numba-cache"), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (here / "held").exists():
+            assert holder.poll() is None, holder.communicate()
+            assert time.monotonic() < deadline, "the holder never took its locks"
+            time.sleep(0.01)
+        yield
+    finally:
+        (here / "release").touch()
+        holder.wait(timeout=60)
+
+
+def test_a_kernel_on_disk_loads_while_another_process_holds_its_locks(package, tmp_path):
+    # Loading takes no lock: a cached signature is not held up by a compile of this
+    # or any other signature of the kernel, nor by an index update.
+    cache = tmp_path / "numba-cache"
+    assert run_kernel(package, cache)["misses"] == 1
+    with locks_held(package, tmp_path, "index", "int64", "float64"):
+        loaded = run_kernel(package, cache)
+    assert (loaded["value"], loaded["misses"], loaded["hits"]) == (4, 0, 1)
+
+
+def test_a_signature_compiles_while_another_one_is_being_compiled(package, tmp_path):
+    with locks_held(package, tmp_path, "float64"):   # as if another process compiled run(1.5)
+        compiled = run_kernel(package, tmp_path / "numba-cache")
+    assert (compiled["value"], compiled["misses"], compiled["hits"]) == (4, 1, 0)
+
+
+def test_signatures_compiled_at_once_by_two_processes_are_both_kept(package, tmp_path):
+    # The two saves each add an entry to the same index: neither may drop the other's.
+    assert sorted(r["misses"] for r in race(start_racers(package, tmp_path, ["1"], ["1.5"]), tmp_path)) == [1, 1]
+    for ready in tmp_path.glob("ready-*"):
+        ready.unlink()
+    (tmp_path / "go").unlink()
+    [both] = race(start_racers(package, tmp_path, ["1", "1.5"]), tmp_path)
+    assert (both["value"], both["misses"], both["hits"]) == (4, 0, 2)
 
 
 def test_an_edit_to_a_called_module_compiles_afresh(package, cache_parent):

@@ -19,11 +19,16 @@ Where the caches go (the first writable, the order Numba itself tries)::
 
 Directories of older sources are never read again; deleting them is always safe.
 
-Processes sharing a cache compile a kernel once between them: compiling takes the
-kernel's lock file (beside its index), so a second process that needs the same kernel
-meanwhile (two test workers, the replicas of a cold ``embedserve cluster``) waits, then
-loads what the first wrote. Locks are taken caller first, callee second, in call-graph
-order, so two processes can never hold each other's.
+Processes sharing a cache compile a kernel once between them: compiling a kernel for
+one signature takes that signature's lock file (beside the kernel's index), so a second
+process that needs the same compile meanwhile (two test workers, the replicas of a cold
+``embedserve cluster``) waits, then loads what the first wrote. Nothing else waits on
+it: a signature already on disk is loaded without any lock, and another signature of the
+same kernel compiles beside it (in hf mode ``encode()`` and ``encode_batch()`` are two
+signatures of one kernel family, each tens of seconds to compile). Only the index's
+read-modify-write is serialized, under the kernel's own lock. Compile locks are taken
+caller first, callee second, in call-graph order, and the index lock is taken with no
+other lock taken after it, so two processes can never hold each other's.
 
 This module owns where kernel caches live, when they are stale and which argument
 types a kernel is compiled for, not what is compiled. It imports nothing from
@@ -120,10 +125,30 @@ class SourceTreeCache(FunctionCache):
         # locator above, and even then an entry compiled from other sources must not match.
         return super()._index_key(sig, codegen) + (source_tree_hash(SOURCE_ROOT),)
 
+    def holds(self, sig, codegen) -> bool:
+        """Whether the on-disk index has this kernel for ``sig`` (what Numba's compile passes).
+
+        Read without a lock: Numba replaces the index file whole, so a reader sees it
+        before or after a save, never halfway.
+        """
+        return self._index_key(sig, codegen) in self._cache_file._load_index()
+
+    def compile_lock_path(self, args: tuple) -> Path:
+        """The file whose lock a process holds while it compiles this kernel for ``args``."""
+        digest = hashlib.sha256(str(args).encode()).hexdigest()[:16]
+        return Path(self._cache_path) / f"{self._impl.filename_base}.{digest}.lock"
+
     @property
-    def lock_path(self) -> Path:
-        """The file whose lock a process holds while it compiles this kernel."""
+    def index_lock_path(self) -> Path:
+        """The file whose lock a process holds while it adds an entry to this kernel's index."""
         return Path(self._cache_path) / f"{self._impl.filename_base}.lock"
+
+    def _save_overload(self, sig, data) -> None:
+        # Numba's save reads the index, adds an entry and picks the next free data file
+        # name: two processes saving other signatures at once would each drop the
+        # other's entry and write the same data file.
+        with _locked(self.index_lock_path):
+            super()._save_overload(sig, data)
 
 
 @contextlib.contextmanager
@@ -158,20 +183,25 @@ class KernelDispatcher(CPUDispatcher):
                                          {k: types.unliteral(v) for k, v in kws.items()})
 
     def compile(self, sig):
-        """Numba's compile (memory, else disk cache, else compile and save) under the
-        kernel's lock, so that what another process is compiling is loaded, not redone."""
+        """Numba's compile (memory, else disk cache, else compile and save); a compile runs
+        under the signature's lock, so that what another process is compiling is loaded,
+        not redone."""
         args, _ = sigutils.normalize_signature(sig)
-        # A dispatcher rebuilt from a pickle has Numba's own cache, without a lock file.
-        lock_path = getattr(self._cache, "lock_path", None)
-        if tuple(args) in self.overloads or self._holds_compile_lock or lock_path is None:
+        args = tuple(args)
+        cache = self._cache
+        # A dispatcher rebuilt from a pickle has Numba's own cache, without lock files.
+        if args in self.overloads or self._holds_compile_lock or not isinstance(cache, SourceTreeCache):
             return super().compile(sig)
         # Numba's lock first: this process's threads queue on it, never on the file.
-        with global_compiler_lock, _locked(lock_path):
-            self._holds_compile_lock = True
-            try:
-                return super().compile(sig)
-            finally:
-                self._holds_compile_lock = False
+        with global_compiler_lock:
+            if cache.holds(sig, self.targetctx.codegen()):
+                return super().compile(sig)  # a load from disk, keyed by ``sig`` as Numba's is
+            with _locked(cache.compile_lock_path(args)):
+                self._holds_compile_lock = True
+                try:
+                    return super().compile(sig)
+                finally:
+                    self._holds_compile_lock = False
 
 
 def cached_njit(**options) -> Callable:
