@@ -202,6 +202,10 @@ def test_an_existing_output_is_kept_unless_overwrite(tmp_path, tiny_bert_dir, co
     assert embed(source, "-o", out, "--model", tiny_bert_dir) == 0
     assert embed(source, "-o", out, "--model", tiny_bert_dir) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
+    # Refused before the model is read: a directory that is no model gets the same answer.
+    (tmp_path / "not-a-model").mkdir()
+    assert embed(source, "-o", out, "--model", tmp_path / "not-a-model") == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert embed(source, "-o", out, "--model", tiny_bert_dir, "--overwrite") == 0
 
 
@@ -216,6 +220,12 @@ def test_an_unknown_prompt_or_column_is_a_clear_error(tmp_path, tiny_bert_dir, c
     assert embed(tmp_path / "empty.jsonl", "-o", tmp_path / "c.parquet", "--model", tiny_bert_dir) == 2
     assert "the input has no rows" in capsys.readouterr().err
     assert not (tmp_path / "c.parquet.parts").exists()
+    # Refused before the model is read (a directory that is no model), Parquet by its footer.
+    (tmp_path / "not-a-model").mkdir()
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    for empty in ("empty.jsonl", "empty.parquet"):
+        assert embed(tmp_path / empty, "-o", tmp_path / "d.parquet", "--model", tmp_path / "not-a-model") == 2
+        assert "the input has no rows" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])

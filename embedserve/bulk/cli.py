@@ -89,6 +89,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace):
     from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
     from embedserve.bulk.reader import resolve_input
+    from embedserve.bulk.run import refuse_before_loading, run_job
     from embedserve.errors import InvalidInput
     from embedserve.local.options import EmbedOptions, bulk_token_budget
 
@@ -103,6 +104,7 @@ def _run(args: argparse.Namespace):
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
+    refuse_before_loading(spec, paths, args.overwrite)
     model_dir = model_dir_from_args(args)
     model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
     if args.ray:
@@ -118,8 +120,6 @@ def _run(args: argparse.Namespace):
                           probe_min_cosine=args.dtype_probe_min_cosine,
                           overwrite=args.overwrite, show_progress=not args.no_progress,
                           cache_dir=args.cache_dir or default_cache_dir())
-    from embedserve.bulk.run import run_job
-
     if args.url:
         from embedserve.bulk.remote import RemoteEmbedder
 

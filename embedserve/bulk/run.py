@@ -83,6 +83,27 @@ def part_output(part: Part, valid: np.ndarray, embedded: EmbeddedPart, spec: Inp
     return PartOutput(table, errors, record)
 
 
+def refuse_before_loading(spec: InputSpec, paths: JobPaths, overwrite: bool) -> None:
+    """The refusals that need no model, raised before one loads (a large model, or the
+    default one's first build, takes a while): a finished output that is not to be
+    replaced, and an input known to have no rows."""
+    if not overwrite and paths.output.exists() and manifests.load(paths.manifest) is None:
+        raise _exists(paths)
+    # Parquet says its row count in its footer; other inputs are only known empty when
+    # their files are (counting their lines here would read the input twice).
+    empty = count_rows(spec) == 0 if spec.format == "parquet" else all(p.stat().st_size == 0 for p in spec.paths)
+    if empty:
+        raise _no_rows(spec)
+
+
+def _exists(paths: JobPaths) -> InvalidInput:
+    return InvalidInput(f"{paths.output} already exists; pass --overwrite to replace it")
+
+
+def _no_rows(spec: InputSpec) -> InvalidInput:
+    return InvalidInput(f"the input has no rows: {', '.join(map(str, spec.paths))}", field="input")
+
+
 def prepare_output(paths: JobPaths, job: dict[str, Any], overwrite: bool) -> Manifest:
     """The manifest to continue (same job) or a fresh one; refuses to clobber without ``overwrite``."""
     if overwrite:
@@ -94,7 +115,7 @@ def prepare_output(paths: JobPaths, job: dict[str, Any], overwrite: bool) -> Man
         manifests.check_same_job(recorded.job, job, paths.work_dir)
         return recorded
     if paths.output.exists():
-        raise InvalidInput(f"{paths.output} already exists; pass --overwrite to replace it")
+        raise _exists(paths)
     paths.work_dir.mkdir(parents=True, exist_ok=True)
     fresh = Manifest(job)
     manifests.save(fresh, paths.manifest)
@@ -127,7 +148,7 @@ def run_job(spec: InputSpec, paths: JobPaths, embedder: PartEmbedder, job: dict[
             future.result()
     if part_count == 0:
         shutil.rmtree(paths.work_dir)
-        raise InvalidInput(f"the input has no rows: {', '.join(map(str, spec.paths))}", field="input")
+        raise _no_rows(spec)
     for index in range(part_count):
         record = manifest.parts[index]
         totals.documents += record.documents
