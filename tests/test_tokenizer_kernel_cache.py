@@ -137,6 +137,30 @@ def run_kernel(src: Path, numba_cache_dir: Path | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def race(package: Path, tmp_path: Path, name: str, *argvs: list[str]) -> list[dict]:
+    """One RACE_REPORT process per argv (the cache: tmp_path/numba-cache), started at once
+    with tmp_path/name for their ready and go files; each one's report."""
+    here = tmp_path / name
+    here.mkdir()
+    env = kernel_env(package, tmp_path / "numba-cache")
+    racers = [subprocess.Popen([sys.executable, "-c", RACE_REPORT, str(here), *argv], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(here.glob("ready-*"))) < len(racers):
+            assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
+            assert time.monotonic() < deadline, "the processes never got ready"
+            time.sleep(0.01)
+        (here / "go").touch()
+        outputs = [r.communicate(timeout=120) for r in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+            racer.wait()
+    assert [r.returncode for r in racers] == [0] * len(racers), outputs
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
 def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
     first = run_kernel(package, cache_parent)
     second = run_kernel(package, cache_parent)
@@ -147,34 +171,9 @@ def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
 def test_two_processes_that_need_a_kernel_at_once_compile_it_once(package, tmp_path):
     # Both call run(1) at the same moment on an empty cache: one compiles it, the other
     # waits for that signature's lock and then loads the first one's from disk.
-    results = race(start_racers(package, tmp_path, ["1"], ["1"]), tmp_path)
+    results = race(package, tmp_path, "both", ["1"], ["1"])
     assert [r["value"] for r in results] == [4, 4]
     assert sorted((r["misses"], r["hits"]) for r in results) == [(0, 1), (1, 0)]
-
-
-def start_racers(package: Path, tmp_path: Path, *argvs: list[str]) -> list[subprocess.Popen]:
-    """One RACE_REPORT process per argv, each waiting, imported, for "go"."""
-    env = kernel_env(package, tmp_path / "numba-cache")
-    return [subprocess.Popen([sys.executable, "-c", RACE_REPORT, str(tmp_path), *argv], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
-
-
-def race(racers: list[subprocess.Popen], tmp_path: Path) -> list[dict]:
-    """Start the racers at once; each one's report."""
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready-*"))) < len(racers):
-            assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
-            assert time.monotonic() < deadline, "the processes never got ready"
-            time.sleep(0.01)
-        (tmp_path / "go").touch()
-        outputs = [r.communicate(timeout=120) for r in racers]
-    finally:
-        for racer in racers:
-            racer.kill()
-            racer.wait()
-    assert [r.returncode for r in racers] == [0] * len(racers), outputs
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
 
 @contextlib.contextmanager
@@ -214,11 +213,8 @@ def test_a_signature_compiles_while_another_one_is_being_compiled(package, tmp_p
 
 def test_signatures_compiled_at_once_by_two_processes_are_both_kept(package, tmp_path):
     # The two saves each add an entry to the same index: neither may drop the other's.
-    assert sorted(r["misses"] for r in race(start_racers(package, tmp_path, ["1"], ["1.5"]), tmp_path)) == [1, 1]
-    for ready in tmp_path.glob("ready-*"):
-        ready.unlink()
-    (tmp_path / "go").unlink()
-    [both] = race(start_racers(package, tmp_path, ["1", "1.5"]), tmp_path)
+    assert sorted(r["misses"] for r in race(package, tmp_path, "compile", ["1"], ["1.5"])) == [1, 1]
+    [both] = race(package, tmp_path, "load", ["1", "1.5"])
     assert (both["value"], both["misses"], both["hits"]) == (4, 0, 2)
 
 
