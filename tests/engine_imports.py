@@ -23,3 +23,14 @@ def modules_after_load(*model_dirs: Path) -> set[str]:
                             timeout=300)
     assert result.returncode == 0, result.stderr
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+# Imports a replica's start must not pay for: torch._dynamo (~1.7 s; nn.Embedding's own
+# random init on the meta device pulls it in) and sympy (~0.6 s; materializing meta
+# parameters with ``to_empty`` pulls it in), each for values the checkpoint replaces.
+SLOW_IMPORTS = {"torch._dynamo", "sympy"}
+
+
+def slow_imports_after_load(*model_dirs: Path) -> set[str]:
+    """Which of SLOW_IMPORTS loading ``model_dirs`` (and one step of each) pulled in."""
+    return SLOW_IMPORTS & modules_after_load(*model_dirs)
