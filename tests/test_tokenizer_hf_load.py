@@ -201,6 +201,29 @@ def test_unsupported_file_fails_at_load(name, tmp_path, tokenizer_cache_dir):
     assert "supported" in message
 
 
+@pytest.mark.parametrize("entry", [["b"], ["b", True], [7, -9.0], "b", ["b", "-9.0"], ["b", -9.0, 0],
+                                   ["b", None], {"b": -9.0}])
+def test_a_malformed_vocab_entry_is_named_at_load(entry, tmp_path, tokenizer_cache_dir):
+    # The fourth of five entries: the error names the first bad one, not just the list.
+    doc = minimal_doc()
+    doc["model"]["vocab"][3] = entry
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ModelLoadError) as caught:
+        Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
+    assert "field model.vocab[3]: expected [piece (string), score (number)]" in str(caught.value)
+
+
+def test_integer_scores_load_as_numbers(tmp_path, tokenizer_cache_dir):
+    doc = minimal_doc()
+    doc["model"]["vocab"] = [[piece, int(score)] for piece, score in doc["model"]["vocab"]]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc))
+    ours = Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
+    assert ours.spec.scores.tolist() == [0.0, -1.0, -2.0, -3.0, -9.0]
+    assert ours.encode("a b").tolist() == tokenizers.Tokenizer.from_file(str(path)).encode("a b").ids
+
+
 @pytest.mark.parametrize("content", [b'{"model": ', b'{"model": NaN}', b'{"model": "\\ud800"}',
                                      b'{"model": "\xff"}'])
 def test_broken_json_fails_at_load(tmp_path, content):

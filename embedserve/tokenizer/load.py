@@ -17,13 +17,13 @@ at run time.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer.backend import TokenizerBackend
+from embedserve.tokenizer.formats.hf_json import read_tokenizer_json, tokenizer_json_spec
 from embedserve.tokenizer.hf_tokenizer import HfTokenizer
 from embedserve.tokenizer.spec import Compat
 from embedserve.tokenizer.tokenizer import DEFAULT_CACHE_DIR, Tokenizer
@@ -65,22 +65,20 @@ def load_tokenizer_file(path: str | Path, compat: Compat | None = None,
     path = Path(path)
     if path.suffix != ".json" or compat == "sentencepiece":
         return Tokenizer.from_file(path, compat, cache_dir)
-    try:
-        text = path.read_text(encoding="utf-8")
-        doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot read tokenizer.json: {exc}") from exc
+    doc = read_tokenizer_json(path)  # parsed once, for the choice and the native loader
     native, why = native_backend_for(doc)
     if native is not None:
         try:
-            tokenizer = Tokenizer.from_file(path, "hf", cache_dir)
+            tokenizer = Tokenizer(tokenizer_json_spec(doc, str(path)),
+                                  Path(cache_dir) if cache_dir is not None else None)
         except ModelLoadError as exc:
             why = f"the native {native} encoder refused it: {exc.message}"
         else:
             log.info("tokenizer %s: backend %s (%s)", path, tokenizer.backend, why)
             return tokenizer
+    del doc  # not held while the fallback parses the file its own way
     try:
-        fallback = HfTokenizer(text, str(path))
+        fallback = HfTokenizer(path.read_text(encoding="utf-8"), str(path))
     except ModelLoadError as exc:
         raise ModelLoadError(f"{exc.message} (native: {why})") from exc
     log.info("tokenizer %s: backend %s (%s)", path, fallback.backend, why)

@@ -55,14 +55,24 @@ class _Fail:
 
 def load_tokenizer_json(path: str | Path) -> TokenizerSpec:
     """Read ``path`` (a tokenizer.json) into a TokenizerSpec with ``compat="hf"``."""
-    source = str(path)
-    fail = _Fail(source)
+    return tokenizer_json_spec(read_tokenizer_json(path), str(path))
+
+
+def read_tokenizer_json(path: str | Path) -> Any:
+    """The parsed tokenizer.json, or a ModelLoadError naming the file.
+
+    orjson: ~0.3 s less of every gateway's start on XLM-R's 17 MB file. It accepts
+    exactly the JSON `tokenizers` (serde_json) does: no NaN, no lone surrogates.
+    """
     try:
-        # orjson: ~0.3 s less of every gateway's start on XLM-R's 17 MB file. It accepts
-        # exactly the JSON `tokenizers` (serde_json) does: no NaN, no lone surrogates.
-        doc = orjson.loads(Path(path).read_bytes())
+        return orjson.loads(Path(path).read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{source}: cannot read tokenizer.json: {exc}") from exc
+        raise ModelLoadError(f"{path}: cannot read tokenizer.json: {exc}") from exc
+
+
+def tokenizer_json_spec(doc: Any, source: str) -> TokenizerSpec:
+    """A parsed tokenizer.json (``source`` names it in errors) as a TokenizerSpec, compat "hf"."""
+    fail = _Fail(source)
     if not isinstance(doc, dict):
         raise fail("(root)", "expected a JSON object")
 
@@ -116,20 +126,37 @@ def _read_model(model: Any, fail: _Fail) -> tuple[list[str], np.ndarray, int]:
     vocab = model.get("vocab")
     if not isinstance(vocab, list) or not vocab:
         raise fail("model.vocab", "expected a non-empty list of [piece, score]")
-    pieces: list[str] = []
-    scores = np.empty(len(vocab), np.float64)
-    for i, entry in enumerate(vocab):
-        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str)
-                or not isinstance(entry[1], (int, float)) or isinstance(entry[1], bool)):
-            raise fail(f"model.vocab[{i}]", "expected [piece (string), score (number)]")
-        pieces.append(entry[0])
-        scores[i] = entry[1]
+    pieces, scores = _read_vocab(vocab, fail)
     if len(set(pieces)) != len(pieces):
         raise fail("model.vocab", "duplicate pieces are not supported")
     unk_id = model.get("unk_id")
     if not isinstance(unk_id, int) or isinstance(unk_id, bool) or not 0 <= unk_id < len(pieces):
         raise fail("model.unk_id", f"{unk_id!r}: supported: an id in the vocabulary")
     return pieces, scores, unk_id
+
+
+def _read_vocab(vocab: list, fail: _Fail) -> tuple[list[str], np.ndarray]:
+    """model.vocab's pieces and scores; every entry must be [piece (string), score (number)].
+
+    Checked a column at a time (type() into a set, over C-level iterators): a loop over
+    XLM-R's 250,002 entries testing each one cost ~0.4 s of every gateway's start. Only
+    a vocabulary that fails is walked entry by entry, to name the first bad one.
+    """
+    pairs = {type(entry) for entry in vocab} <= {list} and {len(entry) for entry in vocab} == {2}
+    pieces = [entry[0] for entry in vocab] if pairs else []
+    scores = [entry[1] for entry in vocab] if pairs else []
+    if not (pairs and {type(piece) for piece in pieces} <= {str}
+            and {type(score) for score in scores} <= {int, float}):  # bool is neither
+        raise _first_bad_entry(vocab, fail)
+    return pieces, np.array(scores, np.float64)
+
+
+def _first_bad_entry(vocab: list, fail: _Fail) -> ModelLoadError:
+    for i, entry in enumerate(vocab):
+        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str)
+                or not isinstance(entry[1], (int, float)) or isinstance(entry[1], bool)):
+            return fail(f"model.vocab[{i}]", "expected [piece (string), score (number)]")
+    return fail("model.vocab", "expected a list of [piece (string), score (number)]")
 
 
 def _read_added_tokens(added: Any, pieces: list[str], fail: _Fail) -> dict[str, int]:
