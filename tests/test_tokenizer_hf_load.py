@@ -124,6 +124,23 @@ def test_pipeline_variant_matches_tokenizers(name, tmp_path, tokenizer_cache_dir
         assert ours.encode_pair(a, b).tolist() == reference.encode(a, b).ids
 
 
+def test_first_scheme_encode_compiles_no_kernel_of_its_own(tmp_path, tokenizer_cache_dir, xlmr_tokenizer_dir):
+    # Its ids read where words came from; encode_batch's kernel keeps that, so encode()
+    # goes through it rather than compiling a single-text kernel that keeps it (~30 s).
+    from embedserve.tokenizer.kernels.encode import encode_run, encode_with_template
+
+    path = small_xlmr(xlmr_tokenizer_dir / "tokenizer.json", tmp_path, "first",
+                      *VARIANTS["first_without_split_left_strip"])
+    ours = Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
+    texts = ["  first words", "x", "á b", "no  space " * 40]
+    batch = ours.encode_batch(texts)
+    signatures = (len(encode_run.signatures), len(encode_with_template.signatures))
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    assert [ours.encode(text).tolist() for text in texts] == \
+        [batch.sequence(i).tolist() for i in range(len(texts))] == [reference.encode(t).ids for t in texts]
+    assert (len(encode_run.signatures), len(encode_with_template.signatures)) == signatures
+
+
 # ---- unsupported files ---------------------------------------------------------------
 def minimal_doc() -> dict:
     """A tiny valid Unigram tokenizer.json (tokenizers loads it)."""

@@ -126,9 +126,27 @@ class Tokenizer:
     def _encode_one(self):
         """encode()'s kernel, bound to the argument types every call passes, on the first
         call: a server only runs encode_batch, and binding compiles (first use after an
-        install: 38 s in hf mode on 2 cores) or loads the kernel from the disk cache."""
+        install: 38 s in hf mode on 2 cores) or loads the kernel from the disk cache.
+
+        Where the ids read the normalizers' source ranges (hf mode's "first" prepend
+        scheme), encode_batch's kernel, which keeps them, encodes the one text: a single
+        text kernel keeping them would be one more compile (~30 s) for a rare file."""
+        if self._ids_read_origins:
+            return self._encode_one_by_run
         return compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                             self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+
+    @staticmethod
+    def _encode_one_by_run(model: Model, src: np.ndarray, scratch: Scratch, prefix: np.ndarray,
+                           suffix: np.ndarray, hf, cache) -> tuple[np.ndarray, bool]:
+        """``_encode_one`` through encode_run (which brings its own scratch)."""
+        text_starts = np.array([0, len(src)], np.int64)
+        factor = 1
+        while True:
+            ids, _, _, count, first_left = encode_run(model, src, text_starts, 0, 1, factor, False, hf, cache)
+            if first_left == 1:
+                return np.concatenate((prefix, ids[:count[0]], suffix)), True
+            factor *= 4
 
     def _encode_scratch(self, src_len: int, factor: int) -> Scratch:
         """Scratch for encode(), which reports no offsets: without the normalizers' source
