@@ -228,6 +228,13 @@ def test_an_unknown_prompt_or_column_is_a_clear_error(tmp_path, tiny_bert_dir, c
         assert "the input has no rows" in capsys.readouterr().err
 
 
+def test_a_missing_model_directory_is_a_clear_error(tmp_path, corpus, capsys):
+    source = write_jsonl(tmp_path / "in.jsonl", corpus[:3])
+    assert embed(source, "-o", tmp_path / "out.parquet", "--model", tmp_path / "missing") == 2
+    assert f"model directory not found: {tmp_path / 'missing'}" in capsys.readouterr().err
+    assert not (tmp_path / "out.parquet.parts").exists()
+
+
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
 def test_precisions_equal_quantize_embeddings(tmp_path, tiny_bert_dir, corpus, jsonl_reference, precision):
     from sentence_transformers.util.quantization import quantize_embeddings

@@ -4,9 +4,9 @@ The job runs as a real process (the default model, small parts so that it
 takes several steps); it is killed with SIGKILL once its manifest records a
 finished part and before it ends: the job is run in short slices between
 SIGSTOPs and the manifest is read while it is stopped, so the kill lands
-mid-run however fast or slow the machine is. A changed parameter is then refused, and
-the same command resumes, skipping what was recorded. The result is compared
-byte for byte with an uninterrupted run of the same command.
+mid-run however fast or slow the machine is. A changed parameter is then refused
+(before a model loads), and the same command resumes, skipping what was recorded.
+The result is compared byte for byte with an uninterrupted run of the same command.
 """
 
 from __future__ import annotations
@@ -66,10 +66,13 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path, default_model_dir):
     done = finished_parts(manifest)
     assert 1 <= done < PARTS and not output.exists(), "the kill must land mid-run"
 
-    changed = subprocess.run(command(source, output, default_model_dir, "--dimensions", "64"),
+    # Refused before a model loads: this "model" is an empty directory, which only fails
+    # once loading starts, and the answer names every parameter that changed.
+    (tmp_path / "not-a-model").mkdir()
+    changed = subprocess.run(command(source, output, tmp_path / "not-a-model", "--dimensions", "64"),
                              env=environment(), capture_output=True, text=True)
     assert changed.returncode == 2
-    assert "holds a different job" in changed.stderr and "options" in changed.stderr
+    assert "holds a different job (model: was" in changed.stderr and "; options: was" in changed.stderr
 
     resumed = subprocess.run(command(source, output, default_model_dir), env=environment(),
                              capture_output=True, text=True)

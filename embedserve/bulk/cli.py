@@ -104,9 +104,10 @@ def _run(args: argparse.Namespace):
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
-    refuse_before_loading(spec, paths, args.overwrite)
     model_dir = model_dir_from_args(args)
     model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
+    refuse_before_loading(spec, paths, args.overwrite,
+                          job_parameters(spec, model, options, args.part_size, output_format, engine={}))
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 

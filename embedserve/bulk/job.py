@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.bulk.reader import InputSpec
+from embedserve.errors import ModelLoadError
 from embedserve.local.options import EmbedOptions
 
 OUTPUT_FORMATS = ("parquet", "npy")
@@ -53,6 +54,8 @@ def job_paths(output: Path, errors: Path | None, format: str) -> JobPaths:
 
 def model_fingerprint(model_dir: Path) -> str:
     """A digest of the model's config and its weight files' sizes and times."""
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model directory not found: {model_dir}")
     digest = hashlib.sha256()
     for path in sorted(model_dir.iterdir()):
         if path.name == "config.json":

@@ -83,17 +83,26 @@ def part_output(part: Part, valid: np.ndarray, embedded: EmbeddedPart, spec: Inp
     return PartOutput(table, errors, record)
 
 
-def refuse_before_loading(spec: InputSpec, paths: JobPaths, overwrite: bool) -> None:
-    """The refusals that need no model, raised before one loads (a large model, or the
-    default one's first build, takes a while): a finished output that is not to be
-    replaced, and an input known to have no rows."""
-    if not overwrite and paths.output.exists() and manifests.load(paths.manifest) is None:
+def refuse_before_loading(spec: InputSpec, paths: JobPaths, overwrite: bool, job: dict[str, Any]) -> None:
+    """The refusals that need no model, raised before one loads (a large model takes a
+    while): a finished output that is not to be replaced, an unfinished job that
+    ``job`` would not resume (its engine part, such as the dtype ``auto`` resolves to,
+    is only known once the model has loaded: ``prepare_output`` compares it then), and
+    an input known to have no rows."""
+    recorded = None if overwrite else manifests.load(paths.manifest)
+    if not overwrite and paths.output.exists() and recorded is None:
         raise _exists(paths)
+    if recorded is not None:
+        manifests.check_same_job(_but_engine(recorded.job), _but_engine(job), paths.work_dir)
     # Parquet says its row count in its footer; other inputs are only known empty when
     # their files are (counting their lines here would read the input twice).
     empty = count_rows(spec) == 0 if spec.format == "parquet" else all(p.stat().st_size == 0 for p in spec.paths)
     if empty:
         raise _no_rows(spec)
+
+
+def _but_engine(job: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in job.items() if key != "engine"}
 
 
 def _exists(paths: JobPaths) -> InvalidInput:

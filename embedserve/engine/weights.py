@@ -149,9 +149,9 @@ def load_state(model: nn.Module, mapped: dict[str, torch.Tensor]) -> None:
     every parameter must be present and fit.
 
     The checkpoint's tensors become the parameters (``assign``): nothing is allocated
-    and filled a second time (the default model's start peaked at 1.2 GB resident
-    against 0.4 GB), and the meta parameters are never materialized first, whose
-    ``to_empty`` imports sympy on its first call (~0.6 s of every replica's start).
+    and filled a second time (a default-model replica peaked at 1.29 GB resident, now
+    0.50 GB), and the meta parameters are never materialized first, whose ``to_empty``
+    imports sympy on its first call (~0.6 s of every replica's start).
     The tensors own their memory (safetensors' ``load_file`` and ``torch.load`` copy
     out of the file), so the file may change under a running replica.
     """
