@@ -42,15 +42,21 @@ def sentence_transformer(default_model_dir):
     return SentenceTransformer(str(default_model_dir), device="cpu")
 
 
-def test_vectors_equal_sentence_transformers(tmp_path, default_model_dir, sentence_transformer):
+@pytest.fixture(scope="module")
+def sixty_documents(sentence_transformer) -> tuple[list[str], np.ndarray]:
+    """60 documents of mixed lengths and sentence-transformers' vectors of them (two tests)."""
     texts = documents(60)
+    return texts, sentence_transformer.encode(texts, batch_size=16, convert_to_numpy=True)
+
+
+def test_vectors_equal_sentence_transformers(tmp_path, default_model_dir, sentence_transformer, sixty_documents):
+    texts, reference = sixty_documents
     ids = [f"doc-{i}" for i in range(len(texts))]
     source = write_jsonl(tmp_path / "in.jsonl", texts, ids)
     assert embed(source, "-o", tmp_path / "out.parquet", "--model", default_model_dir,
                  "--id-field", "id", "--part-size", 25) == 0   # two whole parts and a short one
     got_ids, vectors, table = read_output(tmp_path / "out.parquet")
     assert got_ids == ids  # input order, every row
-    reference = sentence_transformer.encode(texts, batch_size=16, convert_to_numpy=True)
     assert vectors.dtype == np.float32 and vectors.shape == (60, 384)
     assert cosines(vectors, reference).min() >= 0.99999
     lengths = sentence_transformer.tokenize(texts)["attention_mask"].sum(1).numpy()
@@ -61,14 +67,14 @@ def test_vectors_equal_sentence_transformers(tmp_path, default_model_dir, senten
 
 
 def test_unsorted_steps_of_mixed_lengths_equal_sentence_transformers(tmp_path, default_model_dir,
-                                                                     sentence_transformer):
+                                                                     sixty_documents):
     # A bulk job's steps hold up to BULK_CPU_TOKEN_BUDGET tokens; without length sorting
     # (--sort-window 1) one step holds 1-word documents next to 300-word ones, and every
     # document must still get exactly its own vector.
     from embedserve.local.options import BULK_CPU_TOKEN_BUDGET, EmbedOptions
     from embedserve.local.embedder import LocalEmbedder
 
-    texts = documents(60)
+    texts, reference = sixty_documents
     embedder = LocalEmbedder(default_model_dir, EmbedOptions(window=1))
     try:
         assert embedder.token_budget == BULK_CPU_TOKEN_BUDGET
@@ -82,7 +88,6 @@ def test_unsorted_steps_of_mixed_lengths_equal_sentence_transformers(tmp_path, d
     assert embed(source, "-o", tmp_path / "out.parquet", "--model", default_model_dir,
                  "--sort-window", 1) == 0
     _, vectors, _ = read_output(tmp_path / "out.parquet")
-    reference = sentence_transformer.encode(texts, batch_size=16, convert_to_numpy=True)
     assert cosines(vectors, reference).min() >= 0.99999
 
 
