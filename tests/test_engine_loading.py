@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +136,22 @@ def test_metadata_is_read(tiny_bert_dir: Path, tiny_xlmr_dir: Path, tiny_reranke
 
 def test_loading_imports_neither_dynamo_nor_sympy(tiny_bert_dir: Path, tiny_reranker_dir: Path) -> None:
     assert slow_imports_after_load(tiny_bert_dir, tiny_reranker_dir) == set()
+
+
+def test_a_model_file_emptied_in_place_leaves_a_loaded_engine_as_it_was(tiny_bert_dir: Path, tmp_path: Path) -> None:
+    # safetensors hands out views of a mapping of the file: an engine that kept them would
+    # die of SIGBUS here (in its own process, so the test sees it as a status).
+    model_dir = shutil.copytree(tiny_bert_dir, tmp_path / "model")
+    script = (
+        "import numpy as np\n"
+        "from embedserve.engine import Batch, Engine\n"
+        "ids = np.arange(1, 250001, 1249, dtype=np.int32)  # rows from all over the embedding table\n"
+        f"with Engine.load({str(model_dir)!r}, dtype='float32') as engine:\n"
+        "    step = lambda: np.asarray(engine.step(Batch.from_sequences([ids], task=engine.info.task)).wait())\n"
+        "    before = step()\n"
+        f"    open({str(model_dir / 'model.safetensors')!r}, 'r+b').truncate(0)\n"
+        "    after = step()\n"
+        "print(np.array_equal(before, after), before.shape)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[0] == "True", result.stdout
