@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="what starts: a replica, or a gateway's tokenizer load (default: replica)")
     args = parser.parse_args(argv)
     trees = [tree.resolve() for tree in args.stack or [ROOT]]
-    dtypes = args.dtype or ["auto", "float32"] if args.process == "replica" else ["-"]
+    dtypes = ["-"] if args.process == "tokenizer" else args.dtype or ["auto", "float32"]
     from embedserve.defaults.build import ensure_default_model
     from embedserve.defaults.model_args import default_cache_dir
 

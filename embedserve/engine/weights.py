@@ -149,10 +149,9 @@ def load_state(model: nn.Module, mapped: dict[str, torch.Tensor]) -> None:
     every parameter must be present and fit.
 
     Each parameter is a float32 copy in this process's own memory, made directly
-    (``assign``): nothing is allocated and filled twice (a default-model replica peaked
-    at 1.29 GB resident, now 0.50 GB), and the meta parameters are never materialized
-    first, whose ``to_empty`` imports sympy on its first call (~0.6 s of every
-    replica's start). Copied, not assigned as they come: safetensors' ``load_file``
+    (``assign``): the meta parameters are never materialized first, whose ``to_empty``
+    imports sympy on its first call (~0.6 s of every replica's start), and nothing is
+    allocated and filled twice. Copied, not assigned as they come: safetensors' ``load_file``
     returns views of a private mapping of the file, so a model file rewritten in place
     would change the weights under a running replica, or, truncated, crash it (SIGBUS).
     """

@@ -136,23 +136,18 @@ class Tokenizer:
         return compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
                             self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
 
-    @staticmethod
-    def _encode_one_by_run(model: Model, src: np.ndarray, scratch: Scratch, prefix: np.ndarray,
+    def _encode_one_by_run(self, model: Model, src: np.ndarray, scratch: Scratch, prefix: np.ndarray,
                            suffix: np.ndarray, hf, cache) -> tuple[np.ndarray, bool]:
-        """``_encode_one`` through encode_run (which brings its own scratch)."""
-        text_starts = np.array([0, len(src)], np.int64)
-        factor = 1
-        while True:
-            ids, _, _, count, first_left = encode_run(model, src, text_starts, 0, 1, factor, False, hf, cache)
-            if first_left == 1:
-                return np.concatenate((prefix, ids[:count[0]], suffix)), True
-            factor *= 4
+        """``_encode_one`` through encode_batch's kernel (it brings its own scratch and
+        this thread's word cache)."""
+        ids, _, _, count = self._encode_range(src, np.array([0, len(src)], np.int64), 0, 1, False)
+        return np.concatenate((prefix, ids[:count[0]], suffix)), True
 
     def _encode_scratch(self, src_len: int, factor: int) -> Scratch:
         """Scratch for encode(), which reports no offsets: without the normalizers' source
-        ranges (``None``, kernels/origins.py) unless the ids depend on them."""
-        scratch = new_scratch(src_len, factor)
-        return scratch if self._ids_read_origins else scratch._replace(norm_origin=None)
+        ranges (``None``, kernels/origins.py; where the ids read them, encode() runs
+        encode_batch's kernel, which keeps its own)."""
+        return new_scratch(src_len, factor)._replace(norm_origin=None)
 
     # ---- loading -------------------------------------------------------------------
     @classmethod
