@@ -122,7 +122,9 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
     base_url = f"http://127.0.0.1:{port}"
     command = serve_command(model_dir, port, ctx.device, dtype, cuda_graphs)
     slug = name.replace(" ", "_").replace(",", "")
-    with running_server(command, name=name, health_url=f"{base_url}/health",
+    # /ready, not /health: the gateway answers /health before its replica's health watch
+    # says SERVING, and until then /info describes the directory alone (no dtype).
+    with running_server(command, name=name, health_url=f"{base_url}/ready",
                         log_path=ctx.work_dir / f"{slug}-{model_dir.name}.log", env=ctx.env,
                         ready_timeout_s=SERVE_READY_TIMEOUT_S, log=ctx.log) as process:
         try:
