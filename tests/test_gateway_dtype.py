@@ -4,8 +4,10 @@
 bf16 behind the real gateway: /info must report bfloat16 from the replica
 itself, and /v1/embeddings must stay within cosine 0.999 of
 sentence-transformers in float32 (``probe_reference``), while not being the
-float32 answer (which would mean the flag was dropped). ``cluster`` is checked
-on a tiny random model: its replicas report the dtype they were started with.
+float32 answer (which would mean the flag was dropped); with ``--no-calibration``
+it refuses int8 and still serves binary. ``cluster`` is checked on a tiny random
+model: its replicas report the dtype they were started with, and
+``--no-calibration`` reaches them too.
 """
 
 from __future__ import annotations
@@ -64,10 +66,20 @@ def replica_dtype(url: str) -> str | None:
 
 
 def test_serve_bfloat16_stays_close_to_float32_reference(default_model_dir, probe_reference):
+    # --no-calibration: no int8/uint8 ranges computed at start-up (in emulated bf16 on a
+    # CPU without it, most of this test's time); those precisions are refused instead.
     process, url = start(["serve", "--model", str(default_model_dir), "--port", "0",
-                          "--dtype", "bfloat16"])
+                          "--dtype", "bfloat16", "--no-calibration"])
     try:
         assert replica_dtype(url) == "bfloat16"
+        info = httpx.get(url + "/info", timeout=10).json()
+        assert info["quantization"]["calibration_id"] is None
+        refused = httpx.post(url + "/v1/embeddings", json={"input": "x", "embedding_types": ["int8"]},
+                             timeout=60)
+        assert refused.status_code == 400 and "calibration" in refused.json()["error"]["message"]
+        ubinary = httpx.post(url + "/v1/embeddings", json={"input": "x", "embedding_types": ["ubinary"]},
+                             timeout=60)
+        assert ubinary.status_code == 200, ubinary.text
         texts = list(probe_reference.texts)
         reply = httpx.post(url + "/v1/embeddings", json={"input": texts}, timeout=120)
         assert reply.status_code == 200
@@ -83,9 +95,10 @@ def test_serve_bfloat16_stays_close_to_float32_reference(default_model_dir, prob
 
 def test_cluster_passes_dtype_to_its_replicas(tiny_bert_dir):
     process, url = start(["cluster", "--replicas", "1", "--model", str(tiny_bert_dir),
-                          "--port", "0", "--dtype", "bfloat16"])
+                          "--port", "0", "--dtype", "bfloat16", "--no-calibration"])
     try:
         assert replica_dtype(url) == "bfloat16"
+        assert httpx.get(url + "/info", timeout=10).json()["quantization"]["calibration_id"] is None
         reply = httpx.post(url + "/v1/embeddings", json={"input": ["cluster in bf16"]}, timeout=60)
         assert reply.status_code == 200
         assert len(reply.json()["data"][0]["embedding"]) == 32

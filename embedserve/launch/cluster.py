@@ -51,6 +51,7 @@ class ClusterSettings:
     dtype: str | None = DEFAULT_DTYPE   # auto: by hardware, checked by a load-time probe
     dtype_probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE
     cuda_graphs: bool = True
+    calibration: bool = True      # False: replicas skip int8/uint8 calibration and refuse them
     host: str = "127.0.0.1"
     port: int = 8000              # 0: the gateway picks a free port and prints it
     # Each replica's Prometheus port is chosen free at start and printed.
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ClusterSettings(models=tuple(specs), replicas=args.replicas,
                                device=args.device, dtype=args.dtype,
                                dtype_probe_min_cosine=args.dtype_probe_min_cosine,
-                               cuda_graphs=args.cuda_graphs,
+                               cuda_graphs=args.cuda_graphs, calibration=args.calibration,
                                host=args.host, port=args.port, gateway_args=gateway_args,
                                drain_timeout_s=args.drain_timeout,
                                # where replicas keep the int8/uint8 calibration
@@ -122,7 +123,7 @@ async def run_cluster(settings: ClusterSettings) -> int:
 
 async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[str, ...]) -> int:
     extra = (*engine_flags(settings.dtype, settings.cuda_graphs,
-                           settings.dtype_probe_min_cosine), *token_args,
+                           settings.dtype_probe_min_cosine, settings.calibration), *token_args,
              *(("--metrics-port", "0") if settings.replica_metrics else ()), *settings.replica_args)
     counts = [spec.replicas or settings.replicas for spec in settings.models]
     # Replicas of every model share this machine's cores.

@@ -76,7 +76,8 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     counts = [spec.replicas or args.replicas for spec in specs]
     # Replicas of every model share this machine's cores.
     env = replica_env(sum(counts), args.device)
-    extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine),
+    extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine,
+                          args.calibration),
              "--replica-token-file", str(token_file),
              # where replicas keep the int8/uint8 calibration
              *(("--cache-dir", str(args.cache_dir)) if args.cache_dir else ()))

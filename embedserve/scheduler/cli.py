@@ -61,13 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="seconds to let calls finish after SIGTERM (default: %(default)s)")
-    parser.add_argument("--calibration", action=argparse.BooleanOptionalAction, default=True,
-                        help="int8/uint8 embeddings: read the model's calibration ranges from "
-                             "--cache-dir, or compute them once at start-up (the model embeds "
-                             "a fixed text sample: seconds, once per model and dtype) and store "
-                             "them there for every later start and every replica sharing the "
-                             "directory; --no-calibration skips it and refuses int8/uint8 "
-                             "(default: on)")
     parser.add_argument("--calibrate-only", action="store_true",
                         help="compute (or find) the calibration in --cache-dir, print its "
                              "directory and exit without serving: bakes it into an image so "
@@ -79,15 +72,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """``--device``, ``--dtype``, ``--dtype-probe-min-cosine``, ``--cuda-graphs``: declared
-    once for the scheduler and the launchers that pass them on to their replicas
-    (``engine_flags`` writes them back)."""
+    """``--device``, ``--dtype``, ``--dtype-probe-min-cosine``, ``--cuda-graphs``,
+    ``--calibration``: declared once for the scheduler and the launchers that pass them on
+    to their replicas (``engine_flags`` writes them back)."""
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
     add_dtype_flags(parser)
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA only: capture a graph per (token, sequence) bucket and replay "
                              "it, cutting per-step launch overhead at the cost of capture time "
                              "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
+    parser.add_argument("--calibration", action=argparse.BooleanOptionalAction, default=True,
+                        help="int8/uint8 embeddings: read the model's calibration ranges from "
+                             "--cache-dir, or compute them once at start-up (the model embeds "
+                             "a fixed text sample: seconds, once per model and dtype) and store "
+                             "them there for every later start and every replica sharing the "
+                             "directory; --no-calibration skips it (a faster first start) and "
+                             "refuses int8/uint8; float and binary are served either way "
+                             "(default: on)")
 
 
 def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
@@ -118,12 +119,15 @@ def _cosine(text: str) -> float:
 
 
 def engine_flags(dtype: str | None, cuda_graphs: bool = True,
-                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE) -> tuple[str, ...]:
-    """The scheduler flags for ``dtype``, the probe's bar and ``cuda_graphs``; empty for the defaults."""
+                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
+                 calibration: bool = True) -> tuple[str, ...]:
+    """The scheduler flags for ``dtype``, the probe's bar, ``cuda_graphs`` and
+    ``calibration``; empty for the defaults."""
     return (*(("--dtype", dtype) if dtype not in (None, DEFAULT_DTYPE) else ()),
             *(("--dtype-probe-min-cosine", repr(probe_min_cosine))
               if probe_min_cosine != DEFAULT_PROBE_MIN_COSINE else ()),
-            *(() if cuda_graphs else ("--no-cuda-graphs",)))
+            *(() if cuda_graphs else ("--no-cuda-graphs",)),
+            *(() if calibration else ("--no-calibration",)))
 
 
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
