@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -19,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk_corpus import documents, write_jsonl
-from embedserve.bulk.ray_job import (GCS_START_WAIT_VARIABLE, LOCAL_GCS_START_WAIT_S, cpus_per_actor_for,
-                                    environment_default, local_cpus, start_local_ray)
+from embedserve.bulk.ray_job import (GCS_START_WAIT_VARIABLE, LOCAL_GCS_START_WAIT_S, LOCAL_START_ATTEMPTS,
+                                    child_pids, cpus_per_actor_for, environment_default, local_cpus, start_local_ray)
 from embedserve.cli import main
 from embedserve.local.columns import embedding_matrix
 
@@ -121,3 +122,38 @@ def test_a_local_head_waits_longer_for_its_gcs_unless_the_user_chose(monkeypatch
     with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
         assert os.environ[GCS_START_WAIT_VARIABLE] == "7"
     assert os.environ[GCS_START_WAIT_VARIABLE] == "7"
+
+
+def test_a_local_head_that_does_not_come_up_is_stopped_and_started_again(monkeypatch):
+    # Ray's raylet has 30 s to register, with no setting; a timeout cannot be staged for
+    # real, so ray.init fails here as Ray's does (a bare Exception), after starting a
+    # process it then holds no handle on, as a failed head start leaves its GCS behind.
+    calls: list[tuple[str, dict]] = []
+    started: list[subprocess.Popen] = []
+
+    def init(**kwargs) -> None:
+        calls.append(("init", kwargs))
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        if len(calls) < 2 or fail_always:
+            raise Exception("The current node timed out during startup.")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append(("shutdown", {})))
+    try:
+        fail_always = False
+        start_local_ray(1, 2)
+        assert [name for name, _ in calls] == ["init", "shutdown", "init"]
+        assert calls[0][1] == calls[2][1] and calls[0][1]["num_cpus"] == local_cpus(1, 2)
+        # The failed start's process is killed and reaped; the head that came up, left alone.
+        assert started[0].pid not in child_pids() and started[1].pid in child_pids()
+
+        calls.clear()
+        fail_always = True
+        with pytest.raises(Exception, match="timed out during startup"):
+            start_local_ray(1, 2)
+        assert [name for name, _ in calls] == ["init", "shutdown"] * LOCAL_START_ATTEMPTS
+        assert not {process.pid for process in started[2:]} & child_pids()
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()

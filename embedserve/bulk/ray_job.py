@@ -18,9 +18,11 @@ at every Unicode line boundary (``str.splitlines``), not only at ``\\n``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.model.info import read_model_info
 from embedserve.integrations.ray import PROBLEM, EmbedBatches
+
+log = logging.getLogger(__name__)
 
 LINE = "text"  # the column ray.data.read_text produces
 
@@ -96,6 +100,7 @@ def cpus_per_actor_for(address: str, actors: int, asked: float | None) -> float:
 
 GCS_START_WAIT_VARIABLE = "RAY_gcs_server_port_wait_time_s"
 LOCAL_GCS_START_WAIT_S = 120   # Ray's own default is 30 s
+LOCAL_START_ATTEMPTS = 2
 
 
 def start_local_ray(actors: int, cpus_per_actor: float) -> None:
@@ -111,13 +116,57 @@ def start_local_ray(actors: int, cpus_per_actor: float) -> None:
     ``ray.init``. On a busy machine it once needed longer (no GCS log had even
     been written by then), and a bulk job has nothing better to do than wait,
     so a head started here gets ``LOCAL_GCS_START_WAIT_S`` unless the user set
-    Ray's own variable.
+    Ray's own variable. Its raylet then has 30 s to register with the GCS, and that
+    wait has no setting: once, on two busy cores, the raylet never wrote a line of
+    log in that time. A head that does not come up is stopped and started once
+    more, up to ``LOCAL_START_ATTEMPTS`` in all. Ray keeps no handle on the
+    processes of a head whose start failed, so the ones it started (GCS, raylet,
+    monitors: children of this process) are killed here.
     """
     import ray
 
-    with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
-        ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False, include_dashboard=False,
-                 _system_config={"worker_niceness": 0})
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        before = child_pids()
+        try:
+            with environment_default(GCS_START_WAIT_VARIABLE, str(LOCAL_GCS_START_WAIT_S)):
+                ray.init(num_cpus=local_cpus(actors, cpus_per_actor), log_to_driver=False,
+                         include_dashboard=False, _system_config={"worker_niceness": 0})
+            return
+        except Exception as error:   # Ray raises a bare Exception when its node times out
+            ray.shutdown()
+            kill_and_reap(child_pids() - before)
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise
+            log.warning("the local Ray head did not start (%s): starting it again", error)
+
+
+def child_pids() -> set[int]:
+    """This process's living children (read from Linux's /proc; elsewhere none)."""
+    me = str(os.getpid()).encode()
+    pids = set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue     # it exited meanwhile
+            if fields[1] == me and fields[0] != b"Z":
+                pids.add(int(entry.name))
+    return pids
+
+
+def kill_and_reap(pids: set[int]) -> None:
+    """SIGKILL each of this process's children in ``pids`` and wait for it."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 @contextlib.contextmanager
