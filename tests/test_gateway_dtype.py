@@ -93,7 +93,7 @@ def test_serve_bfloat16_stays_close_to_float32_reference(default_model_dir, prob
         stop(process)
 
 
-def test_cluster_passes_dtype_to_its_replicas(tiny_bert_dir):
+def test_cluster_passes_dtype_and_no_calibration_to_its_replicas(tiny_bert_dir):
     process, url = start(["cluster", "--replicas", "1", "--model", str(tiny_bert_dir),
                           "--port", "0", "--dtype", "bfloat16", "--no-calibration"])
     try:

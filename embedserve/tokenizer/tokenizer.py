@@ -138,8 +138,9 @@ class Tokenizer:
 
     def _encode_one_by_run(self, model: Model, src: np.ndarray, scratch: Scratch, prefix: np.ndarray,
                            suffix: np.ndarray, hf, cache) -> tuple[np.ndarray, bool]:
-        """``_encode_one`` through encode_batch's kernel (it brings its own scratch and
-        this thread's word cache)."""
+        """``_encode_one`` through encode_batch's kernel. Takes the single-text kernel's
+        arguments so that encode() calls either alike; the model, scratch, normalizer
+        parameters and cache are encode_batch's own (this thread's word cache)."""
         ids, _, _, count = self._encode_range(src, np.array([0, len(src)], np.int64), 0, 1, False)
         return np.concatenate((prefix, ids[:count[0]], suffix)), True
 
