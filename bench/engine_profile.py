@@ -3,7 +3,8 @@
 Runs the default model (multilingual-e5-small) through ``Engine`` on one
 batch (32 x 512 random ids by default, or a mixed-length batch) under
 ``torch.profiler`` and sums each op's self time into the kinds of work a
-transformer layer does: dense matmuls (oneDNN; AMX in bf16), attention (SDPA, or
+transformer layer does: dense matmuls (oneDNN, AMX in bf16, or the native AVX2 kernel
+in float32 on CPUs without AVX-512), attention (SDPA, or
 the native AMX kernel in bf16),
 layer norms, residual adds, copies and dtype conversions, the rest. For the
 matmuls and attention it also gives the achieved GFLOP/s and the fraction of
@@ -35,14 +36,16 @@ import numpy as np
 BATCH = 32
 # torch op (self time) -> kind of work; anything else is "other".
 KINDS = {
-    "mkldnn::_linear_pointwise": "dense matmuls (oneDNN)",
-    "aten::addmm": "dense matmuls (oneDNN)",
-    "aten::mm": "dense matmuls (oneDNN)",
+    "mkldnn::_linear_pointwise": "dense matmuls",
+    "aten::addmm": "dense matmuls",
+    "aten::mm": "dense matmuls",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
     "aten::scaled_dot_product_attention": "attention",
     "aten::_scaled_dot_product_attention_math": "attention",
-    # the native bf16 kernels are no torch ops; they name themselves to the profiler
+    # the native kernels are no torch ops; they name themselves to the profiler
     # (embedserve/engine/profiler_names.py)
+    "embedserve::avx2_linear": "dense matmuls",
+    "aten::gelu_": "GELU (after the AVX2 kernel)",
     "embedserve::amx_attention": "attention",
     "embedserve::add_layer_norm": "layer norm (with the residual add)",
     "aten::native_layer_norm": "layer norm",
@@ -80,7 +83,7 @@ def flops(config, lengths: list[int]) -> dict[str, float]:
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_layers
     dense = 2 * (h * 3 * h + h * h + 2 * h * inter) * sum(lengths) * layers
     attention = sum(4 * n * n * h for n in lengths) * layers       # Q K^T and P V
-    return {"dense matmuls (oneDNN)": dense, "attention": attention}
+    return {"dense matmuls": dense, "attention": attention}
 
 
 def profile_step(runner, batch) -> dict[str, float]:

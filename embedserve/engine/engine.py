@@ -73,7 +73,7 @@ class Engine:
     def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
              attention: str | None = None, model_id: str | None = None,
              max_graphs: int = 64, cuda_graphs: bool = True,
-             fused_layers: bool = True, token_buckets: bool = True,
+             fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
              probe: DtypeProbe | None = None) -> "Engine":
         """Load a Hugging Face model directory.
 
@@ -88,8 +88,11 @@ class Engine:
         epilogues (onednn.py) where the CPU and dtype allow; False keeps the
         plain modules (benchmarks A/B). token_buckets (CPU only): round each
         step's token count up to a bucket (cpu_shapes.py) so that memory stays
-        bounded under mixed shapes; False runs exact counts (tests and
-        benchmarks A/B).
+        bounded under mixed shapes (steps of up to 64 tokens run exact counts
+        where every linear runs on avx2_linear's kernel); False runs exact counts
+        (tests and benchmarks A/B). native_linears (CPU only): the fused layers' float32
+        linears run on the AVX2 kernel (avx2_linear.py) on CPUs without AVX-512;
+        False keeps oneDNN (benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -99,7 +102,7 @@ class Engine:
         info = replace(read_model_info(model_dir, model_id), device=device)
         runner_options = {"attention": attention, "max_graphs": max_graphs,
                           "cuda_graphs": cuda_graphs, "fused_layers": fused_layers,
-                          "token_buckets": token_buckets}
+                          "token_buckets": token_buckets, "native_linears": native_linears}
         if dtype == AUTO:
             choice = auto_candidate(device)
             if choice.dtype != "float32" and probe is not None:
@@ -154,7 +157,8 @@ class Engine:
 
     @classmethod
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, max_graphs: int,
-               cuda_graphs: bool, fused_layers: bool, token_buckets: bool) -> "Engine":
+               cuda_graphs: bool, fused_layers: bool, token_buckets: bool,
+               native_linears: bool) -> "Engine":
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -163,7 +167,7 @@ class Engine:
                                      use_graphs=cuda_graphs)
         else:
             if fused_layers and isinstance(model, EncoderModel):
-                fuse_layers(model)          # the BERT family's oneDNN path; the others run plain modules
+                fuse_layers(model, native_linears)   # the BERT family's fast path; the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
         return cls(model, info, runner)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from embedserve.engine import avx2_linear
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.residual_norm import ResidualNorm
 
@@ -33,6 +34,10 @@ _mkldnn = torch.ops.mkldnn
 # oneDNN epilogues for the activations the encoder family uses: (attr, algorithm).
 _FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
                       "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+# The same epilogues after avx2_linear's kernel, in place: (y, algorithm) -> y.
+_ACTIVATIONS_IN_PLACE = {"none": lambda y, algorithm: y,
+                         "gelu": lambda y, algorithm: torch.ops.aten.gelu_(y, approximate=algorithm),
+                         "relu": lambda y, algorithm: y.relu_()}
 # Token count oneDNN tunes the packed layout for; any count runs correctly.
 _TOKEN_HINT = 512
 
@@ -47,30 +52,41 @@ def supported(dtype: torch.dtype) -> bool:
 
 
 class PackedWeight(nn.Module):
-    """One linear layer's weight in oneDNN's layout, plus its bias."""
+    """One linear layer's weight, packed once for what runs it (oneDNN's layout, or in
+    float32 on AVX2-only CPUs avx2_linear's panels), plus its bias."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, native: bool = True) -> None:
         super().__init__()
-        self.register_buffer("weight", _mkldnn._reorder_linear_weight(linear.weight.detach(), _TOKEN_HINT))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        weight = linear.weight.detach()
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.native = native and avx2_linear.covers(weight)
+        if self.native:
+            self.register_buffer("weight", avx2_linear.pack_panels(weight))
+            # The kernel always adds a bias.
+            self.register_buffer("bias", bias if bias is not None else weight.new_zeros(weight.shape[0]))
+        else:
+            self.register_buffer("weight", _mkldnn._reorder_linear_weight(weight, _TOKEN_HINT))
+            self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
         # x: [T, in] contiguous -> [T, out]
+        if self.native:
+            return _ACTIVATIONS_IN_PLACE[attr](avx2_linear.linear(x, self.weight, self.bias), algorithm)
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
 
 
 class FusedLayer(nn.Module):
     """encoder.Layer's math (post-norm) on packed weights with fused epilogues."""
 
-    def __init__(self, layer: Layer, hidden_act: str) -> None:
+    def __init__(self, layer: Layer, hidden_act: str, native_linears: bool = True) -> None:
         super().__init__()
         self.num_heads = layer.num_heads
         self.head_dim = layer.head_dim
-        self.qkv = PackedWeight(layer.qkv)
-        self.attn_out = PackedWeight(layer.attn_out)
+        self.qkv = PackedWeight(layer.qkv, native_linears)
+        self.attn_out = PackedWeight(layer.attn_out, native_linears)
         self.attn_norm = ResidualNorm(layer.attn_norm)
-        self.ffn_in = PackedWeight(layer.ffn_in)
-        self.ffn_out = PackedWeight(layer.ffn_out)
+        self.ffn_in = PackedWeight(layer.ffn_in, native_linears)
+        self.ffn_out = PackedWeight(layer.ffn_out, native_linears)
         self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = _FUSED_ACTIVATIONS[hidden_act]
 
@@ -83,10 +99,11 @@ class FusedLayer(nn.Module):
         return self.ffn_norm(self.ffn_out(self.ffn_in(x, *self.activation)), x)
 
 
-def fuse_layers(model: EncoderModel) -> bool:
+def fuse_layers(model: EncoderModel, native_linears: bool = True) -> bool:
     """Swap the encoder's layers for FusedLayers in place; False (unchanged) if unsupported.
 
-    Call after the model has its final dtype and device (CPU).
+    Call after the model has its final dtype and device (CPU). native_linears: where
+    avx2_linear covers a weight, run it there; False keeps oneDNN (benchmarks A/B).
     """
     config = model.config
     dtype = next(model.parameters()).dtype
@@ -94,5 +111,16 @@ def fuse_layers(model: EncoderModel) -> bool:
         return False
     layers = model.encoder.layers
     for i, layer in enumerate(layers):
-        layers[i] = FusedLayer(layer, config.hidden_act)
+        layers[i] = FusedLayer(layer, config.hidden_act, native_linears)
     return True
+
+
+def linears_all_native(model: nn.Module) -> bool:
+    """Whether every linear over the model's tokens runs on avx2_linear's kernel (all its
+    layers FusedLayers with native weights), which keeps no state per row count; oneDNN
+    builds and keeps a primitive per count (cpu_shapes.py)."""
+    encoder = getattr(model, "encoder", None)
+    packed = [module for module in model.modules() if isinstance(module, PackedWeight)]
+    if encoder is None or not packed or any(isinstance(module, nn.Linear) for module in encoder.modules()):
+        return False
+    return all(module.native for module in packed)

@@ -9,6 +9,7 @@ import torch
 
 AMX_ATTENTION = "embedserve::amx_attention"
 ADD_LAYER_NORM = "embedserve::add_layer_norm"
+AVX2_LINEAR = "embedserve::avx2_linear"
 
 
 def named(name: str) -> ContextManager[object]:

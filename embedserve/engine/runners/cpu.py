@@ -3,6 +3,11 @@
 Each step's token count is rounded up to a bucket (``cpu_shapes.py``) unless the
 runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
 per-shape primitives, and so the replica's memory, bounded under mixed traffic.
+A model whose linears all run on avx2_linear's kernel (``onednn.linears_all_native``)
+keeps no primitives: its steps of up to 64 tokens run exact counts, so a 20-token
+query computes 20 rows, not 32. Larger steps keep their buckets: with exact counts up
+to 512 such a replica still grew by ~130 MB over 400 mixed steps (about 25 MB with
+buckets; cause not identified), where 64 exact counts added ~13 MB and stayed there.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import torch
 
 from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.cpu_shapes import pad_to_bucket
+from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
+from embedserve.engine.onednn import linears_all_native
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
 
@@ -38,6 +45,7 @@ class CpuRunner:
         self._attention = ATTENTION_IMPLS[attention]
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
         self._token_buckets = token_buckets
+        self._exact_up_to = TOKEN_STEP_SMALL if linears_all_native(model) else 0
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
         self._padded_tokens = 0   # tokens run, padding included
 
@@ -48,7 +56,8 @@ class CpuRunner:
         self._counts["steps"] += 1
         try:
             check_batch(batch, self._info)
-            run = pad_to_bucket(batch, self._info.max_positions) if self._token_buckets else batch
+            padded = self._token_buckets and batch.num_tokens > self._exact_up_to
+            run = pad_to_bucket(batch, self._info.max_positions) if padded else batch
             with torch.inference_mode():
                 out = self._forward(run)[:batch.num_sequences]   # the padding's rows dropped
         except BaseException:

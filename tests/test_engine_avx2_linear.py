@@ -1,0 +1,118 @@
+"""The fused layers' float32 linear on the AVX2 kernel against torch in float64.
+
+The reference is ``F.linear`` in float64; the bar is torch's own float32 linear
+(what the kernel replaces): the kernel's error must stay within a small multiple of
+it, as both sum the same products in another order. Also: which layers take the
+kernel, that an engine on it runs exact token counts (no buckets: the kernel keeps
+no per-count state), and that it equals the same engine on oneDNN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedserve.engine import Batch, Engine, avx2_linear, profiler_names
+from embedserve.engine.onednn import PackedWeight, linears_all_native
+from tests.native_build import require_compiler_for
+
+
+@pytest.fixture
+def kernel() -> None:
+    if not avx2_linear.kernel_available():
+        pytest.skip("the AVX2 linear does not run here: not built, or this CPU has AVX-512 (oneDNN keeps every call)")
+
+
+def linear_layer(in_features: int, out_features: int, bias: bool = True, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
+    bias = None if layer.bias is None else layer.bias.double()
+    expected = activation(F.linear(x.double(), layer.weight.double(), bias))
+    torch_error = (activation(F.linear(x, layer.weight, layer.bias)).double() - expected).abs().max()
+    error = (out.double() - expected).abs().max()
+    assert out.dtype == torch.float32 and out.shape == expected.shape
+    assert error <= 4 * torch_error + 1e-6, (error, torch_error)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 20, 47, 48, 49, 64, 97, 300])
+@pytest.mark.parametrize("in_features,out_features", [(384, 1536), (1536, 384), (7, 16), (384, 1152)])
+def test_kernel_matches_float64_as_closely_as_torch(kernel: None, rows: int, in_features: int,
+                                                    out_features: int) -> None:
+    layer = linear_layer(in_features, out_features)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    out = avx2_linear.linear(x, avx2_linear.pack_panels(layer.weight), layer.bias.detach())
+    within_torchs_error(out, x, layer)
+
+
+def test_rows_of_a_strided_view(kernel: None) -> None:
+    layer = linear_layer(384, 384)
+    wide = torch.randn(20, 1152)
+    x = wide[:, 384:768]                            # rows 1152 floats apart
+    out = avx2_linear.linear(x, avx2_linear.pack_panels(layer.weight), layer.bias.detach())
+    within_torchs_error(out, x, layer)
+
+
+@pytest.mark.parametrize("attr,algorithm,activation", [
+    ("none", "", lambda t: t),
+    ("gelu", "none", F.gelu),
+    ("gelu", "tanh", lambda t: F.gelu(t, approximate="tanh")),
+    ("relu", "", F.relu),
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr: str, algorithm: str,
+                                                              activation, bias: bool) -> None:
+    layer = linear_layer(384, 1536, bias=bias)
+    native, onednn = PackedWeight(layer), PackedWeight(layer, native=False)
+    assert native.native and not onednn.native
+    for rows in (3, 64, 300):
+        x = torch.randn(rows, 384, generator=torch.Generator().manual_seed(rows))
+        out, calls = profiled(lambda: native(x, attr, algorithm))
+        assert calls == 1
+        within_torchs_error(out, x, layer, activation)
+        out, calls = profiled(lambda: onednn(x, attr, algorithm))
+        assert calls == 0
+        within_torchs_error(out, x, layer, activation)
+
+
+def profiled(call) -> tuple[torch.Tensor, int]:
+    """``call()``'s result and how many times it entered the native kernel."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        out = call()
+    return out, sum(event.name == profiler_names.AVX2_LINEAR for event in profile.events())
+
+
+def test_bfloat16_and_odd_widths_stay_on_onednn() -> None:
+    assert not avx2_linear.covers(linear_layer(384, 1536).weight.detach().to(torch.bfloat16))
+    assert not PackedWeight(linear_layer(384, 40)).native            # not a multiple of 16
+
+
+def test_an_engine_on_the_kernel_runs_short_steps_unpadded_and_equals_one_on_onednn(
+        kernel: None, tiny_bert_dir: Path) -> None:
+    short = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 17, 40)])  # 60 -> 64
+    long = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 70)])       # 73 -> 128
+    with (Engine.load(tiny_bert_dir) as native,
+          Engine.load(tiny_bert_dir, native_linears=False) as onednn,
+          Engine.load(tiny_bert_dir, fused_layers=False) as plain):
+        assert linears_all_native(native.model)
+        assert not linears_all_native(onednn.model) and not linears_all_native(plain.model)
+        ours = native.step(short).wait()
+        theirs = onednn.step(short).wait()
+        assert native.stats()["padding_waste"] == 0 and onednn.stats()["padding_waste"] == 4 / 64
+        assert np.abs(ours - theirs).max() <= 1e-5
+        native.step(long).wait()                   # above 64 tokens the buckets stay
+        assert native.stats()["padding_waste"] == (128 - 73) / (60 + 128)
+
+
+def test_the_kernel_is_built_where_the_compiler_can_target_avx2(tmp_path: Path) -> None:
+    require_compiler_for(tmp_path, ["-mavx2", "-mfma"],
+                         "#include <immintrin.h>\n__m256 f(__m256 a, __m256 b, __m256 c) "
+                         "{ return _mm256_fmadd_ps(a, b, c); }\n")
+    assert avx2_linear._native is not None, "embedserve.engine._avx2_linear was not built"
