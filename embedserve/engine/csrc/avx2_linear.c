@@ -30,6 +30,11 @@
 #define CHUNK_BLOCKS 8
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
 #define SERIAL_MACS 65536
+/* Steps of k a panel's weights are prefetched ahead (2 KB): at a short query's few rows
+ * each panel is read from memory once and its use is short, so the hardware prefetcher
+ * alone leaves the FMA units waiting (8-64 rows: +5-15 %, bench avx2_linear; 8 ahead
+ * measured slower, 64 the same). A prefetch past the last panel never faults. */
+#define PREFETCH_AHEAD 32
 
 /* One block of R rows by one panel: the accumulators start at the bias. */
 #define ROW_BLOCK(R)                                                                          \
@@ -41,6 +46,7 @@
             hi[r] = _mm256_loadu_ps(bias + 8);                                                \
         }                                                                                     \
         for (int64_t k = 0; k < k_total; k++) {                                               \
+            _mm_prefetch((const char *)(panel + (k + PREFETCH_AHEAD) * PANEL), _MM_HINT_T0);   \
             const __m256 w_lo = _mm256_loadu_ps(panel + k * PANEL);                           \
             const __m256 w_hi = _mm256_loadu_ps(panel + k * PANEL + 8);                       \
             _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                             \
