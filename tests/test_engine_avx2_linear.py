@@ -3,8 +3,9 @@
 The reference is ``F.linear`` in float64; the bar is torch's own float32 linear
 (what the kernel replaces): the kernel's error must stay within a small multiple of
 it, as both sum the same products in another order. Also: which layers take the
-kernel, that an engine on it runs exact token counts (no buckets: the kernel keeps
-no per-count state), and that it equals the same engine on oneDNN.
+kernel, that an engine on it runs steps of up to 64 tokens unpadded (the kernel keeps
+no per-count state) and larger ones in their buckets, and that it equals the same
+engine on oneDNN.
 """
 
 from __future__ import annotations
