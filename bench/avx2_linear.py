@@ -19,24 +19,13 @@ Only where the kernel runs: a CPU whose widest vectors are AVX2 and a build with
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
 
+from bench.native_kernels import alternating_medians, min_cosine
+
 LAYERS = 12
 HIDDEN, INTERMEDIATE = 384, 1536
-
-
-def alternating_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall seconds of each run, the runs called in turn so drifts hit all alike."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - started)
-    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
 
 
 def linears_table(repeats: int, threads: int) -> None:
@@ -94,8 +83,7 @@ def engine_table(repeats: int, threads: int) -> None:
         batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32) for n in lengths])
         # The runner's own step, as a replica calls it (token buckets included).
         steps = {label: (lambda engine=engine: engine._runner._run(batch)) for label, engine in engines.items()}
-        a, b = (step() for step in steps.values())                 # also the warm-up
-        cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+        cosine = min_cosine(*(step() for step in steps.values()))  # also the warm-up
         median = alternating_medians(steps, repeats if sum(lengths) <= 128 else max(5, repeats // 4))
         ours, theirs = median["kernel"], median["oneDNN"]
         print(f"| {name} | {sum(lengths)} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours:.2f}x "

@@ -43,6 +43,20 @@ def timed(run: Callable[[], object], clock: Callable[[], float]) -> float:
     return clock() - started
 
 
+def alternating_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall seconds of each run, the runs called in turn so drifts hit all alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(timed(run, time.perf_counter))
+    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The lowest cosine between matching rows of ``a`` and ``b``."""
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
 def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick: bool) -> None:
     import torch
     import torch.nn.functional as F
@@ -91,13 +105,9 @@ def engine_ab(title: str, labels: tuple[str, str], steps: dict[str, Callable[[ob
     print("|---|---:|---:|---:|---:|---:|")
     for name, batch in batches.items():
         outputs = {label: step(batch) for label, step in steps.items()}        # also the warm-up
-        a, b = outputs[ours], outputs[theirs]
-        cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-        times: dict[str, list[float]] = {label: [] for label in steps}
-        for _ in range(repeats if batch.num_tokens > 64 else repeats * 10):
-            for label, step in steps.items():
-                times[label].append(timed(lambda step=step: step(batch), time.perf_counter))
-        median = {label: sorted(values)[len(values) // 2] for label, values in times.items()}
+        cosine = min_cosine(outputs[ours], outputs[theirs])
+        median = alternating_medians({label: (lambda step=step: step(batch)) for label, step in steps.items()},
+                                     repeats if batch.num_tokens > 64 else repeats * 10)
         rate = {label: batch.num_tokens / seconds for label, seconds in median.items()}
         print(f"| {name} | {batch.num_tokens} | {rate[ours]:,.0f} | {rate[theirs]:,.0f} "
               f"| {rate[ours] / rate[theirs]:.2f}x | {cosine:.6f} |", flush=True)

@@ -90,7 +90,7 @@ def profiled(call) -> tuple[torch.Tensor, int]:
     return out, sum(event.name == profiler_names.AVX2_LINEAR for event in profile.events())
 
 
-def test_bfloat16_and_odd_widths_stay_on_onednn() -> None:
+def test_bfloat16_and_odd_widths_stay_on_onednn(kernel: None) -> None:
     assert not avx2_linear.covers(linear_layer(384, 1536).weight.detach().to(torch.bfloat16))
     assert not PackedWeight(linear_layer(384, 40)).native            # not a multiple of 16
 
