@@ -66,6 +66,11 @@ class Unavailable(EmbedServeError):
     """The service cannot take work now (draining, warming up, no replica)."""
 
 
+class DeviceLost(Unavailable):
+    """The accelerator failed in a way this process cannot recover from (a sticky
+    CUDA error); the replica stops serving and exits so that it is restarted."""
+
+
 class DeadlineExceeded(EmbedServeError):
     """The caller's deadline passed before the work finished."""
 

@@ -72,24 +72,26 @@ def _copy_xlmr_tokenizer(source: Path, directory: Path) -> None:
         shutil.copy(source / name, directory / name)
 
 
-def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path, seed: int = 0,
-                     max_position_embeddings: int | None = None) -> Path:
+def build_tiny_model(directory: Path, architecture: str, tokenizer_dir: Path | None, seed: int = 0,
+                     max_position_embeddings: int | None = None, **sizes: int) -> Path:
     """Save a random tiny ``architecture`` (a transformers class name) into ``directory``,
-    with the XLM-R tokenizer files from ``tokenizer_dir``. ``max_position_embeddings``:
-    a small position table makes long inputs cheap (default: the family's 514 or 512)."""
+    with the XLM-R tokenizer files from ``tokenizer_dir`` (None: no tokenizer, for
+    engine-only tests). ``max_position_embeddings``: a small position table makes long
+    inputs cheap (default: the family's 514 or 512). ``sizes`` override TINY_SIZES."""
     import torch
     import transformers
 
     family = "xlm-roberta" if architecture.startswith("XLMRoberta") else "bert"
     config_class = transformers.XLMRobertaConfig if family == "xlm-roberta" else transformers.BertConfig
     positions = max_position_embeddings or (514 if family == "xlm-roberta" else 512)
-    config = config_class(**TINY_SIZES, max_position_embeddings=positions, num_labels=1,
+    config = config_class(**{**TINY_SIZES, **sizes}, max_position_embeddings=positions, num_labels=1,
                           pad_token_id=1, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
-    _copy_xlmr_tokenizer(tokenizer_dir, directory)
+    if tokenizer_dir is not None:
+        _copy_xlmr_tokenizer(tokenizer_dir, directory)
     return directory
 
 

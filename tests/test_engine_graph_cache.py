@@ -16,14 +16,17 @@ import torch
 from embedserve.engine import Batch, Engine
 from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs
 from embedserve.engine.graphs.cache import GraphCache
-from embedserve.engine.graphs.shapes import BucketKey, bucket_for, sequence_bucket, token_bucket
+from embedserve.engine.graphs.shapes import (BucketKey, bucket_for, reachable_buckets, sequence_bucket,
+                                             token_bucket)
 
 
 class FakeBackend:
-    def __init__(self, fail_capture: set[BucketKey] | None = None) -> None:
+    def __init__(self, fail_capture: set[BucketKey] | None = None,
+                 sizes: dict[int, int] | None = None) -> None:
         self.calls: list[tuple[str, BucketKey]] = []
         self.released: list[BucketKey] = []
         self.fail_capture = fail_capture or set()
+        self.sizes = sizes or {}                 # bucket tokens -> graph bytes (default 1)
 
     def run_eager(self, key: BucketKey, inputs: object) -> tuple[str, object]:
         self.calls.append(("eager", key))
@@ -42,6 +45,9 @@ class FakeBackend:
 
     def release(self, key: BucketKey, graph: str) -> None:
         self.released.append(key)
+
+    def nbytes(self, graph: str) -> int:
+        return self.sizes.get(int(graph[5:].split("x")[0]), 1)
 
 
 @pytest.mark.parametrize("tokens, bucket", [(1, 64), (64, 64), (65, 128), (1000, 1024), (1024, 1024),
@@ -97,6 +103,38 @@ def test_least_recently_used_graph_is_evicted_and_recaptured() -> None:
     assert backend.calls[-2:] == [("capture", b), ("replay", b)]
     assert backend.released == [b, a]
     assert cache.stats()["evictions"] == 2 and cache.stats()["graphs"] == 2
+
+
+def test_memory_cap_evicts_least_recently_used_graphs() -> None:
+    backend = FakeBackend(sizes={64: 300, 128: 500, 192: 400})
+    cache = GraphCache(backend, max_bytes=1000)
+    a, b, c = BucketKey(64, 1), BucketKey(128, 1), BucketKey(192, 1)
+    for tokens in (60, 60, 120, 120, 60):            # a + b = 800 bytes, a used last
+        cache.run(tokens, 1, None)
+    assert cache.stats()["graph_bytes"] == 800
+    cache.run(180, 1, None)
+    cache.run(180, 1, None)                          # c (400) would make 1200: b goes
+    assert backend.released == [b]
+    assert cache.cached_keys == [a, c] and cache.stats()["graph_bytes"] == 700
+    assert cache.stats()["evictions"] == 1
+
+
+def test_a_graph_larger_than_the_cap_runs_eagerly_for_good() -> None:
+    backend = FakeBackend(sizes={64: 300, 128: 5000})
+    cache = GraphCache(backend, max_bytes=1000)
+    cache.run(10, 1, None)
+    cache.run(10, 1, None)
+    assert [cache.run(100, 1, None)[0] for _ in range(4)] == ["eager"] * 4
+    assert backend.released == [BucketKey(128, 1)]
+    assert cache.cached_keys == [BucketKey(64, 1)]
+    stats = cache.stats()
+    assert (stats["too_large"], stats["captures"], stats["graph_bytes"]) == (1, 2, 300)
+
+
+@pytest.mark.parametrize("max_tokens, max_sequences", [(512, 256), (512, 64), (1300, 16), (64, 1)])
+def test_reachable_buckets_are_every_shape_a_step_can_take(max_tokens: int, max_sequences: int) -> None:
+    every = {bucket_for(t, s) for t in range(1, max_tokens + 1) for s in range(1, min(t, max_sequences) + 1)}
+    assert reachable_buckets(max_tokens, max_sequences) == sorted(every)
 
 
 def test_failed_capture_falls_back_to_eager_for_good() -> None:
@@ -163,6 +201,9 @@ class CpuClosureBackend:
 
     def release(self, key, graph) -> None:
         pass
+
+    def nbytes(self, graph) -> int:
+        return 0
 
 
 @pytest.mark.parametrize("fixture", ["tiny_bert_dir", "tiny_xlmr_dir", "tiny_reranker_dir"])

@@ -32,6 +32,7 @@ from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
 from embedserve.engine.weights import load_state, read_checkpoint
 from embedserve.engine.runners.cpu import CpuRunner
+from embedserve.model.cuda_options import CudaOptions
 from embedserve.errors import ModelLoadError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "cpu", dtype: str | None = None,
              attention: str | None = None, model_id: str | None = None,
-             max_graphs: int = 64, cuda_graphs: bool = True,
+             cuda_graphs: bool = True, cuda: CudaOptions | None = None,
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
              probe: DtypeProbe | None = None) -> "Engine":
         """Load a Hugging Face model directory.
@@ -82,8 +83,8 @@ class Engine:
         that is a reduced precision and ``probe`` is given, keeps it only if its
         outputs on the probe's tokens agree with float32's; ``info.dtype`` and
         ``info.dtype_reason`` say what was chosen and why. attention (CPU only):
-        "per_sequence" | "per_sequence_sdpa" | "padded" | "block_diagonal". max_graphs / cuda_graphs:
-        the CUDA graph cache bound and switch (ignored on CPU). fused_layers (CPU
+        "per_sequence" | "per_sequence_sdpa" | "padded" | "block_diagonal". cuda_graphs:
+        the CUDA graph switch; cuda: the CUDA runner's other options (ignored on CPU). fused_layers (CPU
         only): run the encoder layers on oneDNN-packed weights with fused
         epilogues (onednn.py) where the CPU and dtype allow; False keeps the
         plain modules (benchmarks A/B). token_buckets (CPU only): round each
@@ -100,8 +101,8 @@ class Engine:
         if device != "cpu" and not device.startswith("cuda"):
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         info = replace(read_model_info(model_dir, model_id), device=device)
-        runner_options = {"attention": attention, "max_graphs": max_graphs,
-                          "cuda_graphs": cuda_graphs, "fused_layers": fused_layers,
+        runner_options = {"attention": attention,
+                          "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears}
         if dtype == AUTO:
             choice = auto_candidate(device)
@@ -156,15 +157,14 @@ class Engine:
         return engine
 
     @classmethod
-    def _start(cls, model: Model, info: ModelInfo, attention: str | None, max_graphs: int,
-               cuda_graphs: bool, fused_layers: bool, token_buckets: bool,
+    def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
+               cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
                native_linears: bool) -> "Engine":
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
             from embedserve.engine.runners.cuda import CudaRunner
-            runner: Any = CudaRunner(model.to(device), info, max_graphs=max_graphs,
-                                     use_graphs=cuda_graphs)
+            runner: Any = CudaRunner(model.to(device), info, cuda, use_graphs=cuda_graphs)
         else:
             if fused_layers and isinstance(model, EncoderModel):
                 fuse_layers(model, native_linears)   # the BERT family's fast path; the others run plain modules
@@ -186,6 +186,11 @@ class Engine:
         if self._closed:
             raise Unavailable("the engine is closed")
         return self._runner.submit(batch)
+
+    @property
+    def healthy(self) -> bool:
+        """False once the device cannot run another step (a poisoned CUDA context)."""
+        return bool(self._runner.healthy)
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics: steps, failed_steps, tokens, eager_runs, captures,

@@ -33,7 +33,7 @@ from embedserve.launch.commands import models_gateway_command, replica_env
 from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
-from embedserve.scheduler.cli import add_engine_flags, engine_flags
+from embedserve.scheduler.cli import add_engine_flags, cuda_flags, engine_flags
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.scheduler.token_file import temporary_token_file
 
@@ -108,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
                                host=args.host, port=args.port, gateway_args=gateway_args,
                                drain_timeout_s=args.drain_timeout,
                                # where replicas keep the int8/uint8 calibration
-                               replica_args=("--cache-dir", str(args.cache_dir))
-                               if args.cache_dir else ())
+                               replica_args=(*cuda_flags(args),
+                                             *(("--cache-dir", str(args.cache_dir))
+                                               if args.cache_dir else ())))
     return run_event_loop(run_cluster(settings))
 
 

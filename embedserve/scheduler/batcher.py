@@ -24,6 +24,7 @@ import numpy as np
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
 from embedserve.model.info import ModelInfo
+from embedserve.errors import DeviceLost
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
 
@@ -88,7 +89,8 @@ class Batcher:
 
     def __init__(self, engine: StepEngine, pool: RequestPool, task: Task, token_budget: int,
                  max_sequences: int, in_flight_depth: int, metrics: SchedulerMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_device_lost: Callable[[DeviceLost], None] | None = None) -> None:
         self._engine = engine
         self._pool = pool
         self._task = task
@@ -97,6 +99,7 @@ class Batcher:
         self._slots = asyncio.Semaphore(in_flight_depth)
         self._metrics = metrics
         self._clock = clock
+        self._on_device_lost = on_device_lost
         self._in_flight: set[asyncio.Task] = set()
         self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
         self._run_task: asyncio.Task | None = None
@@ -181,6 +184,8 @@ class Batcher:
         self._metrics.steps_failed.inc()
         for run in runs:
             run.call.fail(error)
+        if isinstance(error, DeviceLost) and self._on_device_lost is not None:
+            self._on_device_lost(error)
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._in_flight.discard(task)

@@ -19,11 +19,14 @@ from pathlib import Path
 from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
                                             model_dir_from_args)
 from embedserve.entrypoint import configure_logging, run_event_loop, scheduler_banner, stop_on_signals
+from embedserve.model.cuda_options import ATTENTION_CHOICES
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import (DEFAULT_DTYPE, REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
+# The exit status of a replica whose device failed for good (a poisoned CUDA context).
+EXIT_DEVICE_LOST = 3
 log = logging.getLogger("embedserve.scheduler")
 
 
@@ -81,6 +84,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         help="CUDA only: capture a graph per (token, sequence) bucket and replay "
                              "it, cutting per-step launch overhead at the cost of capture time "
                              "and graph memory; --no-cuda-graphs runs eagerly (default: on)")
+    add_cuda_flags(parser)
     parser.add_argument("--calibration", action=argparse.BooleanOptionalAction, default=True,
                         help="int8/uint8 embeddings: read the model's calibration ranges from "
                              "--cache-dir, or compute them once at start-up (the model embeds "
@@ -89,6 +93,49 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                              "directory; --no-calibration skips it (a faster first start) and "
                              "refuses int8/uint8; float and binary are served either way "
                              "(default: on)")
+
+
+def add_cuda_flags(parser: argparse.ArgumentParser) -> None:
+    """The CUDA runner's attention kernel and graph-cache flags (``cuda_flags`` writes
+    them back)."""
+    parser.add_argument("--cuda-attention", default="auto", choices=ATTENTION_CHOICES,
+                        help="CUDA only: varlen runs one fused FlashAttention call over the "
+                             "packed sequences (cost: each sequence's own length squared; "
+                             "bfloat16 and float16); padded runs one masked attention over a "
+                             "bucket's tokens; auto: varlen where it covers the dtype "
+                             "(default: %(default)s)")
+    parser.add_argument("--max-graphs", type=_positive, default=None, metavar="N",
+                        help="CUDA only: the most graphs kept, least recently used evicted "
+                             "first (default: one per bucket a step can take, so none is "
+                             "evicted)")
+    parser.add_argument("--graph-memory", type=_positive, default=None, metavar="MIB",
+                        help="CUDA only: the most device memory the graphs may hold, as each "
+                             "capture measured it; a graph larger than this alone runs "
+                             "eagerly (default: no cap)")
+    parser.add_argument("--capture-at-start", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="CUDA only: capture every bucket's graph before reporting SERVING "
+                             "(seconds at start, none later); default: capture a bucket on "
+                             "its second step")
+
+
+def cuda_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of ``add_cuda_flags`` in ``args`` that differ from their defaults."""
+    return (*(("--cuda-attention", args.cuda_attention) if args.cuda_attention != "auto" else ()),
+            *(("--max-graphs", str(args.max_graphs)) if args.max_graphs is not None else ()),
+            *(("--graph-memory", str(args.graph_memory)) if args.graph_memory is not None else ()),
+            *(("--capture-at-start",) if args.capture_at_start else ()))
+
+
+def _positive(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +182,9 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
         metrics_port=args.metrics_port,
         device=args.device, dtype=args.dtype, dtype_probe_min_cosine=args.dtype_probe_min_cosine,
-        cuda_graphs=args.cuda_graphs,
+        cuda_graphs=args.cuda_graphs, cuda_attention=args.cuda_attention,
+        max_graphs=args.max_graphs, graph_memory_mib=args.graph_memory,
+        capture_at_start=args.capture_at_start,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
@@ -164,7 +213,7 @@ def calibrate_only(settings: SchedulerSettings) -> int:
         return 2
     with load_engine(settings.model_dir, settings.device, settings.dtype,
                      probe_min_cosine=settings.dtype_probe_min_cosine,
-                     cuda_graphs=settings.cuda_graphs) as engine:
+                     cuda_graphs=settings.cuda_graphs, cuda=settings.cuda_options()) as engine:
         if engine.info.task != "embed":
             print("embedserve scheduler: a scorer has no calibration", file=sys.stderr)
             return 0
@@ -186,16 +235,19 @@ async def serve(settings: SchedulerSettings) -> int:
 
     engine = await asyncio.to_thread(load_engine, settings.model_dir, settings.device,
                                      settings.dtype, probe_min_cosine=settings.dtype_probe_min_cosine,
-                                     cuda_graphs=settings.cuda_graphs)
+                                     cuda_graphs=settings.cuda_graphs, cuda=settings.cuda_options())
     try:
-        server, port = await create_server(settings, engine)
         stop = asyncio.Event()
+        server, port = await create_server(settings, engine, on_device_lost=stop.set)
         with stop_on_signals(stop.set):
             print(scheduler_banner(settings.host, port, server.metrics_port), flush=True)
             await stop.wait()
-            log.info("signal received: draining (%d calls active)", server.service.active_calls)
+            log.info("%s: draining (%d calls active)",
+                     "device lost" if server.device_lost else "signal received",
+                     server.service.active_calls)
             await server.stop()
         log.info("stopped")
     finally:
         engine.close()
-    return 0
+    # Non-zero: a supervisor (embedserve serve, Kubernetes) starts a fresh process.
+    return EXIT_DEVICE_LOST if server.device_lost else 0

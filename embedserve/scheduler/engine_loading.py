@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from embedserve import ragged
+from embedserve.model.cuda_options import CudaOptions
 from embedserve.model.info import read_model_info
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE, PROBE_TEXTS
 from embedserve.ragged import RaggedBatch
@@ -47,11 +48,11 @@ def probe_tokens(model_dir: Path) -> RaggedBatch:
 
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto", *,
                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
-                cuda_graphs: bool = True) -> "Engine":
+                cuda_graphs: bool = True, cuda: CudaOptions | None = None) -> "Engine":
     """``Engine.load`` with the probe of ``dtype="auto"`` (see engine/dtype_choice.py)."""
     from embedserve.engine import Engine
     from embedserve.engine.dtype_choice import DtypeProbe
 
     model_dir = Path(model_dir)
     probe = DtypeProbe(lambda: probe_tokens(model_dir), probe_min_cosine)
-    return Engine.load(model_dir, device, dtype, cuda_graphs=cuda_graphs, probe=probe)
+    return Engine.load(model_dir, device, dtype, cuda_graphs=cuda_graphs, cuda=cuda, probe=probe)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -43,9 +44,16 @@ _MESSAGE_SLACK = 64 * 1024  # protobuf framing, request ids
 
 
 class SchedulerServer:
-    """A started replica. ``port`` / ``metrics_port`` are the bound ports."""
+    """A started replica. ``port`` / ``metrics_port`` are the bound ports.
 
-    def __init__(self, settings: SchedulerSettings, engine: StepEngine) -> None:
+    ``on_device_lost`` runs once when a step fails with DeviceLost (a poisoned
+    CUDA context): by then the replica reports NOT_SERVING and refuses new
+    calls; the caller is expected to stop it and exit non-zero, so that its
+    supervisor starts a fresh process. ``device_lost`` says whether it happened.
+    """
+
+    def __init__(self, settings: SchedulerSettings, engine: StepEngine,
+                 on_device_lost: Callable[[], None] | None = None) -> None:
         info = engine.info
         if settings.max_batch_tokens is None:
             settings = dataclasses.replace(
@@ -61,7 +69,10 @@ class SchedulerServer:
         self.service = InferenceService(engine, self.pool, settings, self.metrics)
         self.batcher = Batcher(engine, self.pool, info.task, settings.max_batch_tokens,
                                settings.max_batch_sequences, settings.in_flight_depth,
-                               self.metrics)
+                               self.metrics, on_device_lost=self._device_lost)
+        self.device_lost = False
+        self._on_device_lost = on_device_lost
+        self._health_tasks: set[asyncio.Task] = set()
         pool, service, batcher = self.pool, self.service, self.batcher
         self.metrics.track_state(lambda: pool.queued_sequences, lambda: pool.queued_tokens,
                                  lambda: service.active_calls, lambda: batcher.in_flight)
@@ -189,15 +200,28 @@ class SchedulerServer:
             return
         self.service.set_calibration(found)
 
+    def _device_lost(self, error: Exception) -> None:
+        if self.device_lost:
+            return
+        self.device_lost = True
+        log.critical("the device is lost (%s): NOT_SERVING; the replica stops", error)
+        self.service.accepting = False
+        task = asyncio.get_running_loop().create_task(self._set_health(_NOT_SERVING))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
+        if self._on_device_lost is not None:
+            self._on_device_lost()
+
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
 
-async def create_server(settings: SchedulerSettings,
-                        engine: StepEngine) -> tuple[SchedulerServer, int]:
+async def create_server(settings: SchedulerSettings, engine: StepEngine,
+                        on_device_lost: Callable[[], None] | None = None,
+                        ) -> tuple[SchedulerServer, int]:
     """Build and start a replica around a loaded engine; returns it and its port."""
-    server = SchedulerServer(settings, engine)
+    server = SchedulerServer(settings, engine, on_device_lost)
     try:
         port = await server.start()
     except BaseException:

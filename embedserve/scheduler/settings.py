@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 
 # Token budget per step when the flag is not given. On a GPU, 512 keeps a
@@ -47,6 +48,12 @@ class SchedulerSettings:
     dtype: str | None = DEFAULT_DTYPE
     dtype_probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE
     cuda_graphs: bool = True             # CUDA only: replay captured graphs per bucket (off: eager)
+    # CUDA only: the attention kernel, the graph cache's bounds (None: every
+    # reachable bucket, no byte cap) and capturing before SERVING (model/cuda_options.py).
+    cuda_attention: str = "auto"
+    max_graphs: int | None = None
+    graph_memory_mib: int | None = None
+    capture_at_start: bool = False
     # None: default_max_batch_tokens for the device and the dtype the engine loads in.
     max_batch_tokens: int | None = None
     max_batch_sequences: int = 256
@@ -66,12 +73,24 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
-                     "in_flight_depth", "max_concurrent_rpcs"):
+                     "in_flight_depth", "max_concurrent_rpcs", "max_graphs", "graph_memory_mib"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dtype_probe_min_cosine <= 1.0:
             raise ValueError(f"dtype_probe_min_cosine must be in [0, 1], "
                              f"got {self.dtype_probe_min_cosine}")
+        if self.cuda_attention not in ATTENTION_CHOICES:
+            raise ValueError(f"cuda_attention must be one of {ATTENTION_CHOICES}, "
+                             f"got {self.cuda_attention!r}")
+
+    def cuda_options(self) -> CudaOptions:
+        """The CUDA runner's options: graphs for every step the budget allows."""
+        return CudaOptions(attention=self.cuda_attention,
+                           graph_tokens=self.max_batch_tokens or default_max_batch_tokens(self.device),
+                           graph_sequences=self.max_batch_sequences, max_graphs=self.max_graphs,
+                           graph_memory_bytes=None if self.graph_memory_mib is None
+                           else self.graph_memory_mib << 20,
+                           capture_at_start=self.capture_at_start)
 
 
 def default_max_batch_tokens(device: str, dtype: str | None = None) -> int:

@@ -13,7 +13,9 @@ with ``R = Bb + 1`` rows: Bb sequence rows plus one "dump" row that collects
 the padding tokens. Padding tokens get seq id Bb, so in either static
 attention layout (block-diagonal or padded rows, see ``bucket_attention``)
 they see only each other and never a real sequence, and their pooled row is
-sliced off. Padding sequence rows have length 0 and pool to 0.
+sliced off. Padding sequence rows have length 0 and pool to 0. The varlen
+layout (``varlen=True``) reads the same ``lengths`` row as its ``cu_seqlens``:
+real rows, then the empty padding rows, then the dump row, in token order.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from embedserve.engine.batch import Batch
 from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.graphs.shapes import BucketKey
 from embedserve.engine.modules.layout import layout_arrays
+from embedserve.engine.modules.varlen_attention import varlen_from_lengths
 
 
 def input_size(key: BucketKey) -> int:
@@ -61,14 +64,18 @@ def split(flat: np.ndarray | torch.Tensor, key: BucketKey) -> tuple:
 
 
 def bucket_attention(model: Model, key: BucketKey, seq_ids: torch.Tensor,
-                     positions: torch.Tensor, lengths: torch.Tensor) -> Attend:
-    """The cheaper static-shape layout for this bucket.
+                     positions: torch.Tensor, lengths: torch.Tensor, varlen: bool = False) -> Attend:
+    """The attention layout for this bucket.
 
-    Block-diagonal costs Tb^2 score entries per head, padded rows (Bb + 1) x L^2
+    varlen: the fused variable-length kernel (varlen_attention.py), whose cost
+    is each sequence's own L squared. Otherwise the cheaper static masked layout:
+    block-diagonal costs Tb^2 score entries per head, padded rows (Bb + 1) x L^2
     with L = min(Tb, max_positions): few long sequences favour the first, many
     sequences in a big bucket the second (and keep memory bounded).
     """
     kind = model.attention_kind
+    if varlen:
+        return varlen_from_lengths(lengths, key.tokens, kind.causal, kind.window)
     longest = min(key.tokens, model.config.max_positions)
     if key.tokens ** 2 <= (key.sequences + 1) * longest ** 2:
         return block_diagonal_from_seq_ids(seq_ids, kind.causal, kind.window)
@@ -76,8 +83,9 @@ def bucket_attention(model: Model, key: BucketKey, seq_ids: torch.Tensor,
     return padded_from_ids(seq_ids, offsets, lengths, longest, kind.causal, kind.window)
 
 
-def bucket_forward(model: Model, flat: torch.Tensor, key: BucketKey, pooling: str) -> torch.Tensor:
+def bucket_forward(model: Model, flat: torch.Tensor, key: BucketKey, pooling: str,
+                   varlen: bool = False) -> torch.Tensor:
     """Forward over padded inputs -> [Bb + 1, hidden] or [Bb + 1] (dump row last)."""
     ids, positions, types, seq_ids, lengths, starts = split(flat, key)
-    attend = bucket_attention(model, key, seq_ids, positions, lengths)
+    attend = bucket_attention(model, key, seq_ids, positions, lengths, varlen)
     return pooled_forward(model, ids, positions, types, seq_ids, lengths, starts, attend, pooling)

@@ -33,3 +33,28 @@ def bucket_for(tokens: int, sequences: int) -> BucketKey:
     # A bucket never holds more sequences than tokens.
     padded_tokens = token_bucket(tokens)
     return BucketKey(padded_tokens, min(sequence_bucket(sequences), padded_tokens))
+
+
+def reachable_buckets(max_tokens: int, max_sequences: int) -> list[BucketKey]:
+    """Every bucket a step of at most ``max_tokens`` tokens in at most
+    ``max_sequences`` sequences can map to, smallest first."""
+    keys = {bucket_for(tokens, sequences)
+            for tokens in _bucket_edges(max_tokens)
+            for sequences in _sequence_edges(min(tokens, max_sequences))}
+    return sorted(keys)
+
+
+def _bucket_edges(max_tokens: int) -> list[int]:
+    edges, tokens = [], 1
+    while tokens <= max_tokens:
+        edges.append(min(token_bucket(tokens), max_tokens))
+        tokens = token_bucket(tokens) + 1
+    return edges
+
+
+def _sequence_edges(max_sequences: int) -> list[int]:
+    edges, sequences = [], 1
+    while sequences <= max_sequences:
+        edges.append(min(sequence_bucket(sequences), max_sequences))
+        sequences = sequence_bucket(sequences) + 1
+    return edges
