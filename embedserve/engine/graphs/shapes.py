@@ -7,6 +7,7 @@ policy (``cache.py``) and the padded inputs (``buckets.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 TOKEN_STEP_SMALL, TOKEN_STEP_LARGE, SMALL_LIMIT = 64, 256, 1024
@@ -39,22 +40,15 @@ def reachable_buckets(max_tokens: int, max_sequences: int) -> list[BucketKey]:
     """Every bucket a step of at most ``max_tokens`` tokens in at most
     ``max_sequences`` sequences can map to, smallest first."""
     keys = {bucket_for(tokens, sequences)
-            for tokens in _bucket_edges(max_tokens)
-            for sequences in _sequence_edges(min(tokens, max_sequences))}
+            for tokens in _edges(max_tokens, token_bucket)
+            for sequences in _edges(min(tokens, max_sequences), sequence_bucket)}
     return sorted(keys)
 
 
-def _bucket_edges(max_tokens: int) -> list[int]:
-    edges, tokens = [], 1
-    while tokens <= max_tokens:
-        edges.append(min(token_bucket(tokens), max_tokens))
-        tokens = token_bucket(tokens) + 1
-    return edges
-
-
-def _sequence_edges(max_sequences: int) -> list[int]:
-    edges, sequences = [], 1
-    while sequences <= max_sequences:
-        edges.append(min(sequence_bucket(sequences), max_sequences))
-        sequences = sequence_bucket(sequences) + 1
+def _edges(limit: int, bucket: Callable[[int], int]) -> list[int]:
+    """The largest count of each bucket up to ``limit`` (and ``limit`` itself)."""
+    edges, count = [], 1
+    while count <= limit:
+        edges.append(min(bucket(count), limit))
+        count = bucket(count) + 1
     return edges
