@@ -44,7 +44,8 @@ def test_chunk_table():
 def test_every_error_class_has_an_http_status():
     expected = {errors.InvalidInput: 400, errors.InputTooLong: 413, errors.ModelNotFound: 404,
                 errors.Overloaded: 429,
-                errors.Unavailable: 503, errors.DeadlineExceeded: 504, errors.Cancelled: 499,
+                errors.Unavailable: 503, errors.DeviceLost: 503, errors.DeadlineExceeded: 504,
+                errors.Cancelled: 499,
                 errors.ModelLoadError: 503, errors.EmbedServeError: 500}
     assert set(STATUS_BY_ERROR) == set(errors.ALL_ERRORS) == set(expected)
     for cls in errors.ALL_ERRORS:

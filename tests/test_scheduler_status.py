@@ -18,6 +18,7 @@ def test_every_error_class_has_its_own_entry():
     (errors.InputTooLong("long", index=1, length=600, limit=512), grpc.StatusCode.INVALID_ARGUMENT),
     (errors.Overloaded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable("draining"), grpc.StatusCode.UNAVAILABLE),
+    (errors.DeviceLost("a sticky CUDA error"), grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded("late"), grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Cancelled("gone"), grpc.StatusCode.CANCELLED),
     (errors.ModelLoadError("broken"), grpc.StatusCode.INTERNAL),

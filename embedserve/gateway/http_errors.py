@@ -66,6 +66,7 @@ STATUS_BY_ERROR: dict[type[errors.EmbedServeError], tuple[int, str]] = {
     errors.InvalidInput: (400, "invalid_input"),
     errors.Overloaded: (429, "overloaded"),
     errors.Unavailable: (503, "unavailable"),
+    errors.DeviceLost: (503, "unavailable"),
     errors.DeadlineExceeded: (504, "timeout"),
     errors.Cancelled: (499, "cancelled"),
     errors.ModelLoadError: (503, "model_unavailable"),

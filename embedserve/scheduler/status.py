@@ -20,6 +20,7 @@ GRPC_CODES: dict[type[errors.EmbedServeError], grpc.StatusCode] = {
     errors.ModelNotFound: grpc.StatusCode.NOT_FOUND,
     errors.Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.DeviceLost: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.Cancelled: grpc.StatusCode.CANCELLED,
     errors.ModelLoadError: grpc.StatusCode.INTERNAL,
