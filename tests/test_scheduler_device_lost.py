@@ -10,6 +10,8 @@ health service and ``serve()`` life cycle.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 
 import grpc
@@ -75,14 +77,18 @@ def test_serve_exits_non_zero_once_the_device_is_lost(bert_engine, tiny_bert_dir
     codes: list[grpc.StatusCode] = []
 
     def client() -> None:
-        wait_until(lambda: recorder.steps >= 1 and _serving(port), what="the replica serving")
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
-            recorder.fail_next = DeviceLost("the CUDA context is unusable")
-            try:
-                stub.Embed(embed_request([[5, 6]]), timeout=30)
-            except grpc.RpcError as error:
-                codes.append(error.code())
+        try:
+            wait_until(lambda: recorder.steps >= 1 and _serving(port), what="the replica serving")
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = inference_pb2_grpc.InferenceStub(channel)
+                recorder.fail_next = DeviceLost("the CUDA context is unusable")
+                try:
+                    stub.Embed(embed_request([[5, 6]]), timeout=30)
+                except grpc.RpcError as error:
+                    codes.append(error.code())
+        finally:
+            if not codes:                    # serve() would wait forever: stop it as SIGINT does
+                os.kill(os.getpid(), signal.SIGINT)
 
     thread = threading.Thread(target=client)
     thread.start()

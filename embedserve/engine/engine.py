@@ -187,11 +187,6 @@ class Engine:
             raise Unavailable("the engine is closed")
         return self._runner.submit(batch)
 
-    @property
-    def healthy(self) -> bool:
-        """False once the device cannot run another step (a poisoned CUDA context)."""
-        return bool(self._runner.healthy)
-
     def stats(self) -> dict[str, float]:
         """Counters for metrics: steps, failed_steps, tokens, eager_runs, captures,
         replays, evictions, capture_failures, capture_time_s, graphs, padding_waste

@@ -1,10 +1,10 @@
 """LazyTensor: the handle ``Engine.step`` returns before the result exists.
 
-Owns waiting and nothing else. Two producers fill one: a CPU worker thread
-(wrapping a ``concurrent.futures.Future``) and, on CUDA, an async
-device-to-host copy into a pinned buffer marked complete by a CUDA event.
-Either way the caller may poll ``ready()``, block in ``wait()``, or
-``await`` it without blocking the event loop.
+Owns waiting and nothing else. Both runners fill one through a
+``concurrent.futures.Future``: the CPU worker thread, and on CUDA the
+completion thread once the step's event has fired (runners/cuda.py). The
+caller may poll ``ready()``, block in ``wait(timeout)``, or ``await`` it
+without blocking the event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -60,34 +60,3 @@ class FutureLazyTensor(LazyTensor):
 
     async def _await(self) -> np.ndarray:
         return await asyncio.wrap_future(self._future)
-
-
-class EventLazyTensor(LazyTensor):
-    """A result landing in a pinned host buffer, complete when ``event`` fires.
-
-    ``finish`` turns the host buffer into the value (slicing off padding,
-    copying out of a buffer that a later replay will overwrite). It runs once.
-    """
-
-    def __init__(self, event: Any, finish: Callable[[], np.ndarray]) -> None:
-        self._event = event
-        self._finish = finish
-        self._value: np.ndarray | None = None
-
-    def ready(self) -> bool:
-        return self._value is not None or bool(self._event.query())
-
-    def wait(self, timeout: float | None = None) -> np.ndarray:
-        if self._value is None:
-            # cudaEventSynchronize has no timeout; the event always fires once
-            # the stream reaches it, so a timeout is not needed here.
-            self._event.synchronize()
-            self._value = self._finish()
-        return self._value
-
-    async def _await(self) -> np.ndarray:
-        if self._value is not None:
-            return self._value
-        # Event.synchronize releases the GIL; run it off the event loop.
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.wait)

@@ -49,9 +49,6 @@ class CpuRunner:
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
         self._padded_tokens = 0   # tokens run, padding included
 
-    # A CPU step's failure never outlives the step.
-    healthy = True
-
     def submit(self, batch: Batch) -> LazyTensor:
         return FutureLazyTensor(self._executor.submit(self._run, batch))
 

@@ -16,8 +16,8 @@ Owns running steps on a GPU without blocking the caller or the event loop:
 - Staging buffers (input and output) are pinned once per bucket, two per
   bucket: a step reuses a buffer once the step that used it before is done.
 - A CUDA error that survives a device synchronize (a sticky error: the
-  context is poisoned) turns every later step into ``DeviceLost``, and
-  ``healthy`` false; the scheduler then stops serving and exits so that its
+  context is poisoned) turns this and every later step into ``DeviceLost``
+  (``device_lost`` in stats); the scheduler then stops serving and exits so that its
   supervisor restarts it.
 
 Attention is the varlen kernel (modules/varlen_attention.py) where it covers
@@ -131,8 +131,8 @@ class StagingSlot:
         self.free = threading.Event()
         self.free.set()
 
-    def output_for(self, shape: torch.Size) -> torch.Tensor:
-        if self.output is None or self.output.shape != shape:
+    def output_for(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.output is None or tuple(self.output.shape) != shape:
             self.output = torch.empty(shape, dtype=torch.float32, pin_memory=True)
         return self.output
 
@@ -218,11 +218,6 @@ class CudaRunner:
         if options.capture_at_start and use_graphs:
             self.capture_all()
 
-    @property
-    def healthy(self) -> bool:
-        """False once the device context is poisoned; nothing more will run."""
-        return self._lost is None
-
     def submit(self, batch: Batch) -> LazyTensor:
         self._count("steps")
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
@@ -269,9 +264,9 @@ class CudaRunner:
             host.numpy()[:] = bucket_inputs(batch, key, self._model.config.position_offset)
             with torch.cuda.stream(self._stream), torch.inference_mode():
                 out = self._cache.run(batch.num_tokens, batch.num_sequences, StepInputs(key, host))
-                rows = out[:batch.num_sequences]
-                result = slot.output_for(rows.shape)
-                result.copy_(rows, non_blocking=True)
+                # Sized for the bucket's rows, so exact-shape eager steps reuse it too.
+                result = slot.output_for((bucket.sequences + 1, *out.shape[1:]))[:batch.num_sequences]
+                result.copy_(out[:batch.num_sequences], non_blocking=True)
                 slot.event.record(self._stream)
         except Exception as exc:
             if slot is not None:
