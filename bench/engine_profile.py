@@ -46,7 +46,7 @@ KINDS = {
     # (embedserve/engine/profiler_names.py)
     "embedserve::avx2_linear": "dense matmuls",
     "aten::gelu_": "GELU (after the AVX2 kernel)",
-    "embedserve::amx_attention": "attention",
+    "embedserve::bf16_attention": "attention",
     "embedserve::add_layer_norm": "layer norm (with the residual add)",
     "aten::native_layer_norm": "layer norm",
     "aten::add_": "residual / embedding adds",

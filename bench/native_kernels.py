@@ -61,7 +61,7 @@ def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick:
     import torch
     import torch.nn.functional as F
 
-    from embedserve.engine.modules import amx_attention
+    from embedserve.engine.modules import bf16_attention
 
     print("| head_dim | lengths | tokens | kernel CPU ms (1 thread) | SDPA CPU ms (1 thread) | SDPA / kernel "
           f"| kernel wall ms ({threads} threads) | SDPA wall ms | SDPA / kernel |")
@@ -75,7 +75,7 @@ def attention_table(rng: np.random.Generator, repeats: int, threads: int, quick:
             bounds = [(int(s), int(s) + n) for s, n in zip(starts, lengths)]
 
             def kernel() -> None:
-                amx_attention.attend_sequences(q, k, v, starts, lengths_tensor)
+                bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor)
 
             def sdpa() -> None:
                 out = torch.empty_like(q)
@@ -155,11 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from embedserve.engine.modules import amx_attention
+    from embedserve.engine.modules import bf16_attention
 
-    if not amx_attention.kernel_available():
-        print("the AMX attention kernel is not available here (not built, or no AMX-BF16 on this CPU)")
+    if not bf16_attention.kernel_available():
+        print("the bf16 attention kernel is not available here (not built, or no AVX512-BF16 on this CPU)")
         return 2
+    print(f"bf16 attention kernel path: {bf16_attention.kernel_path()}")
     rng = np.random.default_rng(args.seed)
     attention_table(rng, args.repeats, args.threads, args.quick)
     print()

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from bench import native_kernels
-from embedserve.engine.modules import amx_attention
+from embedserve.engine.modules import bf16_attention
 
 
 def test_quick_run_prints_all_three_tables(default_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not amx_attention.kernel_available():
-        pytest.skip("no AMX attention here: the kernel is not built or the CPU lacks AMX-BF16")
+    if not bf16_attention.kernel_available():
+        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
     assert native_kernels.main(["--quick", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     attention = [line for line in lines if line.startswith(("| 32 |", "| 64 |"))]

@@ -202,7 +202,7 @@ def test_wheel_check_fails_without_a_kernel(tmp_path: Path, present: tuple[bool,
     assert len(kernels) == len(present)
     with zipfile.ZipFile(tmp_path / "embedserve-0.1.0-cp311-cp311-linux_x86_64.whl", "w") as wheel:
         wheel.writestr("embedserve/engine/__init__.py", "")
-        wheel.writestr("embedserve/engine/csrc/amx_attention.c", "")
+        wheel.writestr("embedserve/engine/csrc/bf16_attention.c", "")
         for name, built in zip(kernels, present):
             if built:
                 wheel.writestr(name.replace(".", "/") + ".cpython-311-x86_64-linux-gnu.so", b"")

@@ -7,7 +7,7 @@ from typing import ContextManager
 
 import torch
 
-AMX_ATTENTION = "embedserve::amx_attention"
+BF16_ATTENTION = "embedserve::bf16_attention"
 ADD_LAYER_NORM = "embedserve::add_layer_norm"
 AVX2_LINEAR = "embedserve::avx2_linear"
 

@@ -10,7 +10,7 @@
  *
  * Layout: y and residual are [T, hidden] bf16 rows, ``y_stride`` / ``residual_stride``
  * elements apart; weight and bias float32 [hidden]; hidden a multiple of 16.
- * Rows are split between torch's OpenMP team (see amx_attention.c for why it is
+ * Rows are split between torch's OpenMP team (see bf16_attention.c for why it is
  * torch's); a small call runs on one thread.
  */
 

@@ -13,7 +13,7 @@
  * Layout: x is [rows, K] with rows ``x_stride`` floats apart; ``panels`` is the
  * weight [N, K] repacked as [N / 16][K][16] (avx2_linear.py: pack_panels); bias
  * float32 [N]; y is [rows, N] contiguous. (chunk, panel) pairs are split between
- * torch's OpenMP team (see amx_attention.c for why it is torch's).
+ * torch's OpenMP team (see bf16_attention.c for why it is torch's).
  */
 
 #define PY_SSIZE_T_CLEAN

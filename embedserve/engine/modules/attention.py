@@ -17,7 +17,7 @@ per step:
 
 - ``per_sequence``: one SDPA call per sequence on a slice (no padding at all;
   B calls per layer); in bf16 on CPUs with AMX, bidirectional calls go to one
-  native kernel call per layer instead (amx_attention.py).
+  native kernel call per layer instead (bf16_attention.py).
   ``per_sequence_sdpa`` is the same without the native kernel.
 - ``padded``: scatter into a padded ``[B, heads, L, hd]`` view, one SDPA with a
   key mask, gather back (padding in attention only, never in dense layers).
@@ -39,7 +39,7 @@ from typing import Protocol, TypeVar
 import torch
 import torch.nn.functional as F
 
-from embedserve.engine.modules import amx_attention
+from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.layout import PackedLayout
 
 
@@ -131,8 +131,8 @@ def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None 
                kind: AttentionKind | None = None) -> torch.Tensor:
         # q, k, v: [T, heads, hd]; each slice -> [1, heads, L, hd] for SDPA
         kind = kind or default
-        if native and kind.is_full and amx_attention.covers(q, k, v):
-            return amx_attention.attend_sequences(q, k, v, starts, layout.lengths_tensor)
+        if native and kind.is_full and bf16_attention.covers(q, k, v):
+            return bf16_attention.attend_sequences(q, k, v, starts, layout.lengths_tensor)
         by_length = masks(kind)
         out = torch.empty_like(q)
         for start, end in bounds:

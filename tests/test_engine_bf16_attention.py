@@ -1,10 +1,11 @@
-"""The native bf16 attention kernel (AMX tiles) against torch's attention.
+"""The native bf16 attention kernel (AMX tiles and VDPBF16PS) against torch's attention.
 
 References: torch's SDPA in float32 on the same bf16 inputs (the exact result
 up to float32 rounding), and torch's own bf16 SDPA (its flash kernel), whose
 error against that reference is the bar: the kernel rounds the same things to bf16 (the
 probabilities before the second product, the output), so its error must be of
-the same size, not merely "small". Then the engine: per_sequence attention in
+the same size, not merely "small". Each instruction path the CPU can run is
+checked (an AMX host runs both). Then the engine: per_sequence attention in
 bf16 goes through the kernel and matches the SDPA loop it replaces.
 """
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine import Batch, Engine
-from embedserve.engine.modules import amx_attention
+from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.attention import per_sequence, per_sequence_sdpa
 from embedserve.engine.modules.layout import build_layout
 from tests.native_build import require_compiler_for
@@ -32,8 +33,15 @@ HEADS = 12
 
 @pytest.fixture
 def kernel() -> None:
-    if not amx_attention.kernel_available():
-        pytest.skip("no AMX attention here: the kernel is not built or the CPU lacks AMX-BF16")
+    if not bf16_attention.kernel_available():
+        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
+
+
+@pytest.fixture(params=[bf16_attention.AMX, bf16_attention.AVX512_BF16])
+def path(request: pytest.FixtureRequest) -> str:
+    if request.param not in bf16_attention.available_paths():
+        pytest.skip(f"the kernel's {request.param} path cannot run here (not built, or the CPU lacks it)")
+    return request.param
 
 
 def packed_qkv(lengths: list[int], head_dim: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -61,10 +69,11 @@ def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
     return out
 
 
-def kernel_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+def kernel_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                  path: str | None = None) -> torch.Tensor:
     starts, lengths_tensor = bounds(lengths)
-    assert amx_attention.covers(q, k, v)
-    return amx_attention.attend_sequences(q, k, v, starts, lengths_tensor)
+    assert bf16_attention.covers(q, k, v)
+    return bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor, path)
 
 
 LENGTHS = [
@@ -79,17 +88,17 @@ LENGTHS = [
 @pytest.mark.parametrize("head_dim", [32, 64])
 @pytest.mark.parametrize("lengths", LENGTHS, ids=lambda lengths: "-".join(map(str, lengths)))
 def test_kernel_matches_float32_attention_as_closely_as_torch_bf16(
-        kernel: None, head_dim: int, lengths: list[int]) -> None:
+        path: str, head_dim: int, lengths: list[int]) -> None:
     q, k, v = packed_qkv(lengths, head_dim)
     reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
     torch_error = (sdpa_per_sequence(q, k, v, lengths, torch.bfloat16).float() - reference).abs()
-    error = (kernel_output(q, k, v, lengths).float() - reference).abs()
+    error = (kernel_output(q, k, v, lengths, path).float() - reference).abs()
     # Both round the output to bf16 (half an ulp: 2^-9 relative), which dominates.
     assert error.max() <= 1.25 * torch_error.max() + 1e-6
     assert error.mean() <= 1.1 * torch_error.mean() + 1e-7
 
 
-def test_rows_whose_scores_are_all_negative(kernel: None) -> None:
+def test_rows_whose_scores_are_all_negative(path: str) -> None:
     # Keys padded to a multiple of 64 score 0 against any query: a row max taken over
     # them instead of the real keys would shift every exponential below float range.
     lengths = [5, 70]
@@ -97,12 +106,12 @@ def test_rows_whose_scores_are_all_negative(kernel: None) -> None:
     q = (q.float().abs() + 4).to(torch.bfloat16)
     k = -(k.float().abs() + 4).to(torch.bfloat16)           # every q . k / sqrt(32) < -90
     reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
-    out = kernel_output(q, k, v, lengths).float()
+    out = kernel_output(q, k, v, lengths, path).float()
     assert torch.isfinite(out).all()
     assert (out - reference).abs().max() < 0.05
 
 
-def test_q_k_and_v_may_each_have_their_own_row_stride(kernel: None) -> None:
+def test_q_k_and_v_may_each_have_their_own_row_stride(path: str) -> None:
     # As in ModernBERT: q and k are new tensors (after RoPE), v a view of the fused QKV.
     lengths = [40, 7, 130]
     q, k, v = packed_qkv(lengths, 64, seed=3)
@@ -111,34 +120,34 @@ def test_q_k_and_v_may_each_have_their_own_row_stride(kernel: None) -> None:
     reference = sdpa_per_sequence(q, k, v, lengths, torch.float32)
     torch_error = (sdpa_per_sequence(q, k, v, lengths, torch.bfloat16).float() - reference).abs()
     assert len({t.stride(0) for t in (q, k, v)}) == 3
-    assert (kernel_output(q, k, v, lengths).float() - reference).abs().max() <= 1.25 * torch_error.max()
+    assert (kernel_output(q, k, v, lengths, path).float() - reference).abs().max() <= 1.25 * torch_error.max()
 
 
-def test_results_do_not_depend_on_the_thread_count(kernel: None) -> None:
+def test_results_do_not_depend_on_the_thread_count(path: str) -> None:
     # Each (sequence, head) is computed whole by one thread: the same bits whatever the split.
     lengths = [300, 17, 512, 64, 5, 128, 200, 33]
     q, k, v = packed_qkv(lengths, 64, seed=5)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = kernel_output(q, k, v, lengths)
+        alone = kernel_output(q, k, v, lengths, path)
         torch.set_num_threads(4)
-        split = kernel_output(q, k, v, lengths)
+        split = kernel_output(q, k, v, lengths, path)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(alone, split)
 
 
-def test_concurrent_callers_each_get_their_own_answer(kernel: None) -> None:
+def test_concurrent_callers_each_get_their_own_answer(path: str) -> None:
     problems = [([200, 31, 90], 32, seed) for seed in range(4)] + [([128, 512], 64, 9)]
-    expected = [kernel_output(*packed_qkv(lengths, hd, seed), lengths) for lengths, hd, seed in problems]
+    expected = [kernel_output(*packed_qkv(lengths, hd, seed), lengths, path) for lengths, hd, seed in problems]
     results: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(problems))}
 
     def call(index: int) -> None:
         lengths, hd, seed = problems[index]
         q, k, v = packed_qkv(lengths, hd, seed)
         for _ in range(5):
-            results[index].append(kernel_output(q, k, v, lengths))
+            results[index].append(kernel_output(q, k, v, lengths, path))
 
     callers = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
     for caller in callers:
@@ -159,11 +168,11 @@ def test_the_kernel_runs_on_torchs_openmp_runtime(kernel: None) -> None:
         "import json\n"
         "import torch\n"
         "from pathlib import Path\n"
-        "from embedserve.engine.modules import amx_attention\n"
+        "from embedserve.engine.modules import bf16_attention\n"
         "qkv = torch.randn(64, 3, 12, 32).to(torch.bfloat16)\n"
         "q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]\n"
-        "assert amx_attention.covers(q, k, v)\n"
-        "amx_attention.attend_sequences(q, k, v, torch.tensor([0]), torch.tensor([64]))\n"
+        "assert bf16_attention.covers(q, k, v)\n"
+        "bf16_attention.attend_sequences(q, k, v, torch.tensor([0]), torch.tensor([64]))\n"
         "maps = Path('/proc/self/maps').read_text().splitlines()\n"
         "print(json.dumps(sorted({line.split()[-1] for line in maps if 'libgomp' in line})))\n"
     )
@@ -175,15 +184,15 @@ def test_the_kernel_runs_on_torchs_openmp_runtime(kernel: None) -> None:
 
 def test_calls_the_kernel_does_not_cover_are_refused(kernel: None) -> None:
     q, k, v = packed_qkv([20], 32)
-    assert not amx_attention.covers(q.float(), k.float(), v.float())
+    assert not bf16_attention.covers(q.float(), k.float(), v.float())
     q48, k48, v48 = packed_qkv([20], 48)
-    assert not amx_attention.covers(q48, k48, v48)
+    assert not bf16_attention.covers(q48, k48, v48)
     # heads not contiguous in a row (a transposed view)
-    assert not amx_attention.covers(*(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v)))
-    assert not amx_attention.covers(q, k[:-1], v[:-1])
+    assert not bf16_attention.covers(*(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v)))
+    assert not bf16_attention.covers(q, k[:-1], v[:-1])
     # rows further apart than the kernel's 32-bit gather offsets reach (one row: any stride is valid)
     far = torch.zeros(1, HEADS * 32, dtype=torch.bfloat16).as_strided((1, HEADS, 32), (2 ** 27, 32, 1))
-    assert not amx_attention.covers(far, far, far)
+    assert not bf16_attention.covers(far, far, far)
 
 
 @pytest.mark.parametrize("causal,window", [(True, None), (False, 4)])
@@ -230,4 +239,4 @@ def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -
     # kernel means the install broke silently and bf16 attention fell back to SDPA.
     require_compiler_for(tmp_path, ["-mamx-tile", "-mamx-bf16"],
                          "#include <immintrin.h>\nvoid f(void) { _tile_release(); }\n")
-    assert amx_attention._native is not None, f"{sys.executable}: embedserve.engine._amx_attention missing"
+    assert bf16_attention._native is not None, f"{sys.executable}: embedserve.engine._bf16_attention missing"

@@ -1,17 +1,23 @@
 /*
- * Bidirectional attention over the sequences of a packed bf16 batch, on AMX tiles.
+ * Bidirectional attention over the sequences of a packed bf16 batch, on AMX tiles or,
+ * on CPUs with AVX512-BF16 but no AMX, on VDPBF16PS.
  *
- * Why native: in bf16 on CPU the dense layers run on oneDNN's AMX kernels, but
- * attention at head size 32 or 64 spends most of its time in the softmax (about 2
- * cycles a score in torch's flash kernel; BENCHMARKS.md, "bf16 profile"). Here a
- * block of 16 queries gets its scores for the whole sequence from AMX tile products
- * (f32, kept in a per-thread buffer), one AVX-512 pass turns them into exponentials
+ * Why native: in bf16 on CPU the dense layers run on oneDNN's AMX or AVX512-BF16
+ * kernels, but attention at head size 32 or 64 spends most of its time in the softmax
+ * (about 2 cycles a score in torch's flash kernel; BENCHMARKS.md, "bf16 profile"). Here
+ * a block of 16 queries gets its scores for the whole sequence from bf16 products (f32,
+ * kept in a per-thread buffer), one AVX-512 pass turns them into exponentials
  * (a degree-5 polynomial for 2^f: relative error <= 2.4e-6, well below the 2e-3 of
- * rounding to bf16) and their row sums, and a second round of tile products
+ * rounding to bf16) and their row sums, and a second round of products
  * multiplies the bf16 probabilities by V. No online rescaling is needed: a whole row of scores fits the
  * buffer (16 x 8192 f32 is 512 KiB). The math matches torch's flash kernel: f32
  * scores and sums, probabilities rounded to bf16 for the second product, the output
  * divided by the f32 row sum and rounded to bf16.
+ *
+ * The two instruction paths share everything but the products: K and V are packed
+ * once per (sequence, head) into the layout of AMX's B tiles, which is also what
+ * VDPBF16PS wants as its vector operand (16 lanes of one bf16 pair each), with the
+ * other operand a broadcast pair of the query (or of the probabilities).
  *
  * Layout: q, k, v are [T, heads, head_dim] bf16 rows, ``q_stride`` / ``k_stride`` /
  * ``v_stride`` elements apart (views of the fused QKV projection, or tensors of their
@@ -21,8 +27,8 @@
  *
  * Work items are (sequence, head) pairs, split between threads by their cost
  * (``item_cost``: ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
- * ``run_shares``). Each thread configures its own tiles (tile state is per thread) and
- * releases them after its share.
+ * ``run_shares``). On the AMX path each thread configures its own tiles (tile state is
+ * per thread) and releases them after its share.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -62,6 +68,7 @@ typedef struct {
     const int64_t *starts, *lengths;
     int64_t max_length;
     float scale;
+    int tiles;   /* 1: AMX tiles; 0: VDPBF16PS */
 } Problem;
 
 typedef struct {
@@ -149,7 +156,7 @@ static inline __m512 exp2_nonpositive(__m512 t) {
     const __m512 f = _mm512_sub_ps(t, n);                     /* in [-0.5, 0.5] */
     /* Taylor terms of 2^f to f^5: relative error <= (0.5 ln 2)^6 / 720 = 2.4e-6. One
      * term fewer (4.2e-5) measurably moved the bf16 roundings of the probabilities
-     * away from torch's (tests/test_engine_amx_attention.py). */
+     * away from torch's (tests/test_engine_bf16_attention.py). */
     __m512 p = _mm512_set1_ps(1.3333558e-3f);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
@@ -199,6 +206,177 @@ typedef struct {
     float *context;     /* 2 x ROWS x head_dim: two partial sums at head_dim 32 */
 } Scratch;
 
+/* AMX: scores of the 16 queries in s->queries against every key, into s->scores
+ * (row i: query i); ``highest[i]`` gets row i's largest score among the real keys. */
+static void scores_tiles(const Scratch *s, int64_t hd, int64_t length, int64_t padded, __m512 *highest) {
+    const int64_t chunks = hd / 32, key_blocks = padded / ROWS, score_stride = padded * 4;
+    /* four key blocks at a time (independent tile products overlap): tmm1 (and tmm3)
+     * hold the queries, tmm0 / 4 / 6 / 7 the blocks' scores, tmm2 / 3 / 5 their packed keys. */
+    _tile_loadd(1, s->queries, hd * 2);
+    const uint32_t *keys = s->keys;
+    float *scores = s->scores;
+/* Tile numbers must be immediates, hence macros: tile C = queries (tmm1) x the key
+ * tile loaded into B from ``at``; MORE adds the second 32 dims (tmm3 x tmm5). */
+#define SCORES(C, B, at) do { _tile_zero(C); _tile_loadd(B, at, TILE_BYTES); _tile_dpbf16ps(C, 1, B); } while (0)
+#define MORE(C, at) do { _tile_loadd(5, at, TILE_BYTES); _tile_dpbf16ps(C, 3, 5); } while (0)
+    if (chunks == 2) _tile_loadd(3, s->queries + 32, hd * 2);
+    /* Each row's running max is taken right after its 64 scores are stored, while
+     * the next tile products run (a separate pass would wait on the stores). */
+    for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024 * chunks, scores += 4 * ROWS) {
+        if (chunks == 1) {
+            SCORES(0, 2, keys);
+            SCORES(4, 3, keys + 256);
+            SCORES(6, 5, keys + 512);
+            SCORES(7, 2, keys + 768);
+        } else {
+            SCORES(0, 2, keys);
+            MORE(0, keys + 256);
+            SCORES(4, 2, keys + 512);
+            MORE(4, keys + 768);
+            SCORES(6, 2, keys + 1024);
+            MORE(6, keys + 1280);
+            SCORES(7, 2, keys + 1536);
+            MORE(7, keys + 1792);
+        }
+        _tile_stored(0, scores, score_stride);
+        _tile_stored(4, scores + ROWS, score_stride);
+        _tile_stored(6, scores + 2 * ROWS, score_stride);
+        _tile_stored(7, scores + 3 * ROWS, score_stride);
+        const int64_t column = block * ROWS;
+        const __mmask16 m0 = first_lanes(length - column), m1 = first_lanes(length - column - 16),
+                        m2 = first_lanes(length - column - 32), m3 = first_lanes(length - column - 48);
+        for (int64_t i = 0; i < ROWS; ++i) {
+            const float *row = scores + i * padded;
+            const __m512 a = _mm512_mask_max_ps(highest[i], m0, highest[i], _mm512_maskz_loadu_ps(m0, row));
+            const __m512 b = _mm512_mask_max_ps(a, m1, a, _mm512_maskz_loadu_ps(m1, row + 16));
+            const __m512 c = _mm512_mask_max_ps(b, m2, b, _mm512_maskz_loadu_ps(m2, row + 32));
+            highest[i] = _mm512_mask_max_ps(c, m3, c, _mm512_maskz_loadu_ps(m3, row + 48));
+        }
+    }
+#undef SCORES
+#undef MORE
+}
+
+/* AMX: s->context (16 x head_dim f32) = probabilities x V, 32 keys (tmm1) at a time;
+ * tmm2 / 3 / 5 hold packed values. head_dim 32: tmm0 and tmm4 take even chunks, tmm6
+ * and tmm7 odd ones (two independent chains of accumulation; one would wait on each
+ * product's latency), summed at the end. head_dim 64: tmm0 / 4 / 6 / 7 take 16 dims each. */
+static void context_tiles(const Scratch *s, int64_t hd, int64_t padded) {
+    const int64_t chunks = hd / 32, prob_stride = padded * 2, context_stride = hd * 4;
+    _tile_zero(0);
+    _tile_zero(4);
+    _tile_zero(6);
+    _tile_zero(7);
+    const uint16_t *values = s->values;
+    if (chunks == 1) {
+        for (int64_t key = 0; key < padded; key += 2 * KEY_CHUNK, values += 2048) {
+            _tile_loadd(1, s->probs + key, prob_stride);
+            _tile_loadd(2, values, TILE_BYTES);
+            _tile_loadd(3, values + 512, TILE_BYTES);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(4, 1, 3);
+            _tile_loadd(1, s->probs + key + KEY_CHUNK, prob_stride);
+            _tile_loadd(5, values + 1024, TILE_BYTES);
+            _tile_loadd(2, values + 1536, TILE_BYTES);
+            _tile_dpbf16ps(6, 1, 5);
+            _tile_dpbf16ps(7, 1, 2);
+        }
+        float *odd = s->context + ROWS * hd;
+        _tile_stored(0, s->context, context_stride);
+        _tile_stored(4, s->context + 16, context_stride);
+        _tile_stored(6, odd, context_stride);
+        _tile_stored(7, odd + 16, context_stride);
+        for (int64_t i = 0; i < ROWS * hd; i += 16)
+            _mm512_store_ps(s->context + i, _mm512_add_ps(_mm512_load_ps(s->context + i),
+                                                          _mm512_load_ps(odd + i)));
+    } else {
+        for (int64_t key = 0; key < padded; key += KEY_CHUNK, values += 2048) {
+            _tile_loadd(1, s->probs + key, prob_stride);
+            _tile_loadd(2, values, TILE_BYTES);
+            _tile_loadd(3, values + 512, TILE_BYTES);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(4, 1, 3);
+            _tile_loadd(5, values + 1024, TILE_BYTES);
+            _tile_loadd(2, values + 1536, TILE_BYTES);
+            _tile_dpbf16ps(6, 1, 5);
+            _tile_dpbf16ps(7, 1, 2);
+        }
+        _tile_stored(0, s->context, context_stride);
+        _tile_stored(4, s->context + 16, context_stride);
+        _tile_stored(6, s->context + 32, context_stride);
+        _tile_stored(7, s->context + 48, context_stride);
+    }
+}
+
+/* 32 bits at ``at`` (one bf16 pair) in every lane. */
+static inline __m512bh broadcast_pair(const uint32_t *at) { return (__m512bh)_mm512_set1_epi32((int)*at); }
+
+/* VDPBF16PS: as scores_tiles, for the first ``rows`` queries (rounded up to 4). A
+ * register block is 4 queries x 64 keys (16 accumulators): per bf16 pair of dims, 4
+ * packed key vectors and 4 query broadcasts feed 16 products. */
+static void scores_dot(const Scratch *s, int64_t hd, int64_t length, int64_t padded, int64_t rows,
+                       __m512 *highest) {
+    const int64_t chunks = hd / 32, pairs = hd / 2, block_step = chunks * 256;
+    const uint32_t *queries = (const uint32_t *)s->queries;
+    for (int64_t column = 0; column < padded; column += 4 * ROWS) {
+        const uint32_t *keys = s->keys + (column / ROWS) * block_step;
+        const __mmask16 mask[4] = {first_lanes(length - column), first_lanes(length - column - 16),
+                                   first_lanes(length - column - 32), first_lanes(length - column - 48)};
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            __m512 acc[4][4];
+            for (int r = 0; r < 4; ++r)
+                for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_ps();
+            const uint32_t *query = queries + i0 * pairs;
+            for (int64_t p = 0; p < pairs; ++p) {
+                const uint32_t *pair = keys + (p / 16) * 256 + (p % 16) * 16;
+                __m512bh key[4];
+                for (int b = 0; b < 4; ++b) key[b] = (__m512bh)_mm512_load_si512(pair + b * block_step);
+                for (int r = 0; r < 4; ++r) {
+                    const __m512bh q = broadcast_pair(query + r * pairs + p);
+                    for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], q, key[b]);
+                }
+            }
+            for (int r = 0; r < 4; ++r) {
+                float *row = s->scores + (i0 + r) * padded + column;
+                for (int b = 0; b < 4; ++b) {
+                    _mm512_store_ps(row + b * 16, acc[r][b]);
+                    highest[i0 + r] = _mm512_mask_max_ps(highest[i0 + r], mask[b], highest[i0 + r], acc[r][b]);
+                }
+            }
+        }
+    }
+}
+
+/* VDPBF16PS: s->context rows [i0, i0 + R) = their probabilities x V, for ``groups``
+ * groups of 16 dims (R x groups = 16 accumulators). Per pair of keys, each group's
+ * packed value vector meets a broadcast pair of each row's probabilities. */
+static inline __attribute__((always_inline)) void context_rows(const Scratch *s, int64_t padded, int64_t i0,
+                                                               const int R, const int groups) {
+    const int64_t key_pairs = padded / 2, hd = groups * 16;
+    const uint32_t *probs = (const uint32_t *)s->probs;
+    __m512 acc[16];
+    for (int a = 0; a < R * groups; ++a) acc[a] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < key_pairs; ++kp) {
+        const uint16_t *values = s->values + (kp / 16) * groups * 512 + (kp % 16) * 32;
+        __m512bh value[4];
+        for (int g = 0; g < groups; ++g) value[g] = (__m512bh)_mm512_load_si512(values + g * 512);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh p = broadcast_pair(probs + (i0 + r) * key_pairs + kp);
+            for (int g = 0; g < groups; ++g) acc[r * groups + g] = _mm512_dpbf16_ps(acc[r * groups + g], p, value[g]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int g = 0; g < groups; ++g) _mm512_store_ps(s->context + (i0 + r) * hd + g * 16, acc[r * groups + g]);
+}
+
+/* VDPBF16PS: as context_tiles, for the first ``rows`` queries (rounded up to a block). */
+static void context_dot(const Scratch *s, int64_t hd, int64_t padded, int64_t rows) {
+    if (hd == 32)
+        for (int64_t i0 = 0; i0 < rows; i0 += 8) context_rows(s, padded, i0, 8, 2);
+    else
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) context_rows(s, padded, i0, 4, 4);
+}
+
 static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
     const int64_t sequence = item / pr->heads, head = item % pr->heads;
     const int64_t hd = pr->head_dim, length = pr->lengths[sequence];
@@ -211,8 +389,6 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
     uint16_t *out = pr->out + first * pr->out_stride + head * hd;
     pack_keys(k, pr->k_stride, length, padded, hd, s->keys);
     pack_values(v, pr->v_stride, length, padded, hd, s->values);
-    const int64_t chunks = hd / 32, key_blocks = padded / ROWS;
-    const int64_t score_stride = padded * 4, prob_stride = padded * 2;
 
     for (int64_t row0 = 0; row0 < length; row0 += ROWS) {
         const int64_t rows = length - row0 < ROWS ? length - row0 : ROWS;
@@ -220,107 +396,21 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
             for (int64_t d = 0; d < hd; d += 32)
                 _mm512_store_si512(s->queries + i * hd + d, i < rows
                     ? _mm512_loadu_si512(q + (row0 + i) * pr->q_stride + d) : _mm512_setzero_si512());
-        /* scores, four key blocks at a time (independent tile products overlap):
-         * tmm1 (and tmm3) hold the queries, tmm0 / 4 / 6 / 7 the blocks' scores,
-         * tmm2 / 3 / 5 their packed keys. */
-        _tile_loadd(1, s->queries, hd * 2);
-        const uint32_t *keys = s->keys;
-        float *scores = s->scores;
-/* Tile numbers must be immediates, hence macros: tile C = queries (tmm1) x the key
- * tile loaded into B from ``at``; MORE adds the second 32 dims (tmm3 x tmm5). */
-#define SCORES(C, B, at) do { _tile_zero(C); _tile_loadd(B, at, TILE_BYTES); _tile_dpbf16ps(C, 1, B); } while (0)
-#define MORE(C, at) do { _tile_loadd(5, at, TILE_BYTES); _tile_dpbf16ps(C, 3, 5); } while (0)
-        if (chunks == 2) _tile_loadd(3, s->queries + 32, hd * 2);
-        /* Each row's running max is taken right after its 64 scores are stored, while
-         * the next tile products run (a separate pass would wait on the stores). */
         __m512 highest[ROWS];
         for (int64_t i = 0; i < ROWS; ++i) highest[i] = _mm512_set1_ps(-INFINITY);
-        for (int64_t block = 0; block < key_blocks; block += 4, keys += 1024 * chunks, scores += 4 * ROWS) {
-            if (chunks == 1) {
-                SCORES(0, 2, keys);
-                SCORES(4, 3, keys + 256);
-                SCORES(6, 5, keys + 512);
-                SCORES(7, 2, keys + 768);
-            } else {
-                SCORES(0, 2, keys);
-                MORE(0, keys + 256);
-                SCORES(4, 2, keys + 512);
-                MORE(4, keys + 768);
-                SCORES(6, 2, keys + 1024);
-                MORE(6, keys + 1280);
-                SCORES(7, 2, keys + 1536);
-                MORE(7, keys + 1792);
-            }
-            _tile_stored(0, scores, score_stride);
-            _tile_stored(4, scores + ROWS, score_stride);
-            _tile_stored(6, scores + 2 * ROWS, score_stride);
-            _tile_stored(7, scores + 3 * ROWS, score_stride);
-            const int64_t column = block * ROWS;
-            const __mmask16 m0 = first_lanes(length - column), m1 = first_lanes(length - column - 16),
-                            m2 = first_lanes(length - column - 32), m3 = first_lanes(length - column - 48);
-            for (int64_t i = 0; i < ROWS; ++i) {
-                const float *row = scores + i * padded;
-                const __m512 a = _mm512_mask_max_ps(highest[i], m0, highest[i], _mm512_maskz_loadu_ps(m0, row));
-                const __m512 b = _mm512_mask_max_ps(a, m1, a, _mm512_maskz_loadu_ps(m1, row + 16));
-                const __m512 c = _mm512_mask_max_ps(b, m2, b, _mm512_maskz_loadu_ps(m2, row + 32));
-                highest[i] = _mm512_mask_max_ps(c, m3, c, _mm512_maskz_loadu_ps(m3, row + 48));
-            }
-        }
-#undef SCORES
-#undef MORE
+        if (pr->tiles)
+            scores_tiles(s, hd, length, padded, highest);
+        else
+            scores_dot(s, hd, length, padded, rows, highest);
         float sums[ROWS];
         for (int64_t i = 0; i < ROWS; ++i)
             sums[i] = i < rows ? softmax_row(s->scores + i * padded, _mm512_reduce_max_ps(highest[i]),
                                              length, padded, pr->scale, s->probs + i * padded)
                                : (memset(s->probs + i * padded, 0, padded * 2), 1.0f);
-        /* context = probs x V, 32 keys (tmm1) at a time; tmm2 / 3 / 5 hold packed
-         * values. head_dim 32: tmm0 and tmm4 take even chunks, tmm6 and tmm7 odd ones
-         * (two independent chains of accumulation; one would wait on each product's
-         * latency), summed at the end. head_dim 64: tmm0 / 4 / 6 / 7 take 16 dims each. */
-        _tile_zero(0);
-        _tile_zero(4);
-        _tile_zero(6);
-        _tile_zero(7);
-        const uint16_t *values = s->values;
-        const int64_t context_stride = hd * 4;
-        if (chunks == 1) {
-            for (int64_t key = 0; key < padded; key += 2 * KEY_CHUNK, values += 2048) {
-                _tile_loadd(1, s->probs + key, prob_stride);
-                _tile_loadd(2, values, TILE_BYTES);
-                _tile_loadd(3, values + 512, TILE_BYTES);
-                _tile_dpbf16ps(0, 1, 2);
-                _tile_dpbf16ps(4, 1, 3);
-                _tile_loadd(1, s->probs + key + KEY_CHUNK, prob_stride);
-                _tile_loadd(5, values + 1024, TILE_BYTES);
-                _tile_loadd(2, values + 1536, TILE_BYTES);
-                _tile_dpbf16ps(6, 1, 5);
-                _tile_dpbf16ps(7, 1, 2);
-            }
-            float *odd = s->context + ROWS * hd;
-            _tile_stored(0, s->context, context_stride);
-            _tile_stored(4, s->context + 16, context_stride);
-            _tile_stored(6, odd, context_stride);
-            _tile_stored(7, odd + 16, context_stride);
-            for (int64_t i = 0; i < ROWS * hd; i += 16)
-                _mm512_store_ps(s->context + i, _mm512_add_ps(_mm512_load_ps(s->context + i),
-                                                              _mm512_load_ps(odd + i)));
-        } else {
-            for (int64_t key = 0; key < padded; key += KEY_CHUNK, values += 2048) {
-                _tile_loadd(1, s->probs + key, prob_stride);
-                _tile_loadd(2, values, TILE_BYTES);
-                _tile_loadd(3, values + 512, TILE_BYTES);
-                _tile_dpbf16ps(0, 1, 2);
-                _tile_dpbf16ps(4, 1, 3);
-                _tile_loadd(5, values + 1024, TILE_BYTES);
-                _tile_loadd(2, values + 1536, TILE_BYTES);
-                _tile_dpbf16ps(6, 1, 5);
-                _tile_dpbf16ps(7, 1, 2);
-            }
-            _tile_stored(0, s->context, context_stride);
-            _tile_stored(4, s->context + 16, context_stride);
-            _tile_stored(6, s->context + 32, context_stride);
-            _tile_stored(7, s->context + 48, context_stride);
-        }
+        if (pr->tiles)
+            context_tiles(s, hd, padded);
+        else
+            context_dot(s, hd, padded, rows);
         for (int64_t i = 0; i < rows; ++i) {
             const __m512 inverse = _mm512_set1_ps(1.0f / sums[i]);
             uint16_t *target = out + (row0 + i) * pr->out_stride;
@@ -345,10 +435,10 @@ static void run_share(Share *share) {
     if (!s.keys || !s.values || !s.scores || !s.probs || !s.queries || !s.context) {
         share->failed = 1;
     } else {
-        configure_tiles();
+        if (pr->tiles) configure_tiles();
         for (int64_t item = share->first_item; item < share->end_item; ++item)
             attend_item(pr, &s, item);
-        _tile_release();
+        if (pr->tiles) _tile_release();
     }
     free(s.keys);
     free(s.values);
@@ -375,9 +465,10 @@ static PyObject *attend(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, out, starts, lengths;
     Py_ssize_t q_stride, k_stride, v_stride, out_stride, heads, head_dim, sequences, threads;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKnnnnnnKKnfn", &q, &k, &v, &out, &q_stride, &k_stride, &v_stride,
+    int tiles;
+    if (!PyArg_ParseTuple(args, "KKKKnnnnnnKKnfnp", &q, &k, &v, &out, &q_stride, &k_stride, &v_stride,
                           &out_stride, &heads,
-                          &head_dim, &starts, &lengths, &sequences, &scale, &threads))
+                          &head_dim, &starts, &lengths, &sequences, &scale, &threads, &tiles))
         return NULL;
     if (head_dim != 32 && head_dim != 64) {
         PyErr_Format(PyExc_ValueError, "head_dim must be 32 or 64, got %zd", head_dim);
@@ -393,7 +484,7 @@ static PyObject *attend(PyObject *self, PyObject *args) {
     const int64_t *lens = (const int64_t *)(uintptr_t)lengths;
     Problem pr = {(const uint16_t *)(uintptr_t)q, (const uint16_t *)(uintptr_t)k,
                   (const uint16_t *)(uintptr_t)v, (uint16_t *)(uintptr_t)out, q_stride, k_stride, v_stride, out_stride,
-                  heads, head_dim, (const int64_t *)(uintptr_t)starts, lens, 0, scale};
+                  heads, head_dim, (const int64_t *)(uintptr_t)starts, lens, 0, scale, tiles};
     double total = 0.0;
     for (Py_ssize_t s = 0; s < sequences; ++s) {
         if (lens[s] > pr.max_length) pr.max_length = lens[s];
@@ -436,13 +527,14 @@ static PyObject *request_tiles(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"attend", attend, METH_VARARGS,
      "attend(q, k, v, out, q_stride, k_stride, v_stride, out_stride, heads, head_dim, starts, lengths, sequences, "
-     "scale, threads): bidirectional attention per sequence; arguments are data pointers and sizes."},
+     "scale, threads, tiles): bidirectional attention per sequence; arguments are data pointers and sizes; "
+     "tiles: AMX (the caller has the tile state) or VDPBF16PS."},
     {"request_tiles", request_tiles, METH_NOARGS,
      "Ask Linux for the AMX tile state; True if this process may use it."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx_attention", NULL, -1, methods,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_bf16_attention", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__amx_attention(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__bf16_attention(void) { return PyModule_Create(&module); }
