@@ -5,7 +5,7 @@ batch (32 x 512 random ids by default, or a mixed-length batch) under
 ``torch.profiler`` and sums each op's self time into the kinds of work a
 transformer layer does: dense matmuls (oneDNN, AMX in bf16, or the native AVX2 kernel
 in float32 on CPUs without AVX-512), attention (SDPA, or
-the native AMX kernel in bf16),
+the native kernel in bf16: AMX tiles or VDPBF16PS),
 layer norms, residual adds, copies and dtype conversions, the rest. For the
 matmuls and attention it also gives the achieved GFLOP/s and the fraction of
 the CPU's peak for that dtype, computed from the clock (``--ghz``, default
@@ -15,6 +15,9 @@ the ``cpu MHz`` the kernel reports) and per-core FLOP/cycle:
 - bf16 on AMX: TDPBF16PS does 16 x 16 x 32 multiply-adds (16,384 FLOP) every
   16 cycles = 1,024 FLOP/cycle (Sapphire / Emerald Rapids);
 - bf16 without AMX (AVX512-BF16): VDPBF16PS, 2 units x 32 pairs x 2 = 128.
+  An upper bound: AMD Zen 4 runs 512-bit ops as two 256-bit halves, and a
+  loop of independent VDPBF16PS measured 228 GFLOP/s per core on a 2.6 GHz
+  (nominal) Zen 4, not 332 (BENCHMARKS.md, engine section).
 
 Steps run in this thread (no worker hop), so the profiler sees every op. Use
 ``--threads 1`` on a shared machine: one thread's op times are not stretched
