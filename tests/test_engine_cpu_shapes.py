@@ -28,28 +28,30 @@ TEXTS = ["Hello, World!", "Crème brûlée is a French dessert.", "中文 and En
 
 
 @pytest.mark.parametrize("tokens, bucket", [
-    (1, 1), (2, 2), (3, 4), (5, 8), (17, 32), (33, 64), (64, 64), (65, 128), (128, 128),
-    (129, 192), (511, 512), (512, 512), (513, 576), (1000, 1024), (1025, 1280)])
+    (1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (17, 24), (20, 24), (33, 40), (64, 64),
+    (65, 80), (100, 112), (128, 128), (129, 192), (511, 512), (512, 512), (513, 576), (1000, 1024),
+    (1025, 1280)])
 def test_bucket_table(tokens: int, bucket: int) -> None:
     assert cpu_token_bucket(tokens) == bucket
 
 
 def test_few_buckets_cover_a_cpu_budget() -> None:
-    # The point of bucketing: a 512-token budget runs in 14 shapes (1..64: 7, then 128..512: 7), not 512.
-    assert len({cpu_token_bucket(t) for t in range(1, 513)}) == 14
+    # The point of bucketing: a 512-token budget runs in 21 shapes (1..8: 4, 16..64: 7,
+    # 80..128: 4, then 192..512: 6), not 512.
+    assert len({cpu_token_bucket(t) for t in range(1, 513)}) == 21
 
 
 def test_padding_sequences_fit_the_model_and_follow_the_real_ones() -> None:
-    real = Batch.from_sequences([[5, 6, 7], list(range(1, 70))])            # 72 tokens -> 128
-    with_types = Batch(real.token_ids, real.cu_seqlens, np.ones(72, np.int32), task="score")
-    padded = pad_to_bucket(with_types, max_length=20)
-    assert padded.num_tokens == 128
+    real = Batch.from_sequences([[5, 6, 7], list(range(1, 100))])           # 102 tokens -> 112
+    with_types = Batch(real.token_ids, real.cu_seqlens, np.ones(102, np.int32), task="score")
+    padded = pad_to_bucket(with_types, max_length=4)
+    assert padded.num_tokens == 112
     assert padded.task == "score"
-    assert padded.lengths.tolist() == [3, 69, 20, 20, 16]                     # 56 = 20 + 20 + 16
-    assert np.array_equal(padded.token_ids[:72], real.token_ids)
+    assert padded.lengths.tolist() == [3, 99, 4, 4, 2]                        # 10 = 4 + 4 + 2
+    assert np.array_equal(padded.token_ids[:102], real.token_ids)
     assert np.array_equal(padded.cu_seqlens[:3], real.cu_seqlens)
     assert padded.token_type_ids is not None
-    assert padded.token_type_ids.tolist() == [1] * 72 + [0] * 56
+    assert padded.token_type_ids.tolist() == [1] * 102 + [0] * 10
     on_bucket = Batch.from_sequences([list(range(1, 65))])
     assert pad_to_bucket(on_bucket, max_length=512) is on_bucket
 
@@ -89,7 +91,7 @@ def test_bucketed_minilm_equals_sentence_transformers_and_exact_counts(minilm_di
 @pytest.mark.parametrize("attention", sorted(ATTENTION_IMPLS))
 def test_padding_never_reaches_real_rows(tiny_bert_dir: Path, attention: str) -> None:
     rng = np.random.default_rng(0)
-    lengths = [7, 30, 3, 11]                                                  # 51 tokens -> 64
+    lengths = [7, 30, 3, 11]                                                  # 51 tokens -> 56
     sequences = [rng.integers(3, 200, n).astype(np.int32) for n in lengths]
     base = Batch.from_sequences(sequences)
     batch = Batch(base.token_ids, base.cu_seqlens, rng.integers(0, 2, 51).astype(np.int32))

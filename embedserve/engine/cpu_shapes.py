@@ -12,10 +12,12 @@ counts and stays near its warm-up size with buckets.
 The padding sequences are whole sequences of their own, so under every
 attention implementation they never mix with the real ones (attention stays
 inside a sequence); the step's output keeps only the real sequences' rows.
-Buckets: powers of two up to 64 (short queries pay little), then the CUDA
-graphs' token buckets (``graphs/shapes.py``: multiples of 64 up to 1024, then
-of 256; at most 63 extra tokens in a 512-token step). Knows nothing about
-models beyond their position limit.
+Buckets: powers of two up to 8, multiples of 8 up to 64 and of 16 up to 128
+(a query's step time grows with its rows: a 20-token query runs 24 rows, not
+32; a 33-token one 40, not 64), then the CUDA graphs' token buckets
+(``graphs/shapes.py``: multiples of 64 up to 1024, then of 256; at most 63
+extra tokens in a 512-token step): 21 shapes for a 512-token budget. Knows
+nothing about models beyond their position limit.
 """
 
 from __future__ import annotations
@@ -27,14 +29,19 @@ from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL, token_bucket
 
 # The token id padding sequences carry: 0 is in every vocabulary; its value is never read back.
 _PAD_ID = 0
+# Below the graphs' buckets: (largest count, step); counts up to 8 round to a power of two.
+_SMALL_STEPS = ((TOKEN_STEP_SMALL, 8), (2 * TOKEN_STEP_SMALL, 16))
 
 
 def cpu_token_bucket(num_tokens: int) -> int:
     """The bucket ``num_tokens`` rounds up to (``num_tokens`` itself when it is one)."""
     if num_tokens <= 0:
         return num_tokens
-    if num_tokens <= TOKEN_STEP_SMALL:
+    if num_tokens <= 8:
         return 1 << (num_tokens - 1).bit_length()
+    for largest, step in _SMALL_STEPS:
+        if num_tokens <= largest:
+            return -(-num_tokens // step) * step
     return token_bucket(num_tokens)
 
 
