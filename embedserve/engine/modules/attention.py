@@ -16,8 +16,8 @@ layers) passes ``kind=`` to that same closure; masks are built once per kind
 per step:
 
 - ``per_sequence``: one SDPA call per sequence on a slice (no padding at all;
-  B calls per layer); in bf16 on CPUs with AMX, bidirectional calls go to one
-  native kernel call per layer instead (bf16_attention.py).
+  B calls per layer); in bf16 on CPUs with AMX or AVX512-BF16, bidirectional
+  calls go to one native kernel call per layer instead (bf16_attention.py).
   ``per_sequence_sdpa`` is the same without the native kernel.
 - ``padded``: scatter into a padded ``[B, heads, L, hd]`` view, one SDPA with a
   key mask, gather back (padding in attention only, never in dense layers).
