@@ -31,7 +31,7 @@ BENCHMARKS = {
     "startup": "bench.startup",
     "tokenizer_compile": "bench.tokenizer_compile",
     "native_kernels": "bench.native_kernels",
-    "avx2_linear": "bench.avx2_linear",
+    "native_linears": "bench.native_linears",
 }
 
 

@@ -48,7 +48,8 @@ KINDS = {
     # the native kernels are no torch ops; they name themselves to the profiler
     # (embedserve/engine/profiler_names.py)
     "embedserve::avx2_linear": "dense matmuls",
-    "aten::gelu_": "GELU (after the AVX2 kernel)",
+    "embedserve::bf16_linear": "dense matmuls",
+    "aten::gelu_": "GELU (after a native linear)",
     "embedserve::bf16_attention": "attention",
     "embedserve::add_layer_norm": "layer norm (with the residual add)",
     "aten::native_layer_norm": "layer norm",

@@ -5,7 +5,7 @@ built at install where the compiler targets AVX2 and FMA) and keeping its weight
 the kernel's panel layout, in place of oneDNN's. Why: a short query is a step of a
 few dozen tokens, and there oneDNN's float32 matmul without AVX-512 runs at about
 half of the FMA rate; the 48 linears of multilingual-e5-small are most of such a step.
-From ~128 tokens up the two are level (``python -m bench avx2_linear``). The kernel
+From ~128 tokens up the two are level (``python -m bench native_linears``). The kernel
 also keeps no state per row count, so these steps need no token buckets
 (cpu_shapes.py). With AVX-512, and in bf16, oneDNN keeps every call.
 """
@@ -44,8 +44,17 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(out_features // PANEL, PANEL, in_features).transpose(1, 2).contiguous()
 
 
-def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T + bias`` for x [rows, in] float32 with unit column stride; ``panels`` from pack_panels."""
+# oneDNN's epilogue names (attr) -> the same activation after the kernel, in place: (y, algorithm) -> y.
+_ACTIVATIONS_IN_PLACE = {"none": lambda y, algorithm: y,
+                         "gelu": lambda y, algorithm: torch.ops.aten.gelu_(y, approximate=algorithm),
+                         "relu": lambda y, algorithm: y.relu_()}
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, attr: str = "none",
+           algorithm: str = "") -> torch.Tensor:
+    """``activation(x @ W.T + bias)`` for x [rows, in] float32 with unit column stride; ``panels``
+    from pack_panels; the activation named as oneDNN's epilogues are, applied after the kernel
+    (in float32 that rounds nothing it would not)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, in_features = x.shape
@@ -54,4 +63,4 @@ def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor) -> torch.T
     with profiler_names.named(profiler_names.AVX2_LINEAR):
         _native.linear(x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr(), rows,
                        out_features, in_features, x.stride(0), torch.get_num_threads())
-    return y
+    return _ACTIVATIONS_IN_PLACE[attr](y, algorithm)

@@ -90,9 +90,10 @@ class Engine:
         plain modules (benchmarks A/B). token_buckets (CPU only): round each
         step's token count up to a bucket (cpu_shapes.py) so that memory stays
         bounded under mixed shapes (steps of up to 64 tokens run exact counts
-        where every linear runs on avx2_linear's kernel); False runs exact counts
-        (tests and benchmarks A/B). native_linears (CPU only): the fused layers' float32
-        linears run on the AVX2 kernel (avx2_linear.py) on CPUs without AVX-512;
+        where every linear runs on a native kernel); False runs exact counts
+        (tests and benchmarks A/B). native_linears (CPU only): the fused layers'
+        linears run on a native kernel where one covers them (float32 on CPUs without
+        AVX-512: avx2_linear.py; bf16 on AVX512-BF16 CPUs without AMX: bf16_linear.py);
         False keeps oneDNN (benchmarks A/B).
         """
         model_dir = Path(model_dir)

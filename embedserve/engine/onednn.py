@@ -13,7 +13,10 @@ same function with oneDNN (the library behind ``torch.backends.mkldnn``):
   (residual_norm.py);
 - in bfloat16 the matmuls run on AMX / AVX512-BF16 where the CPU has them,
   and activations stay bfloat16 between layers (where bf16 time goes:
-  ``python -m bench engine_profile``).
+  ``python -m bench engine_profile``);
+- where a native kernel covers a linear (avx2_linear in float32 on AVX2-only
+  CPUs, bf16_linear in bf16 on AVX512-BF16 CPUs without AMX), it runs there
+  instead, on weights packed into the kernel's panels.
 
 Measured on the project's 2-core CPU (BENCHMARKS.md, engine section). The
 math is unchanged up to float rounding (the parity tests run on this path).
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedserve.engine import avx2_linear
+from embedserve.engine import avx2_linear, bf16_linear
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.residual_norm import ResidualNorm
 
@@ -34,12 +37,12 @@ _mkldnn = torch.ops.mkldnn
 # oneDNN epilogues for the activations the encoder family uses: (attr, algorithm).
 _FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
                       "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
-# The same epilogues after avx2_linear's kernel, in place: (y, algorithm) -> y.
-_ACTIVATIONS_IN_PLACE = {"none": lambda y, algorithm: y,
-                         "gelu": lambda y, algorithm: torch.ops.aten.gelu_(y, approximate=algorithm),
-                         "relu": lambda y, algorithm: y.relu_()}
 # Token count oneDNN tunes the packed layout for; any count runs correctly.
 _TOKEN_HINT = 512
+# Native linear kernels, each a module with covers(weight), pack_panels(weight) and
+# linear(x, panels, float32 bias, attr, algorithm), the activation named as oneDNN's
+# epilogues are; at most one covers a given weight (dtype and CPU differ).
+_NATIVE_KERNELS = (avx2_linear, bf16_linear)
 
 
 def supported(dtype: torch.dtype) -> bool:
@@ -52,26 +55,27 @@ def supported(dtype: torch.dtype) -> bool:
 
 
 class PackedWeight(nn.Module):
-    """One linear layer's weight, packed once for what runs it (oneDNN's layout, or in
-    float32 on AVX2-only CPUs avx2_linear's panels), plus its bias."""
+    """One linear layer's weight, packed once for what runs it (oneDNN's layout, or a
+    native kernel's panels where one covers it), plus its bias."""
 
     def __init__(self, linear: nn.Linear, native: bool = True) -> None:
         super().__init__()
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
-        self.native = native and avx2_linear.covers(weight)
-        if self.native:
-            self.register_buffer("weight", avx2_linear.pack_panels(weight))
-            # The kernel always adds a bias.
-            self.register_buffer("bias", bias if bias is not None else weight.new_zeros(weight.shape[0]))
+        self.kernel = next((kernel for kernel in _NATIVE_KERNELS if kernel.covers(weight)), None) if native else None
+        self.native = self.kernel is not None
+        if self.kernel is not None:
+            self.register_buffer("weight", self.kernel.pack_panels(weight))
+            # The kernels always add a bias, in float32.
+            self.register_buffer("bias", (bias if bias is not None else weight.new_zeros(weight.shape[0])).float())
         else:
             self.register_buffer("weight", _mkldnn._reorder_linear_weight(weight, _TOKEN_HINT))
             self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
         # x: [T, in] contiguous -> [T, out]
-        if self.native:
-            return _ACTIVATIONS_IN_PLACE[attr](avx2_linear.linear(x, self.weight, self.bias), algorithm)
+        if self.kernel is not None:
+            return self.kernel.linear(x, self.weight, self.bias, attr, algorithm)
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
 
 
@@ -103,7 +107,7 @@ def fuse_layers(model: EncoderModel, native_linears: bool = True) -> bool:
     """Swap the encoder's layers for FusedLayers in place; False (unchanged) if unsupported.
 
     Call after the model has its final dtype and device (CPU). native_linears: where
-    avx2_linear covers a weight, run it there; False keeps oneDNN (benchmarks A/B).
+    a native kernel covers a weight, run it there; False keeps oneDNN (benchmarks A/B).
     """
     config = model.config
     dtype = next(model.parameters()).dtype
@@ -116,7 +120,7 @@ def fuse_layers(model: EncoderModel, native_linears: bool = True) -> bool:
 
 
 def linears_all_native(model: nn.Module) -> bool:
-    """Whether every linear over the model's tokens runs on avx2_linear's kernel (all its
+    """Whether every linear over the model's tokens runs on a native kernel (all its
     layers FusedLayers with native weights), which keeps no state per row count; oneDNN
     builds and keeps a primitive per count (cpu_shapes.py)."""
     encoder = getattr(model, "encoder", None)

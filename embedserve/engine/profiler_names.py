@@ -10,6 +10,7 @@ import torch
 BF16_ATTENTION = "embedserve::bf16_attention"
 ADD_LAYER_NORM = "embedserve::add_layer_norm"
 AVX2_LINEAR = "embedserve::avx2_linear"
+BF16_LINEAR = "embedserve::bf16_linear"
 
 
 def named(name: str) -> ContextManager[object]:

@@ -5,7 +5,7 @@
  * rows at about half of the FMA units' rate (~55-70 GFLOP/s at 20 rows on the
  * project's 2-core AMD host; this kernel ~100), and a step of any size builds and
  * caches a oneDNN primitive per row count (the reason for cpu_shapes.py's buckets).
- * From ~128 rows up the two run level (bench avx2_linear). Each panel of 16 output
+ * From ~128 rows up the two run level (bench native_linears). Each panel of 16 output
  * columns is computed for a chunk of rows while its weights sit in L1, a block of
  * up to 6 rows at a time in 12 accumulators (the register blocking of BLIS's
  * Haswell kernel); a chunk's rows stay in L2 while every panel passes over them.
@@ -32,7 +32,7 @@
 #define SERIAL_MACS 65536
 /* Steps of k a panel's weights are prefetched ahead (2 KB): at a short query's few rows
  * each panel is read from memory once and its use is short, so the hardware prefetcher
- * alone leaves the FMA units waiting (8-64 rows: +5-15 %, bench avx2_linear; 8 ahead
+ * alone leaves the FMA units waiting (8-64 rows: +5-15 %, bench native_linears; 8 ahead
  * measured slower, 64 the same). A prefetch past the last panel never faults. */
 #define PREFETCH_AHEAD 32
 

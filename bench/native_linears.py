@@ -1,19 +1,22 @@
-"""The fused layers' float32 linears on the AVX2 kernel against oneDNN, alone and in the engine.
+"""The fused layers' linears on a native kernel against oneDNN, alone and in the engine.
 
-``python -m bench avx2_linear`` prints two tables:
+The kernel this CPU runs: float32 on the AVX2 kernel (``engine/avx2_linear.py``) where
+AVX2 is the widest vector unit, bf16 on the AVX512-BF16 kernel
+(``engine/bf16_linear.py``) where the CPU has AVX512-BF16 but no AMX.
+``python -m bench native_linears`` prints two tables:
 
 - the 48 linears of one multilingual-e5-small step (12 layers of QKV 1152 x 384,
   output 384 x 384, feed-forward 1536 x 384 with its GELU and 384 x 1536; distinct
   weights, so they stream through the caches as a step's do) at several token counts:
-  ``PackedWeight`` on the kernel (``engine/avx2_linear.py``) against ``PackedWeight`` on
-  oneDNN (GELU in its epilogue), the same weights, calls alternating, median wall time
-  and GFLOP/s;
-- whole float32 steps of the default model, an engine on the kernel against one on
-  oneDNN (``Engine.load(native_linears=False)``), each step as a replica runs it: with
-  the kernel a step is not padded to a token bucket (cpu_shapes.py), with oneDNN 20
-  tokens run as 32; with the lowest cosine between the two engines' embeddings.
+  ``PackedWeight`` on the kernel against ``PackedWeight`` on oneDNN (GELU in the
+  epilogue of both), the same weights, calls alternating, median wall time and GFLOP/s;
+- whole steps of the default model, an engine on the kernel against one on oneDNN
+  (``Engine.load(native_linears=False)``), each step as a replica runs it: with the
+  kernel a step of up to 64 tokens is not padded to a token bucket (cpu_shapes.py),
+  with oneDNN 20 tokens run as 24; with the lowest cosine between the two engines'
+  embeddings.
 
-Only where the kernel runs: a CPU whose widest vectors are AVX2 and a build with it.
+Only where one of the kernels runs (and a build with it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ LAYERS = 12
 HIDDEN, INTERMEDIATE = 384, 1536
 
 
-def linears_table(repeats: int, threads: int) -> None:
+def linears_table(repeats: int, threads: int, dtype: str) -> None:
     import torch
     from torch import nn
 
@@ -38,7 +41,7 @@ def linears_table(repeats: int, threads: int) -> None:
     torch.set_num_threads(threads)
     shapes = [(HIDDEN, 3 * HIDDEN, "none"), (HIDDEN, HIDDEN, "none"), (HIDDEN, INTERMEDIATE, "gelu"),
               (INTERMEDIATE, HIDDEN, "none")]
-    linears = [(nn.Linear(i, o), i, attr) for _ in range(LAYERS) for i, o, attr in shapes]
+    linears = [(nn.Linear(i, o).to(getattr(torch, dtype)), i, attr) for _ in range(LAYERS) for i, o, attr in shapes]
     packed = {native: [(PackedWeight(linear, native), width, attr) for linear, width, attr in linears]
               for native in (True, False)}
     assert all(p.native for p, _, _ in packed[True]) and not any(p.native for p, _, _ in packed[False])
@@ -47,7 +50,7 @@ def linears_table(repeats: int, threads: int) -> None:
           f"  ({len(linears)} linears, {threads} threads)")
     print("|---:|---:|---:|---:|---:|---:|")
     for tokens in (1, 8, 16, 20, 32, 64, 128, 256, 512):
-        inputs = {width: torch.randn(tokens, width) for width in (HIDDEN, INTERMEDIATE)}
+        inputs = {width: torch.randn(tokens, width).to(getattr(torch, dtype)) for width in (HIDDEN, INTERMEDIATE)}
 
         def step(native: bool) -> None:
             for weight, width, attr in packed[native]:
@@ -62,7 +65,7 @@ def linears_table(repeats: int, threads: int) -> None:
               f"| {flops / ours / 1e9:.0f} | {flops / theirs / 1e9:.0f} |", flush=True)
 
 
-def engine_table(repeats: int, threads: int) -> None:
+def engine_table(repeats: int, threads: int, dtype: str) -> None:
     import torch
 
     from embedserve.defaults.build import ensure_default_model
@@ -72,14 +75,14 @@ def engine_table(repeats: int, threads: int) -> None:
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     model_dir = ensure_default_model(default_cache_dir())
-    engines = {"kernel": Engine.load(model_dir, dtype="float32"),
-               "oneDNN": Engine.load(model_dir, dtype="float32", native_linears=False)}
-    print(f"| default model, float32, {threads} threads | tokens | kernel ms | oneDNN ms | oneDNN / kernel "
+    engines = {"kernel": Engine.load(model_dir, dtype=dtype),
+               "oneDNN": Engine.load(model_dir, dtype=dtype, native_linears=False)}
+    print(f"| default model, {dtype}, {threads} threads | tokens | kernel ms | oneDNN ms | oneDNN / kernel "
           "| min cosine |")
     print("|---|---:|---:|---:|---:|---:|")
     mixed = [int(n) for n in np.exp(rng.uniform(np.log(8), np.log(128), 8))]
     for name, lengths in (("1 x 16", [16]), ("1 x 20", [20]), ("1 x 64", [64]), ("4 x 16", [16] * 4),
-                          ("1 x 128", [128]), ("mixed 8", mixed), ("1 x 512", [512])):
+                          ("1 x 128", [128]), ("mixed 8", mixed), ("1 x 512", [512]), ("32 x 512", [512] * 32)):
         batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32) for n in lengths])
         # The runner's own step, as a replica calls it (token buckets included).
         steps = {label: (lambda engine=engine: engine._runner._run(batch)) for label, engine in engines.items()}
@@ -93,17 +96,23 @@ def engine_table(repeats: int, threads: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench avx2_linear", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench native_linears", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=41, help="timed calls per contender and size")
     args = parser.parse_args(argv)
 
-    from embedserve.engine import avx2_linear
+    from embedserve.engine import avx2_linear, bf16_linear
 
-    if not avx2_linear.kernel_available():
-        print("the AVX2 linear does not run here: not built, or this CPU has AVX-512 (oneDNN keeps every call)")
+    if avx2_linear.kernel_available():
+        dtype = "float32"
+    elif bf16_linear.kernel_available():
+        dtype = "bfloat16"
+    else:
+        print("no native linear runs here: not built, or this CPU has AMX or AVX-512 without BF16 "
+              "(oneDNN keeps every call)")
         return 0
-    linears_table(args.repeats, args.threads)
+    print(f"native linear: {dtype}")
+    linears_table(args.repeats, args.threads, dtype)
     print()
-    engine_table(args.repeats, args.threads)
+    engine_table(args.repeats, args.threads, dtype)
     return 0

@@ -1,0 +1,135 @@
+"""The fused layers' bf16 linear on the AVX512-BF16 kernel against torch.
+
+The reference is ``F.linear`` in float64 on the same bf16 inputs; the bar is torch's
+own bf16 linear (what the kernel replaces): both sum the products in float32 and round
+each output once to bf16, so the kernel's error must be of the same size (the order
+of the float32 sums differs). Also: which layers take the kernel, that an engine on it
+runs steps of up to 64 tokens unpadded (the kernel keeps no per-count state), and that
+it agrees with the same engine on oneDNN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedserve.engine import Batch, Engine, bf16_linear, profiler_names
+from embedserve.engine.onednn import PackedWeight, linears_all_native
+from tests.native_build import require_compiler_for
+
+
+@pytest.fixture
+def kernel() -> None:
+    if not bf16_linear.kernel_available():
+        pytest.skip("the bf16 linear does not run here: not built, no AVX512-BF16, or AMX (oneDNN keeps every call)")
+
+
+def linear_layer(in_features: int, out_features: int, bias: bool = True, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+
+
+def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
+    bias = None if layer.bias is None else layer.bias.double()
+    expected = activation(F.linear(x.double(), layer.weight.double(), bias))
+    torch_error = (activation(F.linear(x, layer.weight, layer.bias)).double() - expected).abs()
+    error = (out.double() - expected).abs()
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    assert error.max() <= 1.25 * torch_error.max() + 1e-6, (error.max(), torch_error.max())
+    assert error.mean() <= 1.1 * torch_error.mean() + 1e-7, (error.mean(), torch_error.mean())
+
+
+def bf16_rows(rows: int, features: int) -> torch.Tensor:
+    return torch.randn(rows, features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 20, 24, 95, 96, 97, 300])
+@pytest.mark.parametrize("in_features,out_features", [(384, 1536), (1536, 384), (6, 32), (384, 1152)])
+def test_kernel_matches_float64_as_closely_as_torch(kernel: None, rows: int, in_features: int,
+                                                    out_features: int) -> None:
+    layer = linear_layer(in_features, out_features)
+    x = bf16_rows(rows, in_features)
+    out = bf16_linear.linear(x, bf16_linear.pack_panels(layer.weight), layer.bias.detach().float())
+    within_torchs_error(out, x, layer)
+
+
+def test_rows_of_a_strided_view(kernel: None) -> None:
+    layer = linear_layer(384, 384)
+    wide = bf16_rows(20, 1152)
+    x = wide[:, 384:768]                            # rows 1152 elements apart
+    out = bf16_linear.linear(x, bf16_linear.pack_panels(layer.weight), layer.bias.detach().float())
+    within_torchs_error(out, x, layer)
+
+
+def profiled(call) -> tuple[torch.Tensor, int]:
+    """``call()``'s result and how many times it entered the native kernel."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        out = call()
+    return out, sum(event.name == profiler_names.BF16_LINEAR for event in profile.events())
+
+
+@pytest.mark.parametrize("attr,algorithm,activation", [
+    ("none", "", lambda t: t),
+    ("gelu", "none", F.gelu),
+    ("gelu", "tanh", lambda t: F.gelu(t, approximate="tanh")),
+    ("relu", "", F.relu),
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr: str, algorithm: str,
+                                                              activation, bias: bool) -> None:
+    layer = linear_layer(384, 1536, bias=bias)
+    native, onednn = PackedWeight(layer), PackedWeight(layer, native=False)
+    assert native.native and not onednn.native
+    for rows in (3, 64, 300):
+        x = bf16_rows(rows, 384)
+        expected = activation(F.linear(x.double(), layer.weight.double(),
+                                       None if layer.bias is None else layer.bias.double()))
+        out, calls = profiled(lambda: native(x, attr, algorithm))
+        assert calls == 1
+        reference, calls = profiled(lambda: onednn(x, attr, algorithm))
+        assert calls == 0
+        # Both apply the activation to the float32 sum and round once: errors of one size.
+        error, onednn_error = ((t.double() - expected).abs() for t in (out, reference))
+        assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+        assert error.mean() <= 1.1 * onednn_error.mean() + 1e-7, (error.mean(), onednn_error.mean())
+        assert error.max() <= 1.25 * onednn_error.max() + 1e-6, (error.max(), onednn_error.max())
+
+
+def test_float32_and_odd_widths_stay_off_the_kernel(kernel: None) -> None:
+    assert not bf16_linear.covers(linear_layer(384, 1536).weight.detach().float())
+    assert not PackedWeight(linear_layer(384, 48)).native            # not a multiple of 32
+    assert not PackedWeight(linear_layer(7, 32)).native              # odd input width
+
+
+def test_an_engine_on_the_kernel_runs_short_steps_unpadded_and_agrees_with_onednn(
+        kernel: None, tiny_bert_dir: Path) -> None:
+    short = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 17, 40)])  # 60 -> 64
+    long = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 70)])       # 73 -> 80
+    with (Engine.load(tiny_bert_dir, dtype="bfloat16") as native,
+          Engine.load(tiny_bert_dir, dtype="bfloat16", native_linears=False) as onednn,
+          Engine.load(tiny_bert_dir, dtype="float32") as exact):
+        assert linears_all_native(native.model)
+        assert not linears_all_native(onednn.model)
+        ours, theirs, reference = (engine.step(short).wait() for engine in (native, onednn, exact))
+        assert native.stats()["padding_waste"] == 0 and onednn.stats()["padding_waste"] == 4 / 64
+
+        def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+        assert cosine(ours, theirs).min() >= 0.9999
+        # as close to float32 as oneDNN's bf16 is, within a small margin
+        assert 1 - cosine(ours, reference).min() <= 2 * (1 - cosine(theirs, reference).min()) + 1e-5
+        native.step(long).wait()                   # above 64 tokens the buckets stay
+        assert native.stats()["padding_waste"] == (80 - 73) / (60 + 80)
+
+
+def test_the_kernel_is_built_where_the_compiler_can_target_avx512_bf16(tmp_path: Path) -> None:
+    require_compiler_for(tmp_path, ["-mavx512f", "-mavx512bf16"],
+                         "#include <immintrin.h>\n__m512 f(__m512 a, __m512bh b, __m512bh c) "
+                         "{ return _mm512_dpbf16_ps(a, b, c); }\n")
+    assert bf16_linear._native is not None, "embedserve.engine._bf16_linear was not built"
