@@ -21,17 +21,19 @@ from torch import nn
 from embedserve.engine import Batch, Engine, avx2_linear, profiler_names
 from embedserve.engine.onednn import PackedWeight, linears_all_native
 from tests.native_build import require_compiler_for
+from tests.native_linear_cases import ACTIVATIONS, kernel_calls, linear_layer
+
+
+@pytest.fixture
+def runs_here() -> None:
+    if not avx2_linear.kernel_runs_here():
+        pytest.skip("the AVX2 linear cannot run here: not built, or no AVX2 and FMA")
 
 
 @pytest.fixture
 def kernel() -> None:
     if not avx2_linear.kernel_available():
         pytest.skip("the AVX2 linear does not run here: not built, or this CPU has AVX-512 (oneDNN keeps every call)")
-
-
-def linear_layer(in_features: int, out_features: int, bias: bool = True, seed: int = 0) -> nn.Linear:
-    torch.manual_seed(seed)
-    return nn.Linear(in_features, out_features, bias=bias)
 
 
 def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
@@ -45,7 +47,7 @@ def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, ac
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 20, 47, 48, 49, 64, 97, 300])
 @pytest.mark.parametrize("in_features,out_features", [(384, 1536), (1536, 384), (7, 16), (384, 1152)])
-def test_kernel_matches_float64_as_closely_as_torch(kernel: None, rows: int, in_features: int,
+def test_kernel_matches_float64_as_closely_as_torch(runs_here: None, rows: int, in_features: int,
                                                     out_features: int) -> None:
     layer = linear_layer(in_features, out_features)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
@@ -53,7 +55,7 @@ def test_kernel_matches_float64_as_closely_as_torch(kernel: None, rows: int, in_
     within_torchs_error(out, x, layer)
 
 
-def test_rows_of_a_strided_view(kernel: None) -> None:
+def test_rows_of_a_strided_view(runs_here: None) -> None:
     layer = linear_layer(384, 384)
     wide = torch.randn(20, 1152)
     x = wide[:, 384:768]                            # rows 1152 floats apart
@@ -61,12 +63,15 @@ def test_rows_of_a_strided_view(kernel: None) -> None:
     within_torchs_error(out, x, layer)
 
 
-@pytest.mark.parametrize("attr,algorithm,activation", [
-    ("none", "", lambda t: t),
-    ("gelu", "none", F.gelu),
-    ("gelu", "tanh", lambda t: F.gelu(t, approximate="tanh")),
-    ("relu", "", F.relu),
-])
+@ACTIVATIONS
+def test_kernel_applies_the_activation(runs_here: None, attr: str, algorithm: str, activation) -> None:
+    layer = linear_layer(384, 1536)
+    x = torch.randn(64, 384, generator=torch.Generator().manual_seed(64))
+    out = avx2_linear.linear(x, avx2_linear.pack_panels(layer.weight), layer.bias.detach(), attr, algorithm)
+    within_torchs_error(out, x, layer, activation)
+
+
+@ACTIVATIONS
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr: str, algorithm: str,
                                                               activation, bias: bool) -> None:
@@ -75,19 +80,12 @@ def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr
     assert native.native and not onednn.native
     for rows in (3, 64, 300):
         x = torch.randn(rows, 384, generator=torch.Generator().manual_seed(rows))
-        out, calls = profiled(lambda: native(x, attr, algorithm))
+        out, calls = kernel_calls(lambda: native(x, attr, algorithm), profiler_names.AVX2_LINEAR)
         assert calls == 1
         within_torchs_error(out, x, layer, activation)
-        out, calls = profiled(lambda: onednn(x, attr, algorithm))
+        out, calls = kernel_calls(lambda: onednn(x, attr, algorithm), profiler_names.AVX2_LINEAR)
         assert calls == 0
         within_torchs_error(out, x, layer, activation)
-
-
-def profiled(call) -> tuple[torch.Tensor, int]:
-    """``call()``'s result and how many times it entered the native kernel."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        out = call()
-    return out, sum(event.name == profiler_names.AVX2_LINEAR for event in profile.events())
 
 
 def test_bfloat16_and_odd_widths_stay_on_onednn(kernel: None) -> None:

@@ -21,6 +21,13 @@ from torch import nn
 from embedserve.engine import Batch, Engine, bf16_linear, profiler_names
 from embedserve.engine.onednn import PackedWeight, linears_all_native
 from tests.native_build import require_compiler_for
+from tests.native_linear_cases import ACTIVATIONS, kernel_calls, linear_layer
+
+
+@pytest.fixture
+def runs_here() -> None:
+    if not bf16_linear.kernel_runs_here():
+        pytest.skip("the bf16 linear cannot run here: not built, or no AVX512-BF16")
 
 
 @pytest.fixture
@@ -29,9 +36,8 @@ def kernel() -> None:
         pytest.skip("the bf16 linear does not run here: not built, no AVX512-BF16, or AMX (oneDNN keeps every call)")
 
 
-def linear_layer(in_features: int, out_features: int, bias: bool = True, seed: int = 0) -> nn.Linear:
-    torch.manual_seed(seed)
-    return nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+def bf16_layer(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    return linear_layer(in_features, out_features, bias, torch.bfloat16)
 
 
 def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
@@ -50,48 +56,44 @@ def bf16_rows(rows: int, features: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 20, 24, 95, 96, 97, 300])
 @pytest.mark.parametrize("in_features,out_features", [(384, 1536), (1536, 384), (6, 32), (384, 1152)])
-def test_kernel_matches_float64_as_closely_as_torch(kernel: None, rows: int, in_features: int,
+def test_kernel_matches_float64_as_closely_as_torch(runs_here: None, rows: int, in_features: int,
                                                     out_features: int) -> None:
-    layer = linear_layer(in_features, out_features)
+    layer = bf16_layer(in_features, out_features)
     x = bf16_rows(rows, in_features)
     out = bf16_linear.linear(x, bf16_linear.pack_panels(layer.weight), layer.bias.detach().float())
     within_torchs_error(out, x, layer)
 
 
-def test_rows_of_a_strided_view(kernel: None) -> None:
-    layer = linear_layer(384, 384)
+def test_rows_of_a_strided_view(runs_here: None) -> None:
+    layer = bf16_layer(384, 384)
     wide = bf16_rows(20, 1152)
     x = wide[:, 384:768]                            # rows 1152 elements apart
     out = bf16_linear.linear(x, bf16_linear.pack_panels(layer.weight), layer.bias.detach().float())
     within_torchs_error(out, x, layer)
 
 
-def profiled(call) -> tuple[torch.Tensor, int]:
-    """``call()``'s result and how many times it entered the native kernel."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        out = call()
-    return out, sum(event.name == profiler_names.BF16_LINEAR for event in profile.events())
+@ACTIVATIONS
+def test_kernel_applies_the_activation(runs_here: None, attr: str, algorithm: str, activation) -> None:
+    layer = bf16_layer(384, 1536)
+    x = bf16_rows(64, 384)
+    out = bf16_linear.linear(x, bf16_linear.pack_panels(layer.weight), layer.bias.detach().float(), attr, algorithm)
+    within_torchs_error(out, x, layer, activation)
 
 
-@pytest.mark.parametrize("attr,algorithm,activation", [
-    ("none", "", lambda t: t),
-    ("gelu", "none", F.gelu),
-    ("gelu", "tanh", lambda t: F.gelu(t, approximate="tanh")),
-    ("relu", "", F.relu),
-])
+@ACTIVATIONS
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr: str, algorithm: str,
                                                               activation, bias: bool) -> None:
-    layer = linear_layer(384, 1536, bias=bias)
+    layer = bf16_layer(384, 1536, bias=bias)
     native, onednn = PackedWeight(layer), PackedWeight(layer, native=False)
     assert native.native and not onednn.native
     for rows in (3, 64, 300):
         x = bf16_rows(rows, 384)
         expected = activation(F.linear(x.double(), layer.weight.double(),
                                        None if layer.bias is None else layer.bias.double()))
-        out, calls = profiled(lambda: native(x, attr, algorithm))
+        out, calls = kernel_calls(lambda: native(x, attr, algorithm), profiler_names.BF16_LINEAR)
         assert calls == 1
-        reference, calls = profiled(lambda: onednn(x, attr, algorithm))
+        reference, calls = kernel_calls(lambda: onednn(x, attr, algorithm), profiler_names.BF16_LINEAR)
         assert calls == 0
         # Both apply the activation to the float32 sum and round once: errors of one size.
         error, onednn_error = ((t.double() - expected).abs() for t in (out, reference))
@@ -101,9 +103,9 @@ def test_packed_weight_runs_on_the_kernel_with_its_activation(kernel: None, attr
 
 
 def test_float32_and_odd_widths_stay_off_the_kernel(kernel: None) -> None:
-    assert not bf16_linear.covers(linear_layer(384, 1536).weight.detach().float())
-    assert not PackedWeight(linear_layer(384, 48)).native            # not a multiple of 32
-    assert not PackedWeight(linear_layer(7, 32)).native              # odd input width
+    assert not bf16_linear.covers(bf16_layer(384, 1536).weight.detach().float())
+    assert not PackedWeight(bf16_layer(384, 48)).native            # not a multiple of 32
+    assert not PackedWeight(bf16_layer(7, 32)).native              # odd input width
 
 
 def test_an_engine_on_the_kernel_runs_short_steps_unpadded_and_agrees_with_onednn(

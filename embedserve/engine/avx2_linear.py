@@ -27,9 +27,15 @@ PANEL = 16                   # output columns per panel (two 8-float AVX2 regist
 
 
 @functools.cache
+def kernel_runs_here() -> bool:
+    """Whether the kernel is built and this CPU has AVX2 and FMA, whether or not layers take it."""
+    return _native is not None and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@functools.cache
 def kernel_available() -> bool:
-    """Whether the kernel is built and AVX2 is the widest vector unit torch found."""
-    return _native is not None and torch.backends.cpu.get_cpu_capability() == "AVX2"
+    """Whether layers take the kernel: it runs here and AVX2 is the widest vector unit torch found."""
+    return kernel_runs_here() and torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def covers(weight: torch.Tensor) -> bool:

@@ -26,10 +26,15 @@ PANEL = 32                   # output columns per panel (two 16-float AVX-512 ac
 
 
 @functools.cache
+def kernel_runs_here() -> bool:
+    """Whether the kernel is built and this CPU has AVX512-BF16, whether or not layers take it."""
+    return _native is not None and torch.cpu._is_avx512_bf16_supported()
+
+
+@functools.cache
 def kernel_available() -> bool:
-    """Whether the kernel is built and the CPU has AVX512-BF16 without AMX."""
-    return (_native is not None and torch.cpu._is_avx512_bf16_supported()
-            and not torch.cpu._is_amx_tile_supported())
+    """Whether layers take the kernel: it runs here and the CPU has no AMX."""
+    return kernel_runs_here() and not torch.cpu._is_amx_tile_supported()
 
 
 def covers(weight: torch.Tensor) -> bool:

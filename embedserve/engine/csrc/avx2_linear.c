@@ -8,28 +8,24 @@
  * From ~128 rows up the two run level (bench native_linears). Each panel of 16 output
  * columns is computed for a chunk of rows while its weights sit in L1, a block of
  * up to 6 rows at a time in 12 accumulators (the register blocking of BLIS's
- * Haswell kernel); a chunk's rows stay in L2 while every panel passes over them.
+ * Haswell kernel); a chunk's rows stay in L2 while every panel passes over them
+ * (linear_blocks.h, shared with bf16_linear.c, splits a call between threads).
  *
  * Layout: x is [rows, K] with rows ``x_stride`` floats apart; ``panels`` is the
  * weight [N, K] repacked as [N / 16][K][16] (avx2_linear.py: pack_panels); bias
- * float32 [N]; y is [rows, N] contiguous. (chunk, panel) pairs are split between
- * torch's OpenMP team (see bf16_attention.c for why it is torch's).
+ * float32 [N]; y is [rows, N] contiguous.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
+
+#include "linear_blocks.h"
 
 #define PANEL 16
 #define MAX_BLOCK_ROWS 6
-/* Blocks per chunk of rows: 48 rows of up to 4,096 floats (786 KB) stay in a 1 MB L2;
- * measured against 4, 16 and 32 blocks at 256 and 512 rows. */
-#define CHUNK_BLOCKS 8
-/* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
-#define SERIAL_MACS 65536
 /* Steps of k a panel's weights are prefetched ahead (2 KB): at a short query's few rows
  * each panel is read from memory once and its use is short, so the hardware prefetcher
  * alone leaves the FMA units waiting (8-64 rows: +5-15 %, bench native_linears; 8 ahead
@@ -71,6 +67,21 @@ ROW_BLOCK(6)
 typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t);
 static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, block1, block2, block3, block4, block5, block6};
 
+/* One call's operands, as for_each_block hands them to run_block. */
+typedef struct {
+    const float *x;
+    Py_ssize_t x_stride;
+    const float *panels, *bias;
+    float *y;
+    Py_ssize_t n, k;
+} Call;
+
+static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel) {
+    const Call *c = opaque;
+    BLOCKS[size](c->x + row * c->x_stride, c->x_stride, c->panels + panel * c->k * PANEL, c->bias + panel * PANEL,
+                 c->y + row * c->n + panel * PANEL, c->n, c->k);
+}
+
 static PyObject *avx2_linear(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long x, panels, bias, y;
@@ -83,32 +94,10 @@ static PyObject *avx2_linear(PyObject *self, PyObject *args) {
                      "rows %zd, n %zd, k %zd, x_stride %zd", PANEL, rows, n, k, x_stride);
         return NULL;
     }
-    const float *x_rows = (const float *)(uintptr_t)x, *w = (const float *)(uintptr_t)panels;
-    const float *b = (const float *)(uintptr_t)bias;
-    float *out = (float *)(uintptr_t)y;
-    const Py_ssize_t panel_count = n / PANEL;
-    if (threads < 1 || rows * n * k < SERIAL_MACS) threads = 1;
-    /* Rows go in chunks that stay in L2 while every panel passes over them, of equal size
-     * (64 rows: 32 and 32, not 48 and 16), so that the team's shares of the pairs are too. */
-    const Py_ssize_t chunk_rows = CHUNK_BLOCKS * MAX_BLOCK_ROWS;
-    const Py_ssize_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    const Call call = {(const float *)(uintptr_t)x, x_stride, (const float *)(uintptr_t)panels,
+                       (const float *)(uintptr_t)bias, (float *)(uintptr_t)y, n, k};
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (Py_ssize_t c = 0; c < chunks; ++c)
-        for (Py_ssize_t j = 0; j < panel_count; ++j) {
-            const float *panel = w + j * k * PANEL;
-            const Py_ssize_t first = c * rows / chunks, end = (c + 1) * rows / chunks;
-            /* The chunk's rows in equal blocks (20 rows: 5, 5, 5, 5, not 6, 6, 6, 2). */
-            const Py_ssize_t blocks = (end - first + MAX_BLOCK_ROWS - 1) / MAX_BLOCK_ROWS;
-            Py_ssize_t row = first;
-            for (Py_ssize_t block = 0; block < blocks; ++block) {
-                const Py_ssize_t left = end - row, blocks_left = blocks - block;
-                const int size = (int)((left + blocks_left - 1) / blocks_left);
-                BLOCKS[size](x_rows + row * x_stride, x_stride, panel, b + j * PANEL, out + row * n + j * PANEL,
-                             n, k);
-                row += size;
-            }
-        }
+    for_each_block(rows, n / PANEL, PANEL, k, MAX_BLOCK_ROWS, threads, run_block, &call);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -16,25 +16,21 @@
  * (bf16_linear.py: pack_panels); bias float32 [N]; y is [rows, N] bf16 contiguous.
  * The activation (none, GELU with erf or tanh, ReLU) is applied to the f32 sum, and
  * each output rounded to nearest even once, as oneDNN's fused epilogues do (applying it
- * after the rounding measurably doubled the error of a GELU's output). (chunk, panel)
- * pairs are split between torch's OpenMP team (see bf16_attention.c for why it is torch's).
+ * after the rounding measurably doubled the error of a GELU's output). linear_blocks.h,
+ * shared with avx2_linear.c, splits a call between threads.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 
 #include "avx512_exp.h"
+#include "linear_blocks.h"
 
 #define PANEL 32
 #define MAX_BLOCK_ROWS 12
-/* Blocks per chunk of rows: 96 rows of up to 4,096 bf16 (786 KB) stay in a 1 MB L2. */
-#define CHUNK_BLOCKS 8
-/* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
-#define SERIAL_MACS 65536
 /* Pairs of k a panel's weights are prefetched ahead (2 KB), as in avx2_linear.c. */
 #define PREFETCH_AHEAD 16
 
@@ -134,6 +130,23 @@ static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL,    block1,  block2, b
                                                      block5,  block6,  block7, block8, block9,
                                                      block10, block11, block12};
 
+/* One call's operands, as for_each_block hands them to run_block. */
+typedef struct {
+    const uint16_t *x;
+    Py_ssize_t x_stride;
+    const uint16_t *panels;
+    const float *bias;
+    uint16_t *y;
+    Py_ssize_t n, k;
+    int activation;
+} Call;
+
+static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel) {
+    const Call *c = opaque;
+    BLOCKS[size](c->x + row * c->x_stride, c->x_stride, c->panels + panel * c->k * PANEL, c->bias + panel * PANEL,
+                 c->y + row * c->n + panel * PANEL, c->n, c->k, c->activation);
+}
+
 static PyObject *bf16_linear(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long x, panels, bias, y;
@@ -153,31 +166,10 @@ static PyObject *bf16_linear(PyObject *self, PyObject *args) {
                      "4-byte aligned; got rows %zd, n %zd, k %zd, x_stride %zd", PANEL, rows, n, k, x_stride);
         return NULL;
     }
-    const uint16_t *x_rows = (const uint16_t *)(uintptr_t)x, *w = (const uint16_t *)(uintptr_t)panels;
-    const float *b = (const float *)(uintptr_t)bias;
-    uint16_t *out = (uint16_t *)(uintptr_t)y;
-    const Py_ssize_t panel_count = n / PANEL;
-    if (threads < 1 || rows * n * k < SERIAL_MACS) threads = 1;
-    /* Rows go in equal chunks that stay in L2 while every panel passes over them. */
-    const Py_ssize_t chunk_rows = CHUNK_BLOCKS * MAX_BLOCK_ROWS;
-    const Py_ssize_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    const Call call = {(const uint16_t *)(uintptr_t)x, x_stride, (const uint16_t *)(uintptr_t)panels,
+                       (const float *)(uintptr_t)bias, (uint16_t *)(uintptr_t)y, n, k, activation};
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (Py_ssize_t c = 0; c < chunks; ++c)
-        for (Py_ssize_t j = 0; j < panel_count; ++j) {
-            const uint16_t *panel = w + j * k * PANEL;
-            const Py_ssize_t first = c * rows / chunks, end = (c + 1) * rows / chunks;
-            /* The chunk's rows in equal blocks (20 rows: 10 and 10, not 12 and 8). */
-            const Py_ssize_t blocks = (end - first + MAX_BLOCK_ROWS - 1) / MAX_BLOCK_ROWS;
-            Py_ssize_t row = first;
-            for (Py_ssize_t block = 0; block < blocks; ++block) {
-                const Py_ssize_t left = end - row, blocks_left = blocks - block;
-                const int size = (int)((left + blocks_left - 1) / blocks_left);
-                BLOCKS[size](x_rows + row * x_stride, x_stride, panel, b + j * PANEL, out + row * n + j * PANEL,
-                             n, k, activation);
-                row += size;
-            }
-        }
+    for_each_block(rows, n / PANEL, PANEL, k, MAX_BLOCK_ROWS, threads, run_block, &call);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
