@@ -17,13 +17,15 @@ the ``cpu MHz`` the kernel reports) and per-core FLOP/cycle:
 - bf16 without AMX (AVX512-BF16): VDPBF16PS, 2 units x 32 pairs x 2 = 128.
   An upper bound: AMD Zen 4 runs 512-bit ops as two 256-bit halves, and a
   loop of independent VDPBF16PS measured 228 GFLOP/s per core on a 2.6 GHz
-  (nominal) Zen 4, not 332 (BENCHMARKS.md, engine section).
+  (nominal) Zen 4, not 332 (BENCHMARKS.md, engine section): give such a measured
+  rate with ``--peak`` (GFLOP/s per core), which replaces clock x FLOP/cycle.
 
 Steps run in this thread (no worker hop), so the profiler sees every op. Use
 ``--threads 1`` on a shared machine: one thread's op times are not stretched
 by waiting for a descheduled partner thread at OpenMP barriers.
 
     python -m bench engine_profile [--threads 1] [--batch uniform512|mixed] [--dtypes float32,bfloat16]
+                                   [--peak GFLOPS]
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--ghz", type=float, default=None, help="clock for the peak (default: /proc/cpuinfo)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per dtype (best counts)")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="measured peak, GFLOP/s per core, in place of clock x FLOP/cycle (one dtype)")
     args = parser.parse_args(argv)
+    if args.peak is not None and "," in args.dtypes:
+        parser.error("--peak is one dtype's peak: give one --dtypes")
 
     import torch
 
@@ -140,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(seconds.values())
         work = flops(engine.config, lengths)
         kind = dtype if dtype == "float32" else ("bfloat16_amx" if has_amx() else "bfloat16_avx512")
-        peak = FLOP_PER_CYCLE[kind] * ghz * 1e9 * args.threads
+        per_core = args.peak * 1e9 if args.peak else FLOP_PER_CYCLE[kind] * ghz * 1e9
+        peak = per_core * args.threads
         step_flops = sum(work.values())
         print(f"\n{dtype}: {tokens / best:,.0f} tokens/s ({'thread CPU time' if args.threads == 1 else 'wall'}, "
               f"best of {args.repeats}); whole step {step_flops / best / 1e9:.0f} GFLOP/s = "
