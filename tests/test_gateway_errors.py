@@ -7,6 +7,8 @@ requests in flight, which makes the overload and timeout cases deterministic.
 
 from __future__ import annotations
 
+import logging
+
 import os
 import signal
 import socket
@@ -128,15 +130,18 @@ def _check_unavailable(gateway: GatewayServer) -> None:
             input="x", model=gateway.settings.model_dir.name)
 
 
-def test_unexpected_error_is_a_clean_500(gateway):
+def test_unexpected_error_is_a_clean_500(gateway, caplog: pytest.LogCaptureFixture):
     async def broken() -> None:
         raise RuntimeError("secret internals")
 
     gateway.app.add_api_route("/broken", broken, methods=["GET"])
-    with gateway.client(headers=KEY) as http:
+    with caplog.at_level(logging.ERROR), gateway.client(headers=KEY) as http:
         response = http.get("/broken")
         assert http.get("/health").status_code == 200  # and the server keeps serving
     assert response.status_code == 500
     assert response.json() == {"error": {"message": "internal server error", "type": "server_error",
                                          "param": None, "code": "internal_error"}}
     assert "secret" not in response.text and response.headers["x-request-id"]
+    # logged once, with its traceback, whichever layer answered
+    logged = [r for r in caplog.records if r.exc_info and "secret internals" in str(r.exc_info[1])]
+    assert len(logged) == 1, [r.getMessage() for r in logged]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve import __version__
 from embedserve import wire
@@ -38,6 +39,27 @@ from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+class GatewayApp(FastAPI):
+    """The FastAPI app, entered through the gateway's own ASGI layers (``wrap``).
+
+    FastAPI runs its own outer layers (a telemetry check, Starlette's error middleware,
+    FastAPI's exception-telemetry and body-limit middlewares) around any middleware
+    added to it, so every request would pass them before the direct routes. Here the
+    gateway middleware, the drain and the direct routes come first and FastAPI's whole
+    stack after them: a direct route skips FastAPI's layers (~50 µs of a short
+    query's gateway time; BENCHMARKS.md, gateway overhead), every other request goes
+    through both as before.
+    """
+
+    def wrap(self, layers: Callable[[ASGIApp], ASGIApp]) -> None:
+        """Enter the app through ``layers(FastAPI's own entry)`` from now on."""
+        self._entry = layers(super().__call__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self   # as Starlette sets it: a direct route's Request reads app.state
+        await self._entry(scope, receive, send)
 
 
 def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -> FastAPI:
@@ -91,18 +113,21 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     # /docs and /redoc serve their scripts from the fastapi-offline package, not a
     # CDN, so they work on a machine without internet access.
     app = FastAPIOffline(title="embedserve gateway", version=__version__, lifespan=lifespan,
-                  description="OpenAI- and TEI-compatible embedding and reranking API.")
+                         description="OpenAI- and TEI-compatible embedding and reranking API.")
+    # fastapi-offline builds a plain FastAPI; the gateway's own entry (GatewayApp) is a
+    # subclass that adds only methods, so the object itself can take it.
+    app.__class__ = GatewayApp
     install_error_handlers(app)
     routers = [module.router for module in (embed, rerank, tokenize, ops)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
-    # Each middleware added runs outside the ones before it: the direct routes inside
-    # the drain (admitted like any request), both inside GatewayMiddleware (their
-    # answers, the drain's 503s included, carry request ids and are counted).
-    app.add_middleware(DirectRoutes, routes=direct_routes(r for router in routers for r in router.routes))
     drain = Drain(metrics.registry, settings.retry_after_s)
     app.state.drain = drain
-    app.add_middleware(DrainMiddleware, drain=drain)
-    app.add_middleware(GatewayMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
-                       api_key=settings.api_key)
+    routes = direct_routes(r for router in routers for r in router.routes)
+    # The direct routes inside the drain (admitted like any request), both inside
+    # GatewayMiddleware (their answers, the drain's 503s included, carry request ids
+    # and are counted), FastAPI's stack innermost.
+    app.wrap(lambda fastapi: GatewayMiddleware(
+        DrainMiddleware(DirectRoutes(fastapi, routes), drain=drain),
+        metrics=metrics, max_body_bytes=settings.max_body_bytes, api_key=settings.api_key))
     return app

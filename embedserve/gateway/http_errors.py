@@ -7,8 +7,8 @@ gateway as OpenAI's shape::
     {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
 
 Foreign exceptions (pydantic validation, Starlette HTTP errors) are
-translated here; an unexpected exception is logged with its traceback by
-``middleware.GatewayMiddleware`` and answered with a clean 500.
+translated here; an unexpected exception is answered with a clean 500
+(``UNEXPECTED``) and logged with its traceback by ``middleware.GatewayMiddleware``.
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     status: {"model": ErrorResponse, "description": entry.description}
     for status, entry in HTTP_STATUSES.items() if entry.description is not None
 }
+
+
+# status, message and error.code of the answer to an unexpected exception (no traceback)
+UNEXPECTED = (500, "internal server error", "internal_error")
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -161,12 +165,20 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
                           headers=getattr(exc, "headers", None))
 
 
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    status, message, code = UNEXPECTED
+    return error_response(status, message, None, code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers once for the whole app (not per route).
 
-    Unexpected exceptions are caught by ``GatewayMiddleware`` instead, inside
-    the layer that adds x-request-id and Server-Timing to every response.
+    An unexpected exception in a FastAPI route is answered by Starlette's error
+    middleware with ``_on_unexpected``'s 500 and raised on to ``GatewayMiddleware``,
+    which logs it; one outside FastAPI's stack (the direct routes) is answered and
+    logged there alone.
     """
     app.add_exception_handler(errors.EmbedServeError, _on_embedserve_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

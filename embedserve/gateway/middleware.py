@@ -20,7 +20,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from embedserve.gateway.http_errors import error_body
+from embedserve.gateway.http_errors import UNEXPECTED, error_body
 from embedserve.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,11 @@ class GatewayMiddleware:
             await self.app(scope, receive, send_with_headers)
         except Exception:
             # The one place an unexpected error ends: logged with its traceback,
-            # answered with a clean 500 that carries none.
+            # answered with a clean 500 that carries none (unless FastAPI's error
+            # middleware, inside, already sent that answer and raised it on).
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if not started_response[0]:
-                await _send_error(send_with_headers, 500, "internal server error", "internal_error")
+                await _send_error(send_with_headers, *UNEXPECTED)
         finally:
             route = _route_label(scope)
             self.metrics.requests.labels(route, str(status_seen[0])).inc()
