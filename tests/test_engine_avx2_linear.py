@@ -6,6 +6,8 @@ it, as both sum the same products in another order. Also: which layers take the
 kernel, that an engine on it runs steps of up to 64 tokens unpadded (the kernel keeps
 no per-count state) and larger ones in their buckets, and that it equals the same
 engine on oneDNN.
+The kernel's own tests run wherever the CPU has its instructions (``runs_here``);
+those of the layers' choice only where layers take it (``kernel``).
 """
 
 from __future__ import annotations

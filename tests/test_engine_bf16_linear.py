@@ -6,6 +6,8 @@ each output once to bf16, so the kernel's error must be of the same size (the or
 of the float32 sums differs). Also: which layers take the kernel, that an engine on it
 runs steps of up to 64 tokens unpadded (the kernel keeps no per-count state), and that
 it agrees with the same engine on oneDNN.
+The kernel's own tests run wherever the CPU has its instructions (``runs_here``);
+those of the layers' choice only where layers take it (``kernel``).
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@
 /* One kernel block: ``size`` rows from ``row`` by panel ``panel``, of the call ``call``. */
 typedef void (*linear_block)(const void *call, Py_ssize_t row, int size, Py_ssize_t panel);
 
-/* Runs ``block`` over every (rows, panel) block of a call of ``rows`` by ``panels`` panels
- * of ``k`` inputs each panel_width wide, blocks of at most ``max_block_rows`` rows, on up to
- * ``threads`` threads. Call without the GIL. */
+/* Runs ``block`` over every block of a call: ``rows`` rows by ``panels`` panels of
+ * ``panel_width`` outputs over ``k`` inputs, in blocks of at most ``max_block_rows`` rows,
+ * on up to ``threads`` threads. Call without the GIL. */
 static void for_each_block(Py_ssize_t rows, Py_ssize_t panels, Py_ssize_t panel_width, Py_ssize_t k,
                            int max_block_rows, Py_ssize_t threads, linear_block block, const void *call) {
     if (threads < 1 || rows * panels * panel_width * k < SERIAL_MACS)
