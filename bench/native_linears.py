@@ -41,7 +41,8 @@ def linears_table(repeats: int, threads: int, dtype: str) -> None:
     torch.set_num_threads(threads)
     shapes = [(HIDDEN, 3 * HIDDEN, "none"), (HIDDEN, HIDDEN, "none"), (HIDDEN, INTERMEDIATE, "gelu"),
               (INTERMEDIATE, HIDDEN, "none")]
-    linears = [(nn.Linear(i, o).to(getattr(torch, dtype)), i, attr) for _ in range(LAYERS) for i, o, attr in shapes]
+    torch_dtype = getattr(torch, dtype)
+    linears = [(nn.Linear(i, o).to(torch_dtype), i, attr) for _ in range(LAYERS) for i, o, attr in shapes]
     packed = {native: [(PackedWeight(linear, native), width, attr) for linear, width, attr in linears]
               for native in (True, False)}
     assert all(p.native for p, _, _ in packed[True]) and not any(p.native for p, _, _ in packed[False])
@@ -50,7 +51,7 @@ def linears_table(repeats: int, threads: int, dtype: str) -> None:
           f"  ({len(linears)} linears, {threads} threads)")
     print("|---:|---:|---:|---:|---:|---:|")
     for tokens in (1, 8, 16, 20, 32, 64, 128, 256, 512):
-        inputs = {width: torch.randn(tokens, width).to(getattr(torch, dtype)) for width in (HIDDEN, INTERMEDIATE)}
+        inputs = {width: torch.randn(tokens, width).to(torch_dtype) for width in (HIDDEN, INTERMEDIATE)}
 
         def step(native: bool) -> None:
             for weight, width, attr in packed[native]:

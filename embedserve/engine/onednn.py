@@ -62,8 +62,8 @@ class PackedWeight(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
-        self.kernel = next((kernel for kernel in _NATIVE_KERNELS if kernel.covers(weight)), None) if native else None
-        self.native = self.kernel is not None
+        covering = (kernel for kernel in _NATIVE_KERNELS if kernel.covers(weight))
+        self.kernel = next(covering, None) if native else None
         if self.kernel is not None:
             self.register_buffer("weight", self.kernel.pack_panels(weight))
             # The kernels always add a bias, in float32.
@@ -71,6 +71,11 @@ class PackedWeight(nn.Module):
         else:
             self.register_buffer("weight", _mkldnn._reorder_linear_weight(weight, _TOKEN_HINT))
             self.register_buffer("bias", bias)
+
+    @property
+    def native(self) -> bool:
+        """Whether a native kernel runs this weight (else oneDNN)."""
+        return self.kernel is not None
 
     def forward(self, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
         # x: [T, in] contiguous -> [T, out]

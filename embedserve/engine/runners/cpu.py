@@ -5,9 +5,10 @@ runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
 per-shape primitives, and so the replica's memory, bounded under mixed traffic.
 A model whose linears all run on a native kernel (avx2_linear or bf16_linear:
 ``onednn.linears_all_native``) keeps no primitives: its steps of up to 64 tokens run
-exact counts, so a 20-token query computes 20 rows, not 24. Larger steps keep their buckets: with exact counts up
-to 512 such a replica still grew by ~130 MB over 400 mixed steps (about 25 MB with
-buckets; cause not identified), where 64 exact counts added ~13 MB and stayed there.
+exact counts, so a 20-token query computes 20 rows, not 24. Larger steps keep their
+buckets: with exact counts up to 512 such a replica still grew by ~130 MB over 400
+mixed steps (about 25 MB with buckets; cause not identified), where 64 exact counts
+added ~13 MB and stayed there.
 """
 
 from __future__ import annotations
