@@ -59,23 +59,28 @@ def check_token_types(types: np.ndarray | None, num_tokens: int, field: str = "b
 
 
 def check_cu_seqlens(cu_seqlens: np.ndarray, num_tokens: int, field: str = "batch") -> None:
-    """InvalidInput unless ``cu_seqlens`` [B+1] starts at 0, grows by >= 1 and ends at T.
-
-    Any integer dtype: the wire checks its int64 running sum of lengths here
-    before narrowing it to int32.
-    """
+    """InvalidInput unless ``cu_seqlens`` [B+1] starts at 0, grows by >= 1 and ends at T
+    (any integer dtype; the steps are taken in int64)."""
     if cu_seqlens.shape[0] < 2:
         raise InvalidInput("no sequences: a batch needs at least one", field=f"{field}.lengths")
     if int(cu_seqlens[0]) != 0:
         raise InvalidInput(f"cu_seqlens must start at 0, not {int(cu_seqlens[0])}",
                            field=f"{field}.cu_seqlens")
-    lengths = np.diff(cu_seqlens.astype(np.int64, copy=False))
+    cu_seqlens = cu_seqlens.astype(np.int64, copy=False)
+    check_sequence_lengths(cu_seqlens[1:] - cu_seqlens[:-1], num_tokens, field)
+
+
+def check_sequence_lengths(lengths: np.ndarray, num_tokens: int, field: str = "batch") -> None:
+    """InvalidInput unless there are B >= 1 ``lengths``, each >= 1, adding up to ``num_tokens``."""
+    if lengths.shape[0] == 0:
+        raise InvalidInput("no sequences: a batch needs at least one", field=f"{field}.lengths")
     if int(lengths.min()) < 1:
         index = int(np.argmin(lengths))
         raise InvalidInput(f"sequence {index} has {int(lengths[index])} tokens; every sequence "
                            "needs at least one", field=f"{field}.lengths")
-    if int(cu_seqlens[-1]) != num_tokens:
-        raise InvalidInput(f"the sequence lengths add up to {int(cu_seqlens[-1])}, but there are "
+    total = int(lengths.sum(dtype=np.int64))
+    if total != num_tokens:
+        raise InvalidInput(f"the sequence lengths add up to {total}, but there are "
                            f"{num_tokens} token ids", field=f"{field}.lengths")
 
 
@@ -115,6 +120,8 @@ def check_token_type_ids(token_type_ids: np.ndarray, cu_seqlens: np.ndarray,
 
 def check_lengths(lengths: np.ndarray, max_positions: int, field: str = "batch") -> None:
     """InputTooLong naming the first sequence longer than ``max_positions`` (specials included)."""
+    if lengths.size == 0 or int(lengths.max()) <= max_positions:
+        return   # the common case, in one reduction
     too_long = np.flatnonzero(lengths > max_positions)
     if too_long.size:
         index = int(too_long[0])

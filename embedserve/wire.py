@@ -31,7 +31,7 @@ from embedserve import validate
 from embedserve.errors import InvalidInput
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
-from embedserve.ragged import RaggedBatch, cu_seqlens_from_lengths
+from embedserve.ragged import RaggedBatch
 
 _INT32 = np.dtype("<i4")
 _WIRE_DTYPES: dict[int, np.dtype] = {
@@ -68,14 +68,15 @@ def unpack_tokens(packed: inference_pb2.PackedTokens, field: str = "tokens") -> 
     lengths = _int32_view(packed.lengths, f"{field}.lengths")
     type_ids = (_int32_view(packed.token_type_ids, f"{field}.token_type_ids")
                 if packed.token_type_ids else None)
-    # Checked in int64 before narrowing, so lengths summing past 2**31 are
-    # reported as their sum, not as what it wraps to in int32.
-    cu_seqlens = cu_seqlens_from_lengths(lengths)
-    validate.check_cu_seqlens(cu_seqlens, token_ids.shape[0], field)
+    # Summed in int64, so lengths adding up past 2**31 are reported as their sum,
+    # not as what it wraps to in int32.
+    validate.check_sequence_lengths(lengths, token_ids.shape[0], field)
     # The rest of check_ragged: the views are int32 and one-dimensional by construction,
-    # and the int64 sums just checked fit int32 (they end at the id count).
+    # and the running sums fit int32 (they end at the id count, just checked).
     validate.check_token_types(type_ids, token_ids.shape[0], field)
-    return RaggedBatch(token_ids, cu_seqlens.astype(np.int32), type_ids)
+    cu_seqlens = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    return RaggedBatch(token_ids, cu_seqlens, type_ids)
 
 
 def model_info_to_proto(info: ModelInfo, *, max_batch_tokens: int, max_batch_sequences: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,39 @@ def test_a_failed_step_raises_from_wait_and_await_and_the_engine_keeps_working(
 
 async def _await(lazy: LazyTensor) -> np.ndarray:
     return await lazy
+
+
+def test_on_ready_calls_the_loop_back_once_the_step_is_done(engine: Engine) -> None:
+    good, bad = batches(1, seed=4)[0], Batch.from_sequences([[0, 250002, 2]])
+    expected = engine.step(good).wait()
+
+    async def main() -> list[tuple[bool, bool, object]]:
+        loop_thread = threading.get_ident()
+        seen: list[tuple[bool, bool, object]] = []
+        both = asyncio.Event()
+
+        def called_back(lazy: LazyTensor) -> None:
+            try:
+                outcome: object = lazy.wait(0)
+            except InvalidInput as error:
+                outcome = error
+            seen.append((threading.get_ident() == loop_thread, lazy.ready(), outcome))
+            if len(seen) == 2:
+                both.set()
+
+        for lazy in (engine.step(good), engine.step(bad)):
+            lazy.on_ready(called_back)
+        await asyncio.wait_for(both.wait(), 60)
+        done = engine.step(good)
+        done.wait()
+        done.on_ready(called_back)   # already finished: still called back, on the loop
+        await asyncio.sleep(0.05)
+        return seen
+
+    seen = asyncio.run(main())
+    assert [(on_loop, ready) for on_loop, ready, _ in seen] == [(True, True)] * 3
+    assert np.array_equal(seen[0][2], expected) and np.array_equal(seen[2][2], expected)
+    assert isinstance(seen[1][2], InvalidInput) and "outside the vocabulary" in str(seen[1][2])
 
 
 def test_closed_engine_refuses_steps(tiny_bert_dir: Path) -> None:

@@ -296,3 +296,42 @@ def test_score_and_ranges_answer_as_grpc_does(tiny_bert_reranker_dir, tiny_bert_
         by_frames = over_frames(server, lambda channel: channel.call("Ranges", ranges, timeout=30))
         by_grpc = server.stub.Ranges(ranges, timeout=30, metadata=metadata)
     assert by_frames.calibration_id and by_frames == by_grpc
+
+
+def test_a_replica_that_never_answers_fails_the_call_at_its_deadline_and_is_told(socket_dir):
+    """The gateway's own deadline, with nobody on the other side enforcing one: a socket
+    that says HELLO and then only listens."""
+    path = socket_dir / "silent.frames"
+    received: list[frames.Frame] = []
+
+    async def run():
+        cancel_seen = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            frame_reader = frames.FrameReader(1 << 20)
+            while data := await reader.read(65536):
+                for item in frame_reader.feed(data):
+                    received.append(item)
+                    if item.kind == frames.HELLO:
+                        writer.write(frames.frame(frames.HELLO, item.call_id, arg=0))
+                    elif item.kind == frames.CANCEL:
+                        cancel_seen.set()
+
+        server = await asyncio.start_unix_server(silent, str(path))
+        channel = await FrameChannel.open(path, None, timeout_s=10)
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(ReplicaCallError) as info:
+                await channel.call("Embed", embed_request([[5, 6]]), timeout=0.3)
+            waited = asyncio.get_running_loop().time() - started
+            await asyncio.wait_for(cancel_seen.wait(), 10)
+            assert not channel.closed   # the connection serves on
+        finally:
+            channel.close()
+            server.close()
+        return info.value.code(), waited
+
+    code, waited = asyncio.run(run())
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED and waited >= 0.29
+    call, cancel = [f for f in received if f.kind in (frames.CALL, frames.CANCEL)]
+    assert call.call_id == cancel.call_id and 0 < call.timeout_us <= 300_000

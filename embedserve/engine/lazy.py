@@ -3,8 +3,8 @@
 Owns waiting and nothing else. Both runners fill one through a
 ``concurrent.futures.Future``: the CPU worker thread, and on CUDA the
 completion thread once the step's event has fired (runners/cuda.py). The
-caller may poll ``ready()``, block in ``wait(timeout)``, or ``await`` it
-without blocking the event loop.
+caller may poll ``ready()``, block in ``wait(timeout)``, ``await`` it
+without blocking the event loop, or have the loop called back (``on_ready``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,12 @@ class LazyTensor:
         raise NotImplementedError
 
     async def _await(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def on_ready(self, callback: Callable[[LazyTensor], None]) -> None:
+        """Call ``callback(self)`` on the running event loop once the result or error is
+        in (``wait()`` then answers at once). One hop from the producer's thread to the
+        loop, where a task awaiting the handle takes a turn of the loop more."""
         raise NotImplementedError
 
     def __await__(self) -> Generator[Any, None, np.ndarray]:
@@ -60,3 +66,14 @@ class FutureLazyTensor(LazyTensor):
 
     async def _await(self) -> np.ndarray:
         return await asyncio.wrap_future(self._future)
+
+    def on_ready(self, callback: Callable[[LazyTensor], None]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def hand_over(_future: concurrent.futures.Future) -> None:
+            try:
+                loop.call_soon_threadsafe(callback, self)
+            except RuntimeError:
+                pass   # the loop has closed: nobody is left to tell
+
+        self._future.add_done_callback(hand_over)

@@ -37,6 +37,28 @@ class GatewayMetrics:
                                       ["model"], registry=r)
         self.replicas_known = Gauge("embedserve_gateway_replicas", "Replicas configured", ["model"],
                                     registry=r)
+        # The children of the per-request label sets, each looked up once: ``labels()``
+        # validates and locks on every call. Routes, statuses and models are few.
+        self._request_children: dict[tuple[str, int], tuple] = {}
+        self._work_children: dict[tuple[str, str], tuple] = {}
+
+    def count_request(self, route: str, status: int, seconds: float) -> None:
+        """One HTTP request answered with ``status`` after ``seconds``."""
+        children = self._request_children.get((route, status))
+        if children is None:
+            children = self._request_children[route, status] = (
+                self.requests.labels(route, str(status)), self.latency.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def count_work(self, route: str, model: str, inputs: int, tokens: int) -> None:
+        """``inputs`` inputs of ``tokens`` tokens in all served for ``model`` on ``route``."""
+        children = self._work_children.get((route, model))
+        if children is None:
+            children = self._work_children[route, model] = (
+                self.inputs.labels(route, model), self.tokens.labels(route, model))
+        children[0].inc(inputs)
+        children[1].inc(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

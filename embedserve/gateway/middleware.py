@@ -89,9 +89,8 @@ class GatewayMiddleware:
             if not started_response[0]:
                 await _send_error(send_with_headers, *UNEXPECTED)
         finally:
-            route = _route_label(scope)
-            self.metrics.requests.labels(route, str(status_seen[0])).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+            self.metrics.count_request(_route_label(scope), status_seen[0],
+                                       time.perf_counter() - started)
 
     def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str | None] | None:
         """(status, message, error.code) of a request refused before routing, or None."""

@@ -53,6 +53,7 @@ class Gateway:
         self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
         # Read when scraped, not written twice per request.
         metrics.inflight_tokens.labels(self.model_id).set_function(lambda: self.budget.in_use)
+        self._count_retry = metrics.chunk_retries.labels(self.model_id).inc
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
         # The last replica report read and the ModelInfo made of it: a request reads
@@ -163,7 +164,7 @@ class Gateway:
                 result = await cancel_on_disconnect(request, run_chunks_outputs(
                     self.pool, packed, self.policy, rpc, make, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
-                    on_retry=self.metrics.chunk_retries.labels(self.model_id).inc))
+                    on_retry=self._count_retry))
             finally:
                 timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
                 timing["rpc"] = timings.rpc_s
@@ -171,8 +172,7 @@ class Gateway:
                 timing["queue"] = timings.queue_s
                 timing["wake"] = timings.wake_s
                 timing["inference"] = timings.inference_s
-        self.metrics.inputs.labels(route, self.model_id).inc(packed.num_sequences)
-        self.metrics.tokens.labels(route, self.model_id).inc(tokens)
+        self.metrics.count_work(route, self.model_id, packed.num_sequences, tokens)
         return result
 
 
@@ -187,31 +187,34 @@ async def timed(request: Request, phase: str, work: Awaitable[T]) -> T:
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; cancel it (and its replica calls) if the client disconnects."""
-    task = asyncio.ensure_future(work)
+    """Await ``work`` in this task; cancel it (and its replica calls) if the client disconnects.
+
+    The work runs in the request's own task (a task of its own would cost a
+    task and a turn of the loop per request): the watcher cancels this task,
+    and only a cancellation it asked for alone becomes ``Cancelled``.
+    """
+    current = asyncio.current_task()
+    assert current is not None
     client_left = False
+    finished = False
 
     async def client_gone() -> None:
         nonlocal client_left
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        client_left = True
-        task.cancel()
+        if not finished:
+            client_left = True
+            current.cancel()
 
     watcher = asyncio.ensure_future(client_gone())
     try:
-        # Awaited directly (no asyncio.wait): a request whose own task is cancelled
-        # cancels ``task`` through this await.
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if client_left and not _being_cancelled():
+        # uncancel() takes back the watcher's request; what is left is someone
+        # else's (shutdown, a deadline above), which must go on as CancelledError.
+        if client_left and current.uncancel() == 0:
             raise Cancelled("the client disconnected") from None
         raise
     finally:
+        finished = True
         watcher.cancel()
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task itself has been asked to stop (not only the work it awaited)."""
-    current = asyncio.current_task()
-    return current is not None and current.cancelling() > 0

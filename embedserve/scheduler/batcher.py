@@ -3,11 +3,12 @@
 Owns the overlap of CPU and engine work and nothing about gRPC. Up to
 ``in_flight_depth`` steps are in the engine at once: while one runs, the next
 batch is already formed and submitted, so the engine never waits for Python.
-Each step's LazyTensor is awaited by its own task (on CPU that is
-``asyncio.wrap_future``, i.e. ``call_soon_threadsafe`` from the engine
-thread; nothing polls). When it resolves, consecutive rows of one call are
-copied back in one slice; when it fails, every call in the batch fails with
-the error and the loop keeps going.
+Each step's LazyTensor calls the loop back when it resolves (``on_ready``:
+``call_soon_threadsafe`` from the engine thread; nothing polls, and no task
+per step, whose wake-up would cost a turn of the loop before the rows reach
+their calls). Then consecutive rows of one call are copied back in one slice;
+when the step failed, every call in the batch fails with the error and the
+loop keeps going.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class Batcher:
         self._metrics = metrics
         self._clock = clock
         self._on_device_lost = on_device_lost
-        self._in_flight: set[asyncio.Task] = set()
+        self._in_flight: set[LazyTensor] = set()
         self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
         self._run_task: asyncio.Task | None = None
 
@@ -110,11 +111,12 @@ class Batcher:
         return len(self._in_flight)
 
     async def stop(self) -> None:
-        """Cancel the loop and any step still awaited (after a drain there are none)."""
-        tasks = [*self._in_flight, *([self._run_task] if self._run_task else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel the loop and stop waiting for the steps still in the engine (after a
+        drain there are none): their rows reach nobody."""
+        self._in_flight.clear()
+        if self._run_task is not None:
+            self._run_task.cancel()
+            await asyncio.gather(self._run_task, return_exceptions=True)
 
     def start(self) -> None:
         self._run_task = asyncio.create_task(self._run(), name="embedserve-batcher")
@@ -153,13 +155,21 @@ class Batcher:
             self._fail(runs, error)
             self._slots.release()
             return
-        task = asyncio.create_task(self._finish(lazy, runs, submitted_at=now))
-        self._in_flight.add(task)
-        task.add_done_callback(self._step_done)
+        self._in_flight.add(lazy)
+        lazy.on_ready(lambda done: self._step_done(done, runs, now))
 
-    async def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+    def _step_done(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+        if lazy not in self._in_flight:
+            return   # stopped meanwhile
+        self._in_flight.discard(lazy)
         try:
-            rows = await lazy
+            self._finish(lazy, runs, submitted_at)
+        finally:
+            self._slots.release()
+
+    def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+        try:
+            rows = lazy.wait(0)
         except Exception as error:
             self._fail(runs, error)
             return
@@ -172,7 +182,7 @@ class Batcher:
         # Steps run one after another in the engine: this one's own compute
         # began when it was submitted or when the previous one finished.
         compute_s = finished_at - max(submitted_at, self._engine_free_at)
-        # The part of it between the engine finishing and this task running on.
+        # The part of it between the engine finishing and this callback running.
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._engine_free_at = finished_at
         self._metrics.step_seconds.observe(compute_s)
@@ -186,10 +196,6 @@ class Batcher:
             run.call.fail(error)
         if isinstance(error, DeviceLost) and self._on_device_lost is not None:
             self._on_device_lost(error)
-
-    def _step_done(self, task: asyncio.Task) -> None:
-        self._in_flight.discard(task)
-        self._slots.release()
 
 
 def _report_crash(task: asyncio.Task) -> None:

@@ -67,6 +67,15 @@ class SchedulerMetrics:
                                     "Engine steps that raised", registry=r)
         if engine_stats is not None:
             self.registry.register(_EngineStatsCollector(engine_stats))
+        # Each (method, code)'s child looked up once: ``labels()`` validates and locks.
+        self._call_children: dict[tuple[str, str], Any] = {}
+
+    def count_call(self, method: str, code: str) -> None:
+        """One finished Embed/Score/Ranges call and its gRPC status code's name."""
+        child = self._call_children.get((method, code))
+        if child is None:
+            child = self._call_children[method, code] = self.calls.labels(method, code)
+        child.inc()
 
     def track_state(self, queued_sequences: Callable[[], float], queued_tokens: Callable[[], float],
                     active_calls: Callable[[], float], in_flight_batches: Callable[[], float]) -> None:

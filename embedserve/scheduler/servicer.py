@@ -184,13 +184,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         except asyncio.CancelledError:  # the client left, or gRPC enforced the deadline
             code = grpc.StatusCode.DEADLINE_EXCEEDED if _deadline_passed(context) \
                 else grpc.StatusCode.CANCELLED
-            self._metrics.calls.labels(method, code.name).inc()
+            self._metrics.count_call(method, code.name)
             raise
         except Exception as error:
             code, message = grpc_status(error)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method)
-            self._metrics.calls.labels(method, code.name).inc()
+            self._metrics.count_call(method, code.name)
             context.set_code(code)
             context.set_details(message)
             return None
@@ -198,7 +198,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             self.active_calls -= 1
             if self.active_calls == 0:
                 self._idle.set()
-        self._metrics.calls.labels(method, grpc.StatusCode.OK.name).inc()
+        self._metrics.count_call(method, grpc.StatusCode.OK.name)
         return response
 
 
