@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import listening_socket
-from embedserve.gateway.http_protocol import gateway_uvicorn_config
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.launch.commands import scheduler_command
 from embedserve.launch.processes import stop_popen
@@ -108,7 +107,7 @@ class GatewayServer:
         self.app = create_app(settings)
         sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(gateway_uvicorn_config(self.app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         while not self.server.started:

@@ -187,34 +187,31 @@ async def timed(request: Request, phase: str, work: Awaitable[T]) -> T:
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` in this task; cancel it (and its replica calls) if the client disconnects.
-
-    The work runs in the request's own task (a task of its own would cost a
-    task and a turn of the loop per request): the watcher cancels this task,
-    and only a cancellation it asked for alone becomes ``Cancelled``.
-    """
-    current = asyncio.current_task()
-    assert current is not None
+    """Run ``work``; cancel it (and its replica calls) if the client disconnects."""
+    task = asyncio.ensure_future(work)
     client_left = False
-    finished = False
 
     async def client_gone() -> None:
         nonlocal client_left
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        if not finished:
-            client_left = True
-            current.cancel()
+        client_left = True
+        task.cancel()
 
     watcher = asyncio.ensure_future(client_gone())
     try:
-        return await work
+        # Awaited directly (no asyncio.wait): a request whose own task is cancelled
+        # cancels ``task`` through this await.
+        return await task
     except asyncio.CancelledError:
-        # uncancel() takes back the watcher's request; what is left is someone
-        # else's (shutdown, a deadline above), which must go on as CancelledError.
-        if client_left and current.uncancel() == 0:
+        if client_left and not _being_cancelled():
             raise Cancelled("the client disconnected") from None
         raise
     finally:
-        finished = True
         watcher.cancel()
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task itself has been asked to stop (not only the work it awaited)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
