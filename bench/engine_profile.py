@@ -1,7 +1,7 @@
 """Where an engine step's CPU time goes, by kind of work, in fp32 and bf16.
 
 Runs the default model (multilingual-e5-small) through ``Engine`` on one
-batch (32 x 512 random ids by default, or a mixed-length batch) under
+batch (32 x 512 random ids by default, a mixed-length batch, or one 20-token query) under
 ``torch.profiler`` and sums each op's self time into the kinds of work a
 transformer layer does: dense matmuls (oneDNN, AMX in bf16, or the native AVX2 kernel
 in float32 on CPUs without AVX-512), attention (SDPA, or
@@ -24,7 +24,7 @@ Steps run in this thread (no worker hop), so the profiler sees every op. Use
 ``--threads 1`` on a shared machine: one thread's op times are not stretched
 by waiting for a descheduled partner thread at OpenMP barriers.
 
-    python -m bench engine_profile [--threads 1] [--batch uniform512|mixed] [--dtypes float32,bfloat16]
+    python -m bench engine_profile [--threads 1] [--batch uniform512|mixed|query] [--dtypes float32,bfloat16]
                                    [--peak GFLOPS]
 """
 
@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 BATCH = 32
+# One search query: the overhead bench's sentence is 20 tokens with its specials.
+QUERY_TOKENS = 20
 # torch op (self time) -> kind of work; anything else is "other".
 KINDS = {
     "mkldnn::_linear_pointwise": "dense matmuls",
@@ -80,6 +82,8 @@ def has_amx() -> bool:
 def batch_lengths(name: str, seed: int = 0) -> list[int]:
     if name == "uniform512":
         return [512] * BATCH
+    if name == "query":
+        return [QUERY_TOKENS]
     rng = np.random.default_rng(seed)
     return np.exp(rng.uniform(np.log(8), np.log(512), BATCH)).astype(int).tolist()
 
@@ -107,7 +111,7 @@ def profile_step(runner, batch) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batch", choices=["uniform512", "mixed"], default="uniform512")
+    parser.add_argument("--batch", choices=["uniform512", "mixed", "query"], default="uniform512")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--ghz", type=float, default=None, help="clock for the peak (default: /proc/cpuinfo)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per dtype (best counts)")

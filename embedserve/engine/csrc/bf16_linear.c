@@ -17,7 +17,10 @@
  * The activation (none, GELU with erf or tanh, ReLU) is applied to the f32 sum, and
  * each output rounded to nearest even once, as oneDNN's fused epilogues do (applying it
  * after the rounding measurably doubled the error of a GELU's output). linear_blocks.h,
- * shared with avx2_linear.c, splits a call between threads.
+ * shared with avx2_linear.c, splits a call between threads. In a call of few rows a
+ * chunk's second block also pulls the next panel toward L2 (``warming_block``), so that
+ * the next first block does not wait on memory: a one-sentence query's step 14-18 %
+ * faster on Zen 4.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -84,10 +87,15 @@ static inline __m512 activate(__m512 x, int activation) {
 
 static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm512_set1_epi32(*(const int32_t *)at); }
 
-/* One block of R rows by one panel: the accumulators start at the bias. */
-#define ROW_BLOCK(R)                                                                               \
-    static void block##R(const uint16_t *x, int64_t x_stride, const uint16_t *panel, const float *bias, \
-                         uint16_t *y, int64_t n, int64_t k_total, int activation) {                \
+/* One block of R rows by one panel: the accumulators start at the bias. The WARM
+ * variant also pulls the next panel, ``warm``, toward L2 (linear_blocks.h); a variant of
+ * its own, so that the plain loop stays as it was (a run-time test in it cost 32 x 512
+ * steps ~8 %). */
+#define ROW_BLOCK(R, NAME, WARM)                                                                  \
+    static void NAME##R(const uint16_t *x, int64_t x_stride, const uint16_t *panel, const float *bias, \
+                        uint16_t *y, int64_t n, int64_t k_total, int activation,                   \
+                        const uint16_t *warm) {                                                    \
+        (void)warm;                                                                                \
         __m512 lo[R], hi[R];                                                                       \
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                     \
             lo[r] = _mm512_loadu_ps(bias);                                                         \
@@ -95,6 +103,10 @@ static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm
         }                                                                                          \
         for (int64_t kp = 0; kp < k_total / 2; kp++) {                                             \
             _mm_prefetch((const char *)(panel + (kp + PREFETCH_AHEAD) * 2 * PANEL), _MM_HINT_T0);  \
+            if (WARM) {                                                                            \
+                _mm_prefetch((const char *)(warm + kp * 2 * PANEL), _MM_HINT_T1);                  \
+                _mm_prefetch((const char *)(warm + kp * 2 * PANEL + PANEL), _MM_HINT_T1);          \
+            }                                                                                      \
             const __m512bh w_lo = (__m512bh)_mm512_load_si512(panel + kp * 2 * PANEL);            \
             const __m512bh w_hi = (__m512bh)_mm512_load_si512(panel + kp * 2 * PANEL + PANEL);    \
             _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                 \
@@ -111,24 +123,29 @@ static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm
         }                                                                                          \
     }
 
-ROW_BLOCK(1)
-ROW_BLOCK(2)
-ROW_BLOCK(3)
-ROW_BLOCK(4)
-ROW_BLOCK(5)
-ROW_BLOCK(6)
-ROW_BLOCK(7)
-ROW_BLOCK(8)
-ROW_BLOCK(9)
-ROW_BLOCK(10)
-ROW_BLOCK(11)
-ROW_BLOCK(12)
+#define ROW_BLOCKS(R) ROW_BLOCK(R, block, 0) ROW_BLOCK(R, warming_block, 1)
+ROW_BLOCKS(1)
+ROW_BLOCKS(2)
+ROW_BLOCKS(3)
+ROW_BLOCKS(4)
+ROW_BLOCKS(5)
+ROW_BLOCKS(6)
+ROW_BLOCKS(7)
+ROW_BLOCKS(8)
+ROW_BLOCKS(9)
+ROW_BLOCKS(10)
+ROW_BLOCKS(11)
+ROW_BLOCKS(12)
 
 typedef void (*row_block)(const uint16_t *, int64_t, const uint16_t *, const float *, uint16_t *, int64_t,
-                          int64_t, int);
+                          int64_t, int, const uint16_t *);
 static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL,    block1,  block2, block3, block4,
                                                      block5,  block6,  block7, block8, block9,
                                                      block10, block11, block12};
+static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {
+    NULL,            warming_block1, warming_block2,  warming_block3,  warming_block4,
+    warming_block5,  warming_block6, warming_block7,  warming_block8,  warming_block9,
+    warming_block10, warming_block11, warming_block12};
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
@@ -141,10 +158,13 @@ typedef struct {
     int activation;
 } Call;
 
-static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel) {
+static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel, int warm_next) {
     const Call *c = opaque;
-    BLOCKS[size](c->x + row * c->x_stride, c->x_stride, c->panels + panel * c->k * PANEL, c->bias + panel * PANEL,
-                 c->y + row * c->n + panel * PANEL, c->n, c->k, c->activation);
+    const uint16_t *weights = c->panels + panel * c->k * PANEL;
+    (warm_next ? WARMING_BLOCKS : BLOCKS)[size](c->x + row * c->x_stride, c->x_stride, weights,
+                                                c->bias + panel * PANEL, c->y + row * c->n + panel * PANEL,
+                                                c->n, c->k, c->activation,
+                                                warm_next ? weights + c->k * PANEL : NULL);
 }
 
 static PyObject *bf16_linear(PyObject *self, PyObject *args) {
