@@ -8,7 +8,6 @@ requests in flight, which makes the overload and timeout cases deterministic.
 from __future__ import annotations
 
 import logging
-
 import os
 import signal
 import socket
