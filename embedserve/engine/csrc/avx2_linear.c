@@ -9,7 +9,8 @@
  * columns is computed for a chunk of rows while its weights sit in L1, a block of
  * up to 6 rows at a time in 12 accumulators (the register blocking of BLIS's
  * Haswell kernel); a chunk's rows stay in L2 while every panel passes over them
- * (linear_blocks.h, shared with bf16_linear.c, splits a call between threads).
+ * (linear_blocks.h, shared with bf16_linear.c, splits a call between threads). In a call
+ * of few rows a chunk's second block also pulls the next panel toward L2 (``warming_block``).
  *
  * Layout: x is [rows, K] with rows ``x_stride`` floats apart; ``panels`` is the
  * weight [N, K] repacked as [N / 16][K][16] (avx2_linear.py: pack_panels); bias
@@ -32,10 +33,14 @@
  * measured slower, 64 the same). A prefetch past the last panel never faults. */
 #define PREFETCH_AHEAD 32
 
-/* One block of R rows by one panel: the accumulators start at the bias. */
-#define ROW_BLOCK(R)                                                                          \
-    static void block##R(const float *x, int64_t x_stride, const float *panel,               \
-                         const float *bias, float *y, int64_t n, int64_t k_total) {          \
+/* One block of R rows by one panel: the accumulators start at the bias. The WARM
+ * variant also pulls the next panel, ``warm``, toward L2 (linear_blocks.h), one line per
+ * k; a variant of its own, as in bf16_linear.c, so that the plain loop stays as it was. */
+#define ROW_BLOCK(R, NAME, WARM)                                                              \
+    static void NAME##R(const float *x, int64_t x_stride, const float *panel,                \
+                        const float *bias, float *y, int64_t n, int64_t k_total,             \
+                        const float *warm) {                                                  \
+        (void)warm;                                                                           \
         __m256 lo[R], hi[R];                                                                  \
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                 \
             lo[r] = _mm256_loadu_ps(bias);                                                    \
@@ -43,6 +48,8 @@
         }                                                                                     \
         for (int64_t k = 0; k < k_total; k++) {                                               \
             _mm_prefetch((const char *)(panel + (k + PREFETCH_AHEAD) * PANEL), _MM_HINT_T0);   \
+            if (WARM)                                                                         \
+                _mm_prefetch((const char *)(warm + k * PANEL), _MM_HINT_T1);                  \
             const __m256 w_lo = _mm256_loadu_ps(panel + k * PANEL);                           \
             const __m256 w_hi = _mm256_loadu_ps(panel + k * PANEL + 8);                       \
             _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                             \
@@ -57,15 +64,19 @@
         }                                                                                     \
     }
 
-ROW_BLOCK(1)
-ROW_BLOCK(2)
-ROW_BLOCK(3)
-ROW_BLOCK(4)
-ROW_BLOCK(5)
-ROW_BLOCK(6)
+#define ROW_BLOCKS(R) ROW_BLOCK(R, block, 0) ROW_BLOCK(R, warming_block, 1)
+ROW_BLOCKS(1)
+ROW_BLOCKS(2)
+ROW_BLOCKS(3)
+ROW_BLOCKS(4)
+ROW_BLOCKS(5)
+ROW_BLOCKS(6)
 
-typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t);
+typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t,
+                          const float *);
 static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, block1, block2, block3, block4, block5, block6};
+static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {
+    NULL, warming_block1, warming_block2, warming_block3, warming_block4, warming_block5, warming_block6};
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
@@ -77,12 +88,11 @@ typedef struct {
 } Call;
 
 static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel, int warm_next) {
-    /* Not warmed: bf16_linear.c's gain from it was measured on AVX-512 hosts only, and
-     * this kernel serves the AVX2-only ones. */
-    (void)warm_next;
     const Call *c = opaque;
-    BLOCKS[size](c->x + row * c->x_stride, c->x_stride, c->panels + panel * c->k * PANEL, c->bias + panel * PANEL,
-                 c->y + row * c->n + panel * PANEL, c->n, c->k);
+    const float *weights = c->panels + panel * c->k * PANEL;
+    (warm_next ? WARMING_BLOCKS : BLOCKS)[size](c->x + row * c->x_stride, c->x_stride, weights,
+                                                c->bias + panel * PANEL, c->y + row * c->n + panel * PANEL,
+                                                c->n, c->k, warm_next ? weights + c->k * PANEL : NULL);
 }
 
 static PyObject *avx2_linear(PyObject *self, PyObject *args) {
