@@ -64,19 +64,12 @@
         }                                                                                     \
     }
 
-#define ROW_BLOCKS(R) ROW_BLOCK(R, block, 0) ROW_BLOCK(R, warming_block, 1)
-ROW_BLOCKS(1)
-ROW_BLOCKS(2)
-ROW_BLOCKS(3)
-ROW_BLOCKS(4)
-ROW_BLOCKS(5)
-ROW_BLOCKS(6)
+FOR_1_TO_6(BOTH_VARIANTS)
 
 typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t,
                           const float *);
-static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, block1, block2, block3, block4, block5, block6};
-static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {
-    NULL, warming_block1, warming_block2, warming_block3, warming_block4, warming_block5, warming_block6};
+static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_6(PLAIN_ENTRY)};
+static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_6(WARMING_ENTRY)};
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {

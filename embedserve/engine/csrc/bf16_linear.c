@@ -123,29 +123,12 @@ static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm
         }                                                                                          \
     }
 
-#define ROW_BLOCKS(R) ROW_BLOCK(R, block, 0) ROW_BLOCK(R, warming_block, 1)
-ROW_BLOCKS(1)
-ROW_BLOCKS(2)
-ROW_BLOCKS(3)
-ROW_BLOCKS(4)
-ROW_BLOCKS(5)
-ROW_BLOCKS(6)
-ROW_BLOCKS(7)
-ROW_BLOCKS(8)
-ROW_BLOCKS(9)
-ROW_BLOCKS(10)
-ROW_BLOCKS(11)
-ROW_BLOCKS(12)
+FOR_1_TO_12(BOTH_VARIANTS)
 
 typedef void (*row_block)(const uint16_t *, int64_t, const uint16_t *, const float *, uint16_t *, int64_t,
                           int64_t, int, const uint16_t *);
-static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL,    block1,  block2, block3, block4,
-                                                     block5,  block6,  block7, block8, block9,
-                                                     block10, block11, block12};
-static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {
-    NULL,            warming_block1, warming_block2,  warming_block3,  warming_block4,
-    warming_block5,  warming_block6, warming_block7,  warming_block8,  warming_block9,
-    warming_block10, warming_block11, warming_block12};
+static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(PLAIN_ENTRY)};
+static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(WARMING_ENTRY)};
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {

@@ -34,6 +34,16 @@
  * find it in L1, and memory would sit idle while they run). */
 typedef void (*linear_block)(const void *call, Py_ssize_t row, int size, Py_ssize_t panel, int warm_next);
 
+/* A kernel's block functions come in two variants per row count R, ``blockR`` and
+ * ``warming_blockR`` (the one that warms the next panel), made by the kernel's
+ * ``ROW_BLOCK(R, NAME, WARM)``; these instantiate both for R = 1..6 or 1..12 and list
+ * them by row count (index 0 unused), the tables ``run_block`` picks from. */
+#define BOTH_VARIANTS(R) ROW_BLOCK(R, block, 0) ROW_BLOCK(R, warming_block, 1)
+#define FOR_1_TO_6(M) M(1) M(2) M(3) M(4) M(5) M(6)
+#define FOR_1_TO_12(M) FOR_1_TO_6(M) M(7) M(8) M(9) M(10) M(11) M(12)
+#define PLAIN_ENTRY(R) block##R,
+#define WARMING_ENTRY(R) warming_block##R,
+
 /* Runs ``block`` over every block of a call: ``rows`` rows by ``panels`` panels of
  * ``panel_width`` outputs over ``k`` inputs, in blocks of at most ``max_block_rows`` rows,
  * on up to ``threads`` threads. Call without the GIL. */
