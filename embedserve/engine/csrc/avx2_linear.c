@@ -34,12 +34,12 @@
 #define PREFETCH_AHEAD 32
 
 /* One block of R rows by one panel: the accumulators start at the bias. The WARM
- * variant also pulls the next panel, ``warm``, toward L2 (linear_blocks.h), one line per
- * k; a variant of its own, as in bf16_linear.c, so that the plain loop stays as it was. */
+ * variant also pulls the next panel toward L2 (linear_blocks.h), one line per k; a
+ * variant of its own, as in bf16_linear.c, so that the plain loop stays as it was. */
 #define ROW_BLOCK(R, NAME, WARM)                                                              \
     static void NAME##R(const float *x, int64_t x_stride, const float *panel,                \
-                        const float *bias, float *y, int64_t n, int64_t k_total,             \
-                        const float *warm) {                                                  \
+                        const float *bias, float *y, int64_t n, int64_t k_total) {           \
+        const float *warm = panel + k_total * PANEL; /* the next panel */                     \
         (void)warm;                                                                           \
         __m256 lo[R], hi[R];                                                                  \
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                 \
@@ -66,8 +66,7 @@
 
 FOR_1_TO_6(BOTH_VARIANTS)
 
-typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t,
-                          const float *);
+typedef void (*row_block)(const float *, int64_t, const float *, const float *, float *, int64_t, int64_t);
 static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_6(PLAIN_ENTRY)};
 static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_6(WARMING_ENTRY)};
 
@@ -85,7 +84,7 @@ static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t p
     const float *weights = c->panels + panel * c->k * PANEL;
     (warm_next ? WARMING_BLOCKS : BLOCKS)[size](c->x + row * c->x_stride, c->x_stride, weights,
                                                 c->bias + panel * PANEL, c->y + row * c->n + panel * PANEL,
-                                                c->n, c->k, warm_next ? weights + c->k * PANEL : NULL);
+                                                c->n, c->k);
 }
 
 static PyObject *avx2_linear(PyObject *self, PyObject *args) {

@@ -88,13 +88,12 @@ static inline __m512 activate(__m512 x, int activation) {
 static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm512_set1_epi32(*(const int32_t *)at); }
 
 /* One block of R rows by one panel: the accumulators start at the bias. The WARM
- * variant also pulls the next panel, ``warm``, toward L2 (linear_blocks.h); a variant of
- * its own, so that the plain loop stays as it was (a run-time test in it cost 32 x 512
- * steps ~8 %). */
+ * variant also pulls the next panel toward L2 (linear_blocks.h); a variant of its own,
+ * so that the plain loop stays as it was (a run-time test in it cost 32 x 512 steps ~8 %). */
 #define ROW_BLOCK(R, NAME, WARM)                                                                  \
     static void NAME##R(const uint16_t *x, int64_t x_stride, const uint16_t *panel, const float *bias, \
-                        uint16_t *y, int64_t n, int64_t k_total, int activation,                   \
-                        const uint16_t *warm) {                                                    \
+                        uint16_t *y, int64_t n, int64_t k_total, int activation) {                 \
+        const uint16_t *warm = panel + k_total * PANEL; /* the next panel */                       \
         (void)warm;                                                                                \
         __m512 lo[R], hi[R];                                                                       \
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                     \
@@ -126,7 +125,7 @@ static inline __m512bh broadcast_pair(const uint16_t *at) { return (__m512bh)_mm
 FOR_1_TO_12(BOTH_VARIANTS)
 
 typedef void (*row_block)(const uint16_t *, int64_t, const uint16_t *, const float *, uint16_t *, int64_t,
-                          int64_t, int, const uint16_t *);
+                          int64_t, int);
 static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(PLAIN_ENTRY)};
 static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(WARMING_ENTRY)};
 
@@ -146,8 +145,7 @@ static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t p
     const uint16_t *weights = c->panels + panel * c->k * PANEL;
     (warm_next ? WARMING_BLOCKS : BLOCKS)[size](c->x + row * c->x_stride, c->x_stride, weights,
                                                 c->bias + panel * PANEL, c->y + row * c->n + panel * PANEL,
-                                                c->n, c->k, c->activation,
-                                                warm_next ? weights + c->k * PANEL : NULL);
+                                                c->n, c->k, c->activation);
 }
 
 static PyObject *bf16_linear(PyObject *self, PyObject *args) {
