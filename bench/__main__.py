@@ -23,6 +23,7 @@ BENCHMARKS = {
     "soak": "bench.soak",
     "engine_memory": "bench.engine_memory",
     "overhead": "bench.overhead_bench",
+    "concurrency_ab": "bench.concurrency_ab",
     "grpc_transport": "bench.grpc_transport",
     "suite": "bench.suite.cli",
     "bulk": "bench.bulk_bench",

@@ -314,6 +314,15 @@ def summarize(stack: Stack) -> list[tuple[str, float]]:
     return rows
 
 
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--stack`` (repeatable) and the serve flags after ``--``, as the A/B benchmarks take them."""
+    parser.add_argument("--stack", action="append", default=None,
+                        help="a source tree to serve from, then VAR=VALUE and --flags for it "
+                             "(repeat to compare; default: this checkout)")
+    parser.add_argument("serve_flags", nargs=argparse.REMAINDER,
+                        help="flags for embedserve serve, after --")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench overhead",
                                      description=__doc__.splitlines()[0])
@@ -323,11 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the query (default: one sentence)")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw",
                         help="the HTTP client (default: a bare socket, one write per request)")
-    parser.add_argument("--stack", action="append", default=None,
-                        help="a source tree to serve from, then VAR=VALUE and --flags for it "
-                             "(repeat to compare; default: this checkout)")
-    parser.add_argument("serve_flags", nargs=argparse.REMAINDER,
-                        help="flags for embedserve serve, after --")
+    add_stack_arguments(parser)
     args = parser.parse_args(argv)
     serve_flags = [f for f in args.serve_flags if f != "--"]
     specs = args.stack or [str(ROOT)]

@@ -37,13 +37,16 @@ class RecordingEngine:
         self.stepped: list[tuple[int, ...]] = []   # every sequence stepped, in order
         self.batches: list = []                     # every Batch stepped, in order
         self.steps = 0
+        self.inline_asked: list[bool] = []          # each step's ``inline``, in order
         self.gate = threading.Event()
         self.gate.set()
         self.fail_next: Exception | None = None
         # One worker keeps steps in submission order, like the engine's own.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recording")
 
-    def step(self, batch):
+    def step(self, batch, inline: bool = False):
+        # ``inline`` is recorded, not honoured: the gate holds steps on this decorator's worker.
+        self.inline_asked.append(inline)
         cu = batch.cu_seqlens
         self.stepped.extend(tuple(batch.token_ids[cu[i]:cu[i + 1]].tolist())
                             for i in range(batch.num_sequences))

@@ -1,4 +1,8 @@
-"""Engine.step's contract: returns at once, LazyTensor waits or awaits, errors stay per step."""
+"""Engine.step's contract: returns at once, LazyTensor waits or awaits, errors stay per step.
+
+``step(batch, inline=True)`` keeps the same contract except that it computes on the
+calling thread, after the steps queued before it, and returns the step finished.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,21 @@ from embedserve.errors import InvalidInput, Unavailable
 def engine(tiny_bert_dir: Path):
     with Engine.load(tiny_bert_dir) as eng:
         yield eng
+
+
+BAD_BATCHES = [
+    (Batch.from_sequences([[0, 250002, 2]]), "outside the vocabulary"),
+    (Batch.from_sequences([list(range(4, 4 + 513))]), "the model takes at most 512"),
+    (Batch.from_sequences([[0, 5, 2]], task="score"), "does task 'embed'"),
+    (Batch(np.array([0, 5, 2], np.int32), np.array([0, 2], np.int32)), "add up to 2"),
+    (Batch(np.array([0, 5, 2], np.int32), np.array([1, 3], np.int32)), "cu_seqlens must start at 0"),
+    (Batch.from_lengths(np.array([0, 5, 2], np.int32), np.array([3], np.int32),
+                        token_type_ids=np.array([0, 2, 0], np.int32)), "token_type_ids must lie"),
+]
+
+
+def _engine_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("embedserve-engine")}
 
 
 def batches(count: int, seed: int = 0) -> list[Batch]:
@@ -65,15 +84,7 @@ def test_await_does_not_block_the_event_loop(engine: Engine) -> None:
         assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (Batch.from_sequences([[0, 250002, 2]]), "outside the vocabulary"),
-    (Batch.from_sequences([list(range(4, 4 + 513))]), "the model takes at most 512"),
-    (Batch.from_sequences([[0, 5, 2]], task="score"), "does task 'embed'"),
-    (Batch(np.array([0, 5, 2], np.int32), np.array([0, 2], np.int32)), "add up to 2"),
-    (Batch(np.array([0, 5, 2], np.int32), np.array([1, 3], np.int32)), "cu_seqlens must start at 0"),
-    (Batch.from_lengths(np.array([0, 5, 2], np.int32), np.array([3], np.int32),
-                        token_type_ids=np.array([0, 2, 0], np.int32)), "token_type_ids must lie"),
-])
+@pytest.mark.parametrize("bad, message", BAD_BATCHES)
 def test_a_failed_step_raises_from_wait_and_await_and_the_engine_keeps_working(
         engine: Engine, bad: Batch, message: str) -> None:
     good = batches(1, seed=2)[0]
@@ -140,3 +151,37 @@ def test_stats_count_steps(tiny_bert_dir: Path) -> None:
         stats = engine.stats()
     assert stats["steps"] == 4 and stats["failed_steps"] == 1
     assert stats["tokens"] == sum(b.num_tokens for b in work)
+
+
+def test_an_inline_step_is_finished_when_step_returns_and_equals_a_worker_threads(
+        engine: Engine, tiny_bert_dir: Path) -> None:
+    threads_before = _engine_threads()
+    with Engine.load(tiny_bert_dir) as fresh:
+        for batch in batches(6, seed=5):
+            lazy = fresh.step(batch, inline=True)
+            assert lazy.ready()
+            assert np.array_equal(lazy.wait(0), engine.step(batch).wait())
+        assert _engine_threads() == threads_before   # computed here: no worker thread started
+
+
+def test_an_inline_step_runs_after_the_steps_queued_before_it(engine: Engine) -> None:
+    work = batches(5, seed=7)
+    expected = [engine.step(b).wait() for b in work]
+    queued = [engine.step(b) for b in work[:-1]]
+    last = engine.step(work[-1], inline=True)
+    assert last.ready() and all(lazy.ready() for lazy in queued)
+    for lazy, want in zip([*queued, last], expected):
+        assert np.array_equal(lazy.wait(0), want)
+
+
+@pytest.mark.parametrize("bad, message", BAD_BATCHES)
+def test_a_failed_inline_step_raises_from_wait_not_from_step(engine: Engine, bad: Batch,
+                                                              message: str) -> None:
+    failed_before = engine.stats()["failed_steps"]
+    failing = engine.step(bad, inline=True)
+    assert failing.ready()
+    with pytest.raises(InvalidInput, match=message):
+        failing.wait(0)
+    good = batches(1, seed=6)[0]
+    assert np.array_equal(engine.step(good, inline=True).wait(0), engine.step(good).wait())
+    assert engine.stats()["failed_steps"] == failed_before + 1

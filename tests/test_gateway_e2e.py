@@ -27,9 +27,11 @@ import openai
 import pytest
 
 from bench import reference_data
+from bench.concurrency_ab import request_bodies, run_round
 from bench.overhead_bench import CLIENTS, parse_server_timing
 from conftest import shared_file
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
+from scheduler_harness import wait_until
 
 COSINE_MIN = 0.9999
 
@@ -260,8 +262,9 @@ def test_client_disconnect_cancels_replica_work(gateway, replicas):
                 break
             threading.Event().wait(0.05)
     assert inflight == 0
-    dropped = sum(r.metric("embedserve_scheduler_calls_dropped_total") for r in replicas) - dropped_before
-    assert dropped > 0
+    # A replica reads the CANCELs once the step it is computing ends.
+    wait_until(lambda: sum(r.metric("embedserve_scheduler_calls_dropped_total")
+                           for r in replicas) > dropped_before, what="the replicas to drop calls")
 
 
 BAD_REQUESTS = [
@@ -368,6 +371,17 @@ def test_overhead_bench_clients_read_the_gateways_answers(gateway, client_name):
         assert client.request("POST", "/v1/embeddings", json.dumps({"input": "again"}).encode())[0] == 200
     finally:
         client.close()
+
+
+def test_concurrency_bench_counts_answers_and_stops_at_a_refusal(gateway):
+    # `python -m bench concurrency_ab` counts answered requests; an error must end the
+    # run, not pass for an answer.
+    bodies = request_bodies(words=6, texts=2, count=4)
+    assert all(len(json.loads(b)["input"]) == 2 for b in bodies)
+    answered, wall, latencies = run_round(gateway.url, bodies, clients=3, seconds=0.5)
+    assert answered == len(latencies) >= 3 and wall >= 0.5
+    with pytest.raises(RuntimeError, match="answered 400"):
+        run_round(gateway.url, [b'{"input": []}'], clients=2, seconds=0.5)
 
 
 def test_ops_routes(gateway, default_model_dir):

@@ -125,7 +125,11 @@ def test_two_hundred_calls_in_flight_each_get_their_own_rows(replica, bert_engin
     async def calls(channel):
         return await asyncio.gather(*(channel.call("Embed", embed_request(b, request_id=str(k)), timeout=60)
                                       for k, b in enumerate(batches)))
+    steps_before = replica.counter("embedserve_scheduler_batch_sequences_count")
     replies = over_frames(replica, calls)
+    # The loop computes these calls' steps itself; the calls that arrive meanwhile are
+    # still read in one go afterwards and batched together, not stepped one by one.
+    assert replica.counter("embedserve_scheduler_batch_sequences_count") - steps_before < 50
     metadata = (("authorization", f"Bearer {TOKEN}"),)
     for k in (0, 57, 199):   # spot checks against gRPC, rows and ids
         expected = wire.tensor_to_array(replica.stub.Embed(embed_request(batches[k]), timeout=30,
@@ -194,6 +198,22 @@ def test_an_oversized_frame_split_across_reads_is_skipped_whole():
     assert [(f.call_id, f.oversized, f.payload) for f in got] == [(1, True, b""), (2, False, b"ok")]
 
 
+def test_calls_over_frames_ask_for_inline_steps_and_grpc_calls_do_not(bert_engine, tiny_bert_dir,
+                                                                        socket_dir):
+    # Frames hand the loop every call that arrived during a step at once; grpc.aio about
+    # one per turn, so its calls' steps stay on the engine's worker (scheduler/batcher.py).
+    recorder = RecordingEngine(bert_engine)
+    with ThreadedScheduler(_settings(tiny_bert_dir, socket_dir), recorder) as server:
+        warm_up = len(recorder.inline_asked)
+        over_frames(server, lambda channel: channel.call("Embed", embed_request([[5, 6, 7]]), 30))
+        over_frames_steps = recorder.inline_asked[warm_up:]
+        metadata = (("authorization", f"Bearer {TOKEN}"),)
+        server.stub.Embed(embed_request([[5, 6, 8]]), timeout=30, metadata=metadata)
+        grpc_steps = recorder.inline_asked[warm_up + len(over_frames_steps):]
+    recorder.close()
+    assert over_frames_steps == [True] and grpc_steps == [False]
+
+
 # -- with the engine held shut: deadlines, cancellation, a replica going away ---------
 
 
@@ -238,6 +258,29 @@ def test_a_cancelled_caller_cancels_the_call_on_the_replica(gated):
     assert list(after.embeddings.shape) == [1, 32]
     assert not _ran(recorder, 4242)
     assert server.counter("embedserve_scheduler_calls_total", method="Embed", code="CANCELLED") == 1
+
+
+def test_a_call_cancelled_in_the_same_read_never_starts_and_is_counted_as_dropped(gated):
+    # A replica whose loop computes its steps reads a CALL and the CANCEL that followed it
+    # in one go, once the step ends: the call must not run, and still show in the metrics.
+    server, recorder = gated
+    embed = frames.METHOD_INDEX["Embed"]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.setblocking(False)
+            await loop.sock_connect(s, str(frame_path(server)))
+            await loop.sock_sendall(s, frames.frame(frames.HELLO, 0, TOKEN.encode()))
+            await loop.sock_sendall(s, frames.frame(frames.CALL, 1, embed_request([[4343] * 4]).SerializeToString(),
+                                                    arg=embed) + frames.frame(frames.CANCEL, 1))
+            await asyncio.to_thread(wait_until, lambda: server.counter(
+                "embedserve_scheduler_calls_dropped_total", reason="cancelled") == 1)
+    asyncio.run(run())
+    assert server.counter("embedserve_scheduler_calls_total", method="Embed", code="CANCELLED") == 1
+    assert server.server.pool.queued_sequences == 0
+    recorder.gate.set()
+    assert not _ran(recorder, 4343)
 
 
 def test_a_call_past_its_deadline_is_deadline_exceeded_on_both_sides(gated):

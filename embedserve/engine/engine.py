@@ -176,8 +176,11 @@ class Engine:
     def config(self) -> ModelConfig:
         return self.model.config
 
-    def step(self, batch: Batch) -> LazyTensor:
-        """Start one forward pass; returns at once.
+    def step(self, batch: Batch, inline: bool = False) -> LazyTensor:
+        """Start one forward pass; returns at once. ``inline`` (CPU): compute it on the
+        calling thread, after the steps already queued, and return it finished
+        (runners/cpu.py says when that is faster); ignored on CUDA, whose steps are
+        asynchronous anyway.
 
         The result is float32 [B, dim] raw pooled vectors (un-normalized) for
         ``task="embed"`` and float32 [B] raw logits for ``task="score"``.
@@ -186,7 +189,7 @@ class Engine:
         """
         if self._closed:
             raise Unavailable("the engine is closed")
-        return self._runner.submit(batch)
+        return self._runner.submit(batch, inline)
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics: steps, failed_steps, tokens, eager_runs, captures,

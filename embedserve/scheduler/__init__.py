@@ -4,7 +4,8 @@ Serves ``embedserve.v1.Inference`` (protos/embedserve/v1/inference.proto),
 ``grpc.health.v1`` and server reflection. Sequences from all calls join one
 first-come-first-served queue, bounded in tokens; a loop cuts it into
 batches under a token budget and keeps up to ``in_flight_depth`` engine
-steps running. Modules, one job each:
+steps running (on CPU, steps of calls that came over frames are computed by
+the loop itself, one at a time). Modules, one job each:
 
     policy.py    plan_batch: the pure FCFS token-budget rule
     pool.py      Call (one RPC's result handle), RequestPool (admission, queue)

@@ -9,6 +9,16 @@ per step, whose wake-up would cost a turn of the loop before the rows reach
 their calls). Then consecutive rows of one call are copied back in one slice;
 when the step failed, every call in the batch fails with the error and the
 loop keeps going.
+
+When no step is in the engine and every call in the batch came over frames,
+the step runs inline: the loop computes it itself (on CPU; runners/cpu.py says
+why that is faster) and its rows go to their calls at once. Nothing was read
+while it ran, so the loop then takes a few turns before forming the next batch:
+the answers go out, and the calls (and cancels) that arrived meanwhile are read
+and admitted, so they can join that batch rather than wait a step more. Frames
+hand over all of them in one read; grpc.aio hands over about one call per turn,
+so with inline steps a burst over gRPC would be stepped a call at a time: its
+calls keep the worker thread.
 """
 
 from __future__ import annotations
@@ -31,13 +41,18 @@ from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
 
 log = logging.getLogger(__name__)
 
+# Turns of the loop after an inline step before it looks at the queue: one reads
+# the frames that arrived, the next runs the new calls' handlers up to admission
+# (or their cancellation), one to spare. A turn with nothing to do costs microseconds.
+TURNS_AFTER_INLINE_STEP = 3
+
 
 class StepEngine(Protocol):
     """What the scheduler needs of an engine (``embedserve.engine.Engine`` has it)."""
 
     info: ModelInfo
 
-    def step(self, batch: Batch) -> LazyTensor: ...
+    def step(self, batch: Batch, inline: bool = False) -> LazyTensor: ...
 
     def stats(self) -> Mapping[str, float]: ...
 
@@ -130,7 +145,13 @@ class Batcher:
             except BaseException:
                 self._slots.release()
                 raise
-            self._submit(runs)
+            if self._submit(runs):
+                await self._let_arrivals_in()
+
+    async def _let_arrivals_in(self) -> None:
+        """After an inline step: turns of the loop for what arrived meanwhile."""
+        for _ in range(TURNS_AFTER_INLINE_STEP):
+            await asyncio.sleep(0)
 
     async def _next_runs(self) -> list[Run]:
         while True:
@@ -143,20 +164,26 @@ class Batcher:
                 self._metrics.batch_tokens.observe(plan.tokens)
                 return group_runs(plan.taken)
 
-    def _submit(self, runs: list[Run]) -> None:
+    def _submit(self, runs: list[Run]) -> bool:
+        """Step ``runs``; True if the step had finished when the engine returned it."""
         now = self._clock()
         for run in runs:
             if run.call.first_batched_at is None:
                 run.call.first_batched_at = now
                 self._metrics.queue_seconds.observe(now - run.call.arrival)
+        inline = not self._in_flight and all(run.call.read_in_bulk for run in runs)
         try:
-            lazy = self._engine.step(assemble_batch(runs, self._task))
+            lazy = self._engine.step(assemble_batch(runs, self._task), inline=inline)
         except Exception as error:  # a step that cannot even start fails like one that ran
             self._fail(runs, error)
             self._slots.release()
-            return
+            return False
         self._in_flight.add(lazy)
+        if lazy.ready():
+            self._step_done(lazy, runs, now)
+            return True
         lazy.on_ready(lambda done: self._step_done(done, runs, now))
+        return False
 
     def _step_done(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
         if lazy not in self._in_flight:

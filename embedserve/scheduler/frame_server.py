@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 class CallContext:
     """What a handler asks of its context: the time left, and the status it sets."""
+
+    # One read hands over every frame that arrived, so a call's steps may run on the
+    # loop (scheduler/batcher.py).
+    reads_calls_in_bulk = True
 
     def __init__(self, deadline: float | None) -> None:
         self._deadline = deadline
@@ -89,7 +94,7 @@ class _Connection(asyncio.Protocol):
         self._reader = frames.FrameReader(server.max_payload)
         self._transport: asyncio.Transport | None = None
         self._greeted = False
-        self._calls: dict[int, asyncio.Task] = {}
+        self._calls: dict[int, tuple[asyncio.Task, str]] = {}   # call id -> (task, method)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -97,7 +102,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
-        for task in self._calls.values():   # the gateway is gone: nobody awaits these
+        for task, _ in self._calls.values():   # the gateway is gone: nobody awaits these
             task.cancel()
         self._transport = None
 
@@ -113,9 +118,19 @@ class _Connection(asyncio.Protocol):
             elif item.kind == frames.CALL:
                 self._start_call(item)
             elif item.kind == frames.CANCEL:
-                task = self._calls.get(item.call_id)
-                if task is not None:
-                    task.cancel()
+                self._cancel(item.call_id)
+
+    def _cancel(self, call_id: int) -> None:
+        """The gateway gave up on a call: stop its task. A CANCEL read in the same batch
+        of frames as its CALL finds the task not yet begun, so its handler never sees the
+        cancellation; it is counted here instead."""
+        entry = self._calls.get(call_id)
+        if entry is None:
+            return
+        task, method = entry
+        if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:
+            self._server.service.count_cancelled_before_start(method)
+        task.cancel()
 
     def _greet(self, hello: frames.Frame) -> bool:
         """Accept the connection if ``hello`` carries the token; else refuse and close it."""
@@ -143,12 +158,13 @@ class _Connection(asyncio.Protocol):
                         b"the replica is serving its maximum of concurrent calls")
             return
         task = asyncio.get_running_loop().create_task(self._serve(call))
-        self._calls[call.call_id] = task
+        self._calls[call.call_id] = (task, frames.METHODS[call.arg].name)
         self._server.calls.add(task)
         task.add_done_callback(lambda done: self._forget(call.call_id, done))
 
     def _forget(self, call_id: int, task: asyncio.Task) -> None:
-        if self._calls.get(call_id) is task:
+        entry = self._calls.get(call_id)
+        if entry is not None and entry[0] is task:
             del self._calls[call_id]
         self._server.calls.discard(task)
 

@@ -36,8 +36,11 @@ class Call:
     """One Embed or Score RPC: its tokens, its deadline, its result handle."""
 
     def __init__(self, task: Task, tokens: RaggedBatch, arrival: float,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, read_in_bulk: bool = False) -> None:
         self.task = task
+        # Its transport reads every call that arrived while the loop was busy in one
+        # turn (frames); gRPC hands them over about one per turn (batcher.py).
+        self.read_in_bulk = read_in_bulk
         self.tokens = tokens
         self.arrival = arrival               # time.monotonic() seconds
         self.deadline = deadline             # absolute monotonic seconds, or None

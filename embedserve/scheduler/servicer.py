@@ -84,6 +84,12 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                                         max_queue_tokens=s.max_queue_tokens,
                                         version=embedserve.__version__)
 
+    def count_cancelled_before_start(self, method: str) -> None:
+        """A call cancelled by its client before its handler began (it arrived while the
+        loop computed a step): dropped before compute, counted as a handled one would be."""
+        self._metrics.calls_dropped.labels(CANCELLED).inc()
+        self._metrics.count_call(method, grpc.StatusCode.CANCELLED.name)
+
     async def wait_idle(self) -> None:
         """Return once no Embed/Score call is being served."""
         await self._idle.wait()
@@ -154,7 +160,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         remaining = context.time_remaining()
         now = time.monotonic()
         call = Call(task, tokens, arrival=now,
-                    deadline=None if remaining is None else now + remaining)
+                    deadline=None if remaining is None else now + remaining,
+                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False))
         self._pool.admit(call)  # raises Overloaded at once when full
         try:
             rows = await call.future

@@ -1,4 +1,11 @@
-"""The CPU execution path: one worker thread runs steps in submission order.
+"""The CPU execution path: steps run in submission order, on one worker thread or inline.
+
+``submit(batch, inline=True)`` runs the step on the calling thread, after any steps
+queued before it, and returns it finished. A replica's event loop does this for calls
+that came over frames: with every core in the step's OpenMP team, work the loop did
+during a step on the worker took a core from that team and stalled it at its next
+barrier, and each step cost two thread hand-offs (BENCHMARKS.md, Scheduler, "Steps on
+the replica's event loop").
 
 Each step's token count is rounded up to a bucket (``cpu_shapes.py``) unless the
 runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
@@ -14,6 +21,7 @@ added ~13 MB and stayed there.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -34,7 +42,8 @@ DEFAULT_CPU_ATTENTION = "per_sequence"
 
 
 class CpuRunner:
-    """Runs steps on one dedicated worker thread, in submission order."""
+    """Runs steps in submission order: on one dedicated worker thread, or inline on the
+    thread that submits them."""
 
     def __init__(self, model: Model, info: ModelInfo, attention: str | None = None,
                  token_buckets: bool = True) -> None:
@@ -45,13 +54,20 @@ class CpuRunner:
         self._info = info
         self._attention = ATTENTION_IMPLS[attention]
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
+        self._last_queued: concurrent.futures.Future | None = None
         self._token_buckets = token_buckets
         self._exact_up_to = TOKEN_STEP_SMALL if linears_all_native(model) else 0
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
         self._padded_tokens = 0   # tokens run, padding included
 
-    def submit(self, batch: Batch) -> LazyTensor:
-        return FutureLazyTensor(self._executor.submit(self._run, batch))
+    def submit(self, batch: Batch, inline: bool = False) -> LazyTensor:
+        if inline:
+            if self._last_queued is not None:
+                # In submission order, and never two steps on the OpenMP threads at once.
+                concurrent.futures.wait([self._last_queued])
+            return FutureLazyTensor(_run_here(self._run, batch))
+        self._last_queued = self._executor.submit(self._run, batch)
+        return FutureLazyTensor(self._last_queued)
 
     def _run(self, batch: Batch) -> np.ndarray:
         self._counts["steps"] += 1
@@ -92,3 +108,13 @@ class CpuRunner:
     def close(self) -> None:
         # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_here(run: Callable[[Batch], np.ndarray], batch: Batch) -> concurrent.futures.Future:
+    """``run(batch)`` on this thread, as a finished future: its rows, or the error it raised."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        future.set_result(run(batch))
+    except Exception as error:
+        future.set_exception(error)
+    return future

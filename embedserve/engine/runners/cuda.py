@@ -218,7 +218,9 @@ class CudaRunner:
         if options.capture_at_start and use_graphs:
             self.capture_all()
 
-    def submit(self, batch: Batch) -> LazyTensor:
+    def submit(self, batch: Batch, inline: bool = False) -> LazyTensor:
+        """Issue ``batch`` on the engine thread. ``inline`` is ignored: a CUDA step is
+        asynchronous on its stream, so the caller's thread has nothing to compute."""
         self._count("steps")
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
         try:
