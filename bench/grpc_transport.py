@@ -1,15 +1,16 @@
-"""One replica hop, nothing else: gRPC over loopback TCP, over a Unix socket, and frames.
+"""One replica hop, nothing else: gRPC and frames, each over loopback TCP and a Unix socket.
 
     python -m bench grpc_transport [--calls 2000] [--block 100]
 
 A child process serves grpc.health.v1 (a tiny unary call, no model) on
-127.0.0.1:0 and on a Unix socket, and a frame socket (embedserve/frames.py) whose
-``Info`` answers an empty message at once; this process calls ``Check`` over both
-gRPC channels with grpc.aio (as the gateway does) and ``Info`` over a
-``FrameChannel``, in alternating blocks so background load hits all alike, and
-reports p50/p90 per transport and the ratios to TCP. What ``embedserve serve``
-saves per request by dialing its replicas at ``unix:PATH`` (``launch/supervisor.py``)
-and calling them with frames (``gateway/frame_client.py``).
+127.0.0.1:0 and on a Unix socket, and frame sockets (embedserve/frames.py) on both
+whose ``Info`` answers an empty message at once; this process calls ``Check`` over
+both gRPC channels with grpc.aio (as the gateway does) and ``Info`` over a
+``FrameChannel`` to each frame socket, in alternating blocks so background load hits
+all alike, and reports p50/p90 per transport and the ratios to gRPC over TCP. What a
+gateway saves per request by calling its replicas with frames
+(``gateway/frame_client.py``): at ``unix:PATH`` (``embedserve serve``) and at
+``host:port`` (remote replicas, their ``--frame-port``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from embedserve.protos import inference_pb2
 from embedserve.scheduler.frame_server import FrameServer
 
 class EmptyInfo:
+    instance_id = ""
+
     async def Info(self, request, context):
         return inference_pb2.InfoResponse()
 
@@ -51,22 +54,24 @@ async def main():
     server.add_insecure_port("unix:" + sys.argv[1])
     await server.start()
     frame_server = FrameServer(EmptyInfo(), token=None, max_payload=1 << 20, max_calls=1024)
-    await frame_server.start(frame_socket_path(sys.argv[1]))
-    print(port, flush=True)
+    await frame_server.start_unix(frame_socket_path(sys.argv[1]))
+    frame_port = await frame_server.start_tcp("127.0.0.1", 0)
+    print(port, frame_port, flush=True)
     await server.wait_for_termination()
 
 asyncio.run(main())
 """
 
 
-async def _measure(targets: dict[str, str], frame_path: Path, calls: int,
-                   block: int) -> dict[str, list[float]]:
+async def _measure(targets: dict[str, str], frame_targets: dict[str, Path | tuple[str, int]],
+                   calls: int, block: int) -> dict[str, list[float]]:
     channels = {name: grpc.aio.insecure_channel(target) for name, target in targets.items()}
     request = health_pb2.HealthCheckRequest(service="")
     callers = {name: functools.partial(health_pb2_grpc.HealthStub(channel).Check, request, timeout=10)
                for name, channel in channels.items()}
-    frames = await FrameChannel.open(frame_path, None, timeout_s=10)
-    callers["frames"] = functools.partial(frames.call, "Info", inference_pb2.InfoRequest(), 10)
+    frame_channels = [await FrameChannel.open(target, None, timeout_s=10) for target in frame_targets.values()]
+    for name, channel in zip(frame_targets, frame_channels):
+        callers[name] = functools.partial(channel.call, "Info", inference_pb2.InfoRequest(), 10)
     samples: dict[str, list[float]] = {name: [] for name in callers}
     for call in callers.values():                    # connect and warm all
         for _ in range(50):
@@ -79,7 +84,8 @@ async def _measure(targets: dict[str, str], frame_path: Path, calls: int,
                 await call()
                 samples[name].append((time.perf_counter() - started) * 1e6)
         done += block
-    frames.close()
+    for frame_channel in frame_channels:
+        frame_channel.close()
     for channel in channels.values():
         await channel.close()
     return samples
@@ -97,18 +103,20 @@ def main(argv: list[str] | None = None) -> int:
                                   stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
-            port = int(server.stdout.readline())
+            port, frame_port = map(int, server.stdout.readline().split())
             load = os.getloadavg()[0]
             samples = asyncio.run(_measure({"tcp": f"127.0.0.1:{port}", "unix": f"unix:{socket_path}"},
-                                           frame_socket_path(socket_path), args.calls, args.block))
+                                           {"frames tcp": ("127.0.0.1", frame_port),
+                                            "frames unix": frame_socket_path(socket_path)},
+                                           args.calls, args.block))
         finally:
             server.terminate()
             server.wait(10)
-    print(f"grpc.aio unary Check (tcp, unix) and a frame Info call (frames), {args.calls} calls "
-          f"each; load average {load:.2f}")
+    print(f"grpc.aio unary Check (tcp, unix) and a frame Info call (frames tcp, frames unix), "
+          f"{args.calls} calls each; load average {load:.2f}")
     for name, values in samples.items():
-        print(f"{name:>6}: p50 {np.median(values):7.1f} us   p90 {np.percentile(values, 90):7.1f} us")
-    for name in ("unix", "frames"):
+        print(f"{name:>11}: p50 {np.median(values):7.1f} us   p90 {np.percentile(values, 90):7.1f} us")
+    for name in ("unix", "frames tcp", "frames unix"):
         print(f"{name}/tcp p50: {np.median(samples[name]) / np.median(samples['tcp']):.2f}")
     return 0
 

@@ -1,10 +1,10 @@
-"""Replica calls as length-prefixed protobuf frames over a Unix socket: the envelope.
+"""Replica calls as length-prefixed protobuf frames over a socket: the envelope.
 
-A gateway on the same machine as its replicas (``embedserve serve``) calls them
-through this instead of gRPC: grpc.aio's unary call costs about a millisecond of
-Python on each side here (``python -m bench grpc_transport``), a frame round trip a
-tenth of that. gRPC stays the replica's interface for everything else (health,
-reflection, remote gateways, ``Info``); the messages in frames are the same
+A gateway calls its replicas' Embed/Score/Ranges through this instead of gRPC:
+grpc.aio's unary call costs about a millisecond of Python on each side here
+(``python -m bench grpc_transport``), a frame round trip a tenth of that. gRPC stays
+the replica's interface for everything else (health, reflection, ``Info``, and calls
+whenever no frame connection is open); the messages in frames are the same
 ``embedserve.v1`` protobufs and the status codes gRPC's, so both transports give a
 caller the same answers and the same errors.
 
@@ -20,15 +20,19 @@ A frame is a 16-byte header, little-endian, then ``size`` bytes of payload:
     timeout  u32   CALL: microseconds until the call's deadline (0: none)
 
 A connection starts with the gateway's HELLO, whose payload is the replica token
-(empty without one); the replica answers HELLO with OK, or UNAUTHENTICATED and closes
-the connection. Then CALLs go one way and REPLYs the other, in any order, matched by
+(empty without one); the replica answers HELLO with OK and its instance id (the one
+its ``Info`` reports), or UNAUTHENTICATED and closes the connection. Then CALLs go one way and REPLYs the other, in any order, matched by
 ``call_id``: an OK reply's payload is the response message, any other its details in
 UTF-8. CANCEL (no payload) tells the replica the caller has gone. A closed connection
 fails every call in flight on it (UNAVAILABLE on the gateway's side).
 
-The socket lives beside the replica's gRPC socket (``frame_socket_path``), so a
-gateway given ``unix:PATH`` finds it without another flag; it is as private as the
-directory both are in.
+A replica on the gateway's machine has its frame socket beside its gRPC socket
+(``frame_socket_path``), so a gateway given ``unix:PATH`` finds it without another
+flag; it is as private as the directory both are in. A replica reached at
+``HOST:PORT`` listens for frames on TCP too (``--frame-port``), at the port its
+``Info`` names, and the gateway connects to that port on the same host; the
+instance id in HELLO's answer tells it the port leads to the process whose ``Info``
+it read (not to another replica behind a load-balanced address).
 """
 
 from __future__ import annotations

@@ -239,6 +239,14 @@ def replica_token_file() -> Iterator[Path]:
         yield path
 
 
+def replica_transports(gateway: str) -> list[str]:
+    """How the gateway calls each replica it knows ("frames" or "grpc"), from its /info."""
+    status, body = request(f"{gateway}/info")
+    if status != 200:
+        raise SmokeFailure(f"gateway /info answered {status}")
+    return [replica["calls"] for replica in json.loads(body)["replicas"]]
+
+
 def replica_calls(container: dict) -> float:
     """The replica's served-call counter, read from its metrics port inside the container."""
     script = ("import urllib.request; "
@@ -290,6 +298,11 @@ def smoke(settings: SmokeSettings, compose: Compose, figures: dict) -> None:
     if figures["parity_min_cosine"] < MIN_COSINE:
         raise SmokeFailure(f"embeddings differ from sentence-transformers: {figures['parity_min_cosine']}")
     step("parity", f"{len(PARITY_TEXTS)} texts, min cosine {figures['parity_min_cosine']}")
+    figures["replica_transports"] = replica_transports(gateway)
+    if figures["replica_transports"] != ["frames", "frames"]:
+        raise SmokeFailure(f"the gateway calls its replicas over {figures['replica_transports']}, "
+                           f"not frames on their --frame-port")
+    step("frames", "the gateway calls both replicas as frames on their TCP frame port")
 
     status, body = request(f"{gateway}/metrics")
     if status != 200 or b"embedserve_gateway_requests" not in body:
@@ -352,6 +365,8 @@ def smoke(settings: SmokeSettings, compose: Compose, figures: dict) -> None:
                                     "embedserve_gateway_replicas_healthy") == 3, 120,
                "gateway sees 3 healthy replicas")
     figures["scale_to_3_s"] = round(time.monotonic() - start, 1)
+    wait_until(lambda: replica_transports(gateway) == ["frames"] * 3, 60,
+               "the gateway calls the third replica as frames too")
     third = compose.containers("replica")[2]
     calls_before = replica_calls(third)
     count = run_load(gateway, reference, settings.load_clients, lambda: None)

@@ -74,6 +74,9 @@ def test_compose_topology_is_wired_consistently() -> None:
     grpc_port = flag(replica["command"], "port")
     assert flag(gateway["command"], "upstream") == f"dns:replica:{grpc_port}"
     assert replica["healthcheck"]["test"][-1] == f"grpc://127.0.0.1:{grpc_port}"
+    # A fixed frame port beside it, exposed like the gRPC one (the gateway learns it from Info).
+    frame_port = flag(replica["command"], "frame-port")
+    assert frame_port != grpc_port and {grpc_port, frame_port} <= set(replica["expose"])
     assert gateway["depends_on"]["replica"]["condition"] == "service_healthy"
     gateway_port = flag(gateway["command"], "port")
     assert gateway["healthcheck"]["test"][-1] == f"http://127.0.0.1:{gateway_port}/ready"

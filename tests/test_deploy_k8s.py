@@ -126,14 +126,26 @@ def test_k8s_network_policy_admits_only_the_gateway_and_prometheus() -> None:
         (source,) = rule["from"]
         ports = tuple(p["port"] for p in rule["ports"])
         admitted[ports] = source
-    # Exactly two doors: gRPC for the gateway pods, metrics for Prometheus.
-    assert set(admitted) == {(_container_port("replica", "grpc"),), (_container_port("replica", "metrics"),)}
-    gateway_source = admitted[(_container_port("replica", "grpc"),)]
+    # Exactly two doors: gRPC and frames for the gateway pods, metrics for Prometheus.
+    gateway_ports = (_container_port("replica", "grpc"), _container_port("replica", "frames"))
+    assert set(admitted) == {gateway_ports, (_container_port("replica", "metrics"),)}
+    gateway_source = admitted[gateway_ports]
     assert set(gateway_source) == {"podSelector"}   # same namespace, gateway pods only
     assert gateway_source["podSelector"]["matchLabels"].items() <= _pod_labels("gateway").items()
     assert not gateway_source["podSelector"]["matchLabels"].items() <= _pod_labels("replica").items()
     prometheus = admitted[(_container_port("replica", "metrics"),)]
     assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_k8s_replicas_listen_for_frames_on_the_port_they_declare() -> None:
+    """A frame port the gateway cannot reach costs nothing but speed (its calls stay on
+    gRPC), so nothing else would notice these three disagreeing."""
+    replicas = [_container(_k8s("Deployment", "embedserve-replica")[1]),
+                _container(_overlay("Deployment", "embedserve-replica-reranker"))]
+    for container in replicas:
+        frames = next(p["containerPort"] for p in container["ports"] if p["name"] == "frames")
+        assert int(flag(container["args"], "frame-port")) == frames
+        assert frames != int(flag(container["args"], "port"))
 
 
 def test_k8s_gateway_and_replicas_mount_the_same_token() -> None:

@@ -1,9 +1,10 @@
 """A replica listening on a Unix domain socket (``embedserve scheduler --unix-socket``)
 and on TCP at once: a gateway reaches it through either (``--upstream unix:PATH``, the
 way ``embedserve serve`` wires its local replicas, or ``host:port``, the way a remote
-gateway does) and gets the same answer. At ``unix:PATH`` its Embed/Score calls go as
-frames on the socket beside it (``--replica-calls frames``, the default) or over gRPC
-(``--replica-calls grpc``). Real scheduler process, in-process gateways."""
+gateway does) and gets the same answer. Its Embed/Score calls go as frames
+(``--replica-calls frames``, the default: at ``unix:PATH`` on the socket beside it, at
+``host:port`` on the TCP frame port its Info names) or over gRPC (``--replica-calls
+grpc``). Real scheduler process, in-process gateways."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ def test_one_replica_answers_over_frames_its_grpc_socket_and_tcp_alike(tiny_bert
             answers = {}
             for name, upstream, calls in (("frames", f"unix:{socket_path}", "frames"),
                                           ("unix", f"unix:{socket_path}", "grpc"),
-                                          ("tcp", replica.address, "frames")):
+                                          ("tcp frames", replica.address, "frames"),
+                                          ("tcp", replica.address, "grpc")):
                 server = GatewayServer(gateway_settings(tiny_bert_dir, [upstream], replica_calls=calls))
                 try:
                     server.wait_ready(healthy=1)
                     info = httpx.get(server.url + "/info", timeout=10).json()["replicas"]
                     assert [r["address"] for r in info] == [upstream]
-                    # Frames only where asked and the replica is on this machine (unix:).
-                    assert [r["calls"] for r in info] == ["frames" if name == "frames" else "grpc"]
+                    assert [r["calls"] for r in info] == [calls]
                     reply = httpx.post(server.url + "/v1/embeddings", timeout=60,
                                        json={"input": ["one sentence", "and another"]})
                     assert reply.status_code == 200, reply.text
@@ -54,9 +55,9 @@ def test_one_replica_answers_over_frames_its_grpc_socket_and_tcp_alike(tiny_bert
                 finally:
                     server.stop()
             assert answers["frames"].shape == (2, 32)
-            np.testing.assert_array_equal(answers["frames"], answers["tcp"])
-            np.testing.assert_array_equal(answers["unix"], answers["tcp"])
-            assert answers["frames error"] == answers["tcp error"]
+            for name in ("unix", "tcp frames"):
+                np.testing.assert_array_equal(answers[name], answers["tcp"])
+                assert answers[name + " error"] == answers["tcp error"]
             assert answers["frames error"][0] == 400
         finally:
             replica.stop()

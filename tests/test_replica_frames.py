@@ -1,4 +1,5 @@
-"""Replica calls as frames over the replica's Unix socket (embedserve/frames.py).
+"""Replica calls as frames over the replica's Unix socket and its TCP frame port
+(embedserve/frames.py).
 
 A real scheduler (``ThreadedScheduler``, a tiny model) with ``unix_socket`` set serves
 gRPC and frames at once; a ``FrameChannel`` on a loop of its own (as a gateway's) calls
@@ -25,6 +26,7 @@ from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 
 TOKEN = "frames-test-token"
+METADATA = (("authorization", f"Bearer {TOKEN}"),)
 
 
 @pytest.fixture
@@ -50,10 +52,19 @@ def frame_path(server: ThreadedScheduler) -> Path:
     return frames.frame_socket_path(server.server.settings.unix_socket)
 
 
-def over_frames(server: ThreadedScheduler, calls, token: str | None = TOKEN):
+def tcp_frame_target(server: ThreadedScheduler) -> tuple[str, int]:
+    """Where a remote gateway would call: the host it reaches the replica at, and the
+    frame port the replica's Info names."""
+    return "127.0.0.1", server.stub.Info(inference_pb2.InfoRequest(), timeout=10, metadata=METADATA).frame_port
+
+
+def over_frames(server: ThreadedScheduler, calls, token: str | None = TOKEN, tcp: bool = False,
+                instance_id: str = ""):
     """Open a channel on a fresh loop (as a gateway's), run ``calls(channel)``, close."""
+    target = tcp_frame_target(server) if tcp else frame_path(server)
+
     async def run():
-        channel = await FrameChannel.open(frame_path(server), token, timeout_s=10)
+        channel = await FrameChannel.open(target, token, timeout_s=10, instance_id=instance_id)
         try:
             return await calls(channel)
         finally:
@@ -140,11 +151,59 @@ def test_two_hundred_calls_in_flight_each_get_their_own_rows(replica, bert_engin
         assert reply.embeddings.shape[0] == len(batches[k])
 
 
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
 @pytest.mark.parametrize("token", [None, "wrong-token"])
-def test_a_connection_without_the_token_is_refused(replica, token):
+def test_a_connection_without_the_token_is_refused(replica, token, tcp):
     with pytest.raises(ReplicaCallError) as info:
-        over_frames(replica, lambda channel: channel.call("Info", inference_pb2.InfoRequest(), 5), token=token)
+        over_frames(replica, lambda channel: channel.call("Info", inference_pb2.InfoRequest(), 5),
+                    token=token, tcp=tcp)
     assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_tcp_frame_port_info_names_answers_as_grpc_does(replica):
+    info = replica.stub.Info(inference_pb2.InfoRequest(), timeout=10, metadata=METADATA)
+    assert info.frame_port > 0 and info.frame_port != replica.port
+    assert len(info.instance_id) == 16
+    sequences = random_sequences(np.random.default_rng(5), 5, 1, 120)
+    request = embed_request(sequences, request_id="tcp-1", normalize=True)
+    by_grpc = replica.stub.Embed(request, timeout=30, metadata=METADATA)
+
+    async def calls(channel):
+        # Nagle off on the gateway's end: a small frame must not wait for an ACK.
+        sock = channel._transport.get_extra_info("socket")
+        nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        return await channel.call("Embed", request, timeout=30), nodelay
+    by_frames, nodelay = over_frames(replica, calls, tcp=True, instance_id=info.instance_id)
+    assert nodelay
+    assert by_frames.request_id == "tcp-1"
+    np.testing.assert_array_equal(wire.tensor_to_array(by_frames.embeddings),
+                                  wire.tensor_to_array(by_grpc.embeddings))
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
+def test_a_channel_to_another_process_than_info_named_is_refused(replica, tcp):
+    with pytest.raises(ReplicaCallError) as info:
+        over_frames(replica, lambda channel: channel.call("Info", inference_pb2.InfoRequest(), 5),
+                    tcp=tcp, instance_id="0123456789abcdef")
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "another replica process" in info.value.details()
+
+
+def test_no_tcp_frame_port_when_off(bert_engine, tiny_bert_dir, socket_dir):
+    settings = _settings(tiny_bert_dir, socket_dir, max_batch_tokens=512, frame_port=None)
+    with ThreadedScheduler(settings, bert_engine) as server:
+        assert server.stub.Info(inference_pb2.InfoRequest(), timeout=10, metadata=METADATA).frame_port == 0
+        assert frame_path(server).is_socket()   # the Unix one is separate
+
+
+def test_a_frame_port_in_use_fails_the_start_with_its_address(bert_engine, tiny_bert_dir, socket_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = _settings(tiny_bert_dir, socket_dir, max_batch_tokens=512, frame_port=port)
+        with pytest.raises(OSError, match=f"cannot bind the frame socket to 127.0.0.1:{port}"):
+            ThreadedScheduler(settings, bert_engine)
 
 
 def test_undecodable_and_oversized_calls_are_refused_and_the_connection_serves_on(replica):

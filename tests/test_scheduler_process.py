@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_harness import embed_request, random_sequences, wait_until
 
 from embedserve import wire
+from embedserve.cli import build_parser, main
 from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
@@ -112,8 +113,8 @@ def test_flags_build_frozen_settings_with_a_device_dependent_budget(tmp_path):
     assert default_max_batch_tokens("cuda", "bfloat16") == GPU_MAX_BATCH_TOKENS
     explicit = parser.parse_args(["scheduler", "--device", "cuda", "--max-batch-tokens", "2048"])
     assert settings_from_args(explicit, tmp_path).max_batch_tokens == 2048
-    with pytest.raises(ValueError):
-        settings_from_args(parser.parse_args(["scheduler", "--in-flight", "0"]), tmp_path)
+    with pytest.raises(ValueError, match="in_flight_depth must be >= 1"):   # built other than by the CLI
+        dataclasses.replace(settings, in_flight_depth=0)
 
 
 def test_without_model_it_serves_the_default_model(default_model_dir):
@@ -136,3 +137,27 @@ def test_without_model_it_serves_the_default_model(default_model_dir):
             if process.poll() is None:
                 process.kill()
                 process.wait(30)
+
+
+@pytest.mark.parametrize("value, expected", [("0", 0), ("50052", 50052), ("off", None)])
+def test_frame_port_flag_takes_a_port_or_off(value, expected, tmp_path):
+    from embedserve.scheduler.cli import settings_from_args
+    args = build_parser().parse_args(["scheduler", "--frame-port", value])
+    assert settings_from_args(args, tmp_path).frame_port == expected
+
+
+@pytest.mark.parametrize("value", ["65536", "-1", "none"])
+def test_a_frame_port_outside_the_range_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["scheduler", "--frame-port", value])
+    assert exited.value.code == 2
+    assert "--frame-port:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--max-batch-tokens", "--max-batch-sequences", "--max-queue-tokens",
+                                  "--in-flight"])
+def test_a_batching_bound_below_one_is_a_usage_error(flag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["scheduler", flag, "0"])
+    assert exited.value.code == 2
+    assert f"{flag}: must be at least 1, got 0" in capsys.readouterr().err

@@ -94,10 +94,11 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
                              "unanswered before the replica counts as hung and its calls are "
                              "retried elsewhere; 0 turns pings off (default: %(default)s)")
     parser.add_argument("--replica-calls", choices=REPLICA_CALLS, default=d.replica_calls,
-                        help="how Embed/Score reach a replica at a unix: address: frames "
-                             "(protobuf frames on the replica's socket beside it, PATH.frames: "
-                             "about a millisecond less per call than grpc.aio here) or grpc; "
-                             "health and remote replicas always use gRPC (default: %(default)s)")
+                        help="how Embed/Score reach a replica: frames (protobuf frames on its "
+                             "frame socket: PATH.frames beside a unix:PATH one, the TCP port its "
+                             "Info names for a host:port one; about a millisecond less per call "
+                             "than grpc.aio, and gRPC whenever no frame connection is open) or "
+                             "grpc; health and Info always use gRPC (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
                         help="after SIGTERM, seconds that requests admitted before it may run "
                              "while new ones get 503; then the process exits "

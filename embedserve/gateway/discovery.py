@@ -24,7 +24,8 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from embedserve.gateway.replicas import UNIX_PREFIX, ReplicaSource, StaticSource
+from embedserve.gateway.addresses import UNIX_PREFIX, format_address, split_host_port
+from embedserve.gateway.replicas import ReplicaSource, StaticSource
 
 logger = logging.getLogger(__name__)
 
@@ -32,19 +33,6 @@ logger = logging.getLogger(__name__)
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 DNS_PREFIX = "dns:"
-
-
-def format_address(host: str, port: int) -> str:
-    """``host:port``, bracketing IPv6 literals as gRPC targets need."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """Parse ``host:port`` / ``[v6]:port``; ValueError naming the address if malformed."""
-    host, sep, port_text = address.strip().rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"expected host:port, got {address!r}")
-    return host.strip("[]"), int(port_text)
 
 
 async def resolve_all(host: str, port: int) -> list[str]:

@@ -21,6 +21,9 @@ from google.protobuf.message import DecodeError, Message
 
 from embedserve import frames
 
+# A replica's frame socket: the path of a Unix socket, or a TCP (host, port).
+FrameTarget = Path | tuple[str, int]
+
 
 class ReplicaCallError(Exception):
     """A frame call that ended without an answer: its gRPC status and details."""
@@ -46,17 +49,29 @@ class FrameChannel(asyncio.Protocol):
         self._pending: dict[int, tuple[asyncio.Future, type[Message] | None]] = {}
         self._next_id = 0
         self._lost = "the connection to the replica closed"
+        self._lost_event = asyncio.Event()
 
     @classmethod
-    async def open(cls, path: str | Path, token: str | None, timeout_s: float,
-                   max_payload: int = frames.MAX_MESSAGE_BYTES) -> FrameChannel:
-        """Connect and say HELLO; ReplicaCallError if the replica refuses the token,
-        OSError if nothing listens at ``path``."""
+    async def open(cls, target: FrameTarget, token: str | None, timeout_s: float,
+                   instance_id: str = "", max_payload: int = frames.MAX_MESSAGE_BYTES) -> FrameChannel:
+        """Connect to a Unix socket's path or a ``(host, port)`` and say HELLO.
+
+        ReplicaCallError if the replica refuses the token, or (``instance_id``
+        given) if it is not the process whose Info reported that id; OSError if
+        nothing listens there.
+        """
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout_s):
-            _, channel = await loop.create_unix_connection(lambda: cls(max_payload), str(path))
+            if isinstance(target, tuple):
+                _, channel = await loop.create_connection(lambda: cls(max_payload), *target)
+            else:
+                _, channel = await loop.create_unix_connection(lambda: cls(max_payload), str(target))
             try:
-                await channel._exchange(frames.HELLO, 0, (token or "").encode(), None)
+                answered = await channel._exchange(frames.HELLO, 0, (token or "").encode(), None)
+                if instance_id and answered != instance_id.encode():
+                    raise ReplicaCallError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           "another replica process answers there than the one "
+                                           "whose Info named it")
             except BaseException:
                 channel.close()
                 raise
@@ -70,6 +85,10 @@ class FrameChannel(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    async def wait_lost(self) -> None:
+        """Return once the connection has closed, from either end."""
+        await self._lost_event.wait()
+
     async def call(self, method: str, request: Message, timeout: float | None) -> Message:
         """``method``'s response to ``request``; ReplicaCallError on any other outcome."""
         index = frames.METHOD_INDEX[method]
@@ -80,7 +99,7 @@ class FrameChannel(asyncio.Protocol):
                                     frames.METHODS[index].response_type, timeout, timeout_us)
 
     async def _exchange(self, kind: int, arg: int, payload: bytes, response_type: type[Message] | None,
-                        timeout: float | None = None, timeout_us: int = 0) -> Message:
+                        timeout: float | None = None, timeout_us: int = 0) -> Message | bytes:
         if self.closed:
             raise ReplicaCallError(grpc.StatusCode.UNAVAILABLE, self._lost)
         call_id = self._next_id
@@ -121,6 +140,7 @@ class FrameChannel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._lost_event.set()
         pending, self._pending = self._pending, {}
         for future, _ in pending.values():
             if not future.done():
@@ -138,8 +158,8 @@ class FrameChannel(asyncio.Protocol):
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "the replica's answer is over the gateway's limit"))
             elif code is not grpc.StatusCode.OK:
                 future.set_exception(ReplicaCallError(code, reply.payload.decode(errors="replace")))
-            elif response_type is None:
-                future.set_result(None)
+            elif response_type is None:   # HELLO: the replica's instance id
+                future.set_result(reply.payload)
             else:
                 try:
                     future.set_result(response_type.FromString(reply.payload))

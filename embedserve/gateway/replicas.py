@@ -8,10 +8,13 @@ replicas with room, ties taken in turn (so requests sent one at a time
 still spread over idle replicas). Where replicas come from is a
 ``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
 plug in another source that yields new address lists as they change.
-A replica at ``unix:PATH`` (on this machine) is called through its frame
-socket when it has one (``frame_client.py``; ``frame_calls=False`` keeps gRPC):
-the channel opens once its health says SERVING and closes when its health
-watch breaks, failing the calls in flight on it as a broken gRPC channel would.
+A replica is called through its frame socket when it has one
+(``frame_client.py``; ``frame_calls=False`` keeps gRPC): beside its socket at
+``unix:PATH``, else on the TCP port its ``Info`` names at its ``host:port``.
+The channel opens once its health says SERVING (reopened if it closes while
+the replica serves; gRPC carries the calls meanwhile) and closes when its
+health watch breaks, failing the calls in flight on it as a broken gRPC
+channel would.
 A pool serves one model: a replica whose ``Info`` says it serves something
 else (``check_info``: another task or width) stays out of rotation, so a
 mis-wired deployment refuses requests instead of answering them from the
@@ -21,6 +24,7 @@ wrong model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -34,13 +38,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embedserve import frames
 from embedserve.errors import DeadlineExceeded, Unavailable
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
+from embedserve.gateway.frame_client import FrameChannel, FrameTarget, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler.auth import call_metadata
 
 log = logging.getLogger(__name__)
 
-UNIX_PREFIX = "unix:"   # a gRPC target: unix:/absolute/path or unix:relative/path
+# A frame channel's connect and HELLO; the wait for the first try before a replica
+# that just became SERVING enters rotation (it enters over gRPC when that runs out);
+# the longest wait between tries.
+FRAME_OPEN_TIMEOUT_S = 10.0
+FRAME_FIRST_TRY_S = 2.0
+FRAME_RETRY_MAX_S = 30.0
+
 # What ``Replica.call`` raises for a call that got no answer: either answers code() and details().
 REPLICA_CALL_ERRORS = (grpc.aio.AioRpcError, ReplicaCallError)
 
@@ -97,13 +108,28 @@ class Replica:
     metadata: tuple[tuple[str, str], ...] = ()
     healthy: bool = False
     info: inference_pb2.InfoResponse | None = None
+    # Whether ``info`` is the current process's: asked again after every health watch
+    # that ended or call that found it down (it may have restarted, on another frame port).
+    info_current: bool = False
     outstanding_tokens: int = 0
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
-    # Where its frame socket would be (a replica on this machine), and the open channel.
+    # Its frame socket's Unix path (a replica on this machine), the open channel, and
+    # the task that keeps one open while the replica serves.
     frame_path: Path | None = None
     frames: FrameChannel | None = field(default=None, repr=False)
+    frame_keeper: asyncio.Task | None = field(default=None, repr=False)
+
+    def frame_target(self) -> FrameTarget | None:
+        """Where its frame socket is: the Unix path beside its gRPC socket, else the
+        TCP port its Info reports on the host of its address; None: call over gRPC."""
+        if self.frame_path is not None:
+            return self.frame_path
+        if self.info is None or not self.info.frame_port or self.address.startswith(UNIX_PREFIX):
+            return None
+        host, _ = split_host_port(self.address)
+        return host, self.info.frame_port
 
     async def call(self, rpc: str, request: Message, timeout: float | None, request_id: str) -> Message:
         """One Embed/Score/Ranges call, over the frame channel when it is open, else
@@ -120,9 +146,18 @@ class Replica:
         return "frames" if self.frames is not None and not self.frames.closed else "grpc"
 
     def close_frames(self) -> None:
+        if self.frame_keeper is not None:
+            self.frame_keeper.cancel()
+            self.frame_keeper = None
         if self.frames is not None:
             self.frames.close()
             self.frames = None
+
+    def forget_process(self) -> None:
+        """The process behind the address may be gone: close its frame channel, and
+        ask Info again (its frame port, its instance id) when it next serves."""
+        self.close_frames()
+        self.info_current = False
 
     def capacity(self, default: int) -> int:
         if self.info is not None and self.info.max_queue_tokens:
@@ -193,12 +228,13 @@ class ReplicaPool:
             try:
                 async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
                     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-                    if serving and replica.info is None:
+                    if serving and not replica.info_current:
                         replica.info = await replica.stub.Info(inference_pb2.InfoRequest(), timeout=10,
                                                                metadata=replica.metadata)
+                        replica.info_current = True
                         self._check_model(replica)
-                    if serving:
-                        await self._open_frames(replica)
+                    if serving and not replica.wrong_model:
+                        await self._keep_frames_open(replica)
                     await self._set_health(replica, serving and not replica.wrong_model)
                     delay = self._backoff[0]
             except grpc.aio.AioRpcError as exc:
@@ -211,22 +247,67 @@ class ReplicaPool:
                 else:
                     log.debug("health watch of %s ended: %s", replica.address, exc.code())
             # The replica went away or hangs: fail its frame calls now, as its gRPC calls fail.
-            replica.close_frames()
+            replica.forget_process()
             await self._set_health(replica, False)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
-    async def _open_frames(self, replica: Replica) -> None:
-        """Open the replica's frame channel if it has a socket and none is open; gRPC
-        serves its calls when that fails."""
-        if replica.frame_path is None or (replica.frames is not None and not replica.frames.closed):
+    async def _keep_frames_open(self, replica: Replica) -> None:
+        """Start keeping the replica's frame channel open, if it has a frame socket;
+        wait (briefly) for the first try, so its first calls already go over it."""
+        if not self._frame_calls or replica.frame_target() is None:
             return
+        if replica.frame_keeper is None or replica.frame_keeper.done():
+            first_try = asyncio.Event()
+            replica.frame_keeper = asyncio.create_task(self._frames_kept_open(replica, first_try))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FRAME_FIRST_TRY_S):
+                    await first_try.wait()
+
+    async def _frames_kept_open(self, replica: Replica, first_try: asyncio.Event) -> None:
+        """Open the frame channel, and again whenever it closes, until cancelled (the
+        replica stopped serving). Its calls go over gRPC whenever none is open: a port
+        that does not answer, a replica busy past the timeout, or a connection lost."""
+        delay = self._backoff[0]
+        failures = 0
         try:
-            replica.frames = await FrameChannel.open(replica.frame_path, self._replica_token,
-                                                     timeout_s=10)
-        except (OSError, TimeoutError, ReplicaCallError) as error:
-            replica.frames = None
-            log.info("replica %s: no frame channel (%s); calling it over gRPC", replica.address, error)
+            while (target := replica.frame_target()) is not None:
+                instance_id = replica.info.instance_id if replica.info is not None else ""
+                try:
+                    channel = await FrameChannel.open(target, self._replica_token,
+                                                      timeout_s=FRAME_OPEN_TIMEOUT_S,
+                                                      instance_id=instance_id)
+                except (OSError, TimeoutError, ReplicaCallError) as error:
+                    failures += 1
+                    if isinstance(error, ReplicaCallError) and \
+                            error.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                        log.warning("replica %s: %s at %s (is its address a load-balanced "
+                                    "one? use one address per replica, e.g. dns:NAME:PORT of a "
+                                    "headless service); calling it over gRPC",
+                                    replica.address, error.details(), _describe(target))
+                        return
+                    log.log(logging.INFO if failures == 1 else logging.DEBUG,
+                            "replica %s: no frame channel at %s (%s); calling it over gRPC, "
+                            "retrying", replica.address, _describe(target),
+                            str(error) or type(error).__name__)
+                    first_try.set()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, FRAME_RETRY_MAX_S)
+                    continue
+                replica.frames = channel
+                first_try.set()
+                if failures:
+                    log.info("replica %s: frame channel open at %s", replica.address,
+                             _describe(target))
+                delay, failures = self._backoff[0], 0
+                await channel.wait_lost()
+                if replica.frames is channel:
+                    replica.frames = None
+                log.info("replica %s: its frame channel closed; calling it over gRPC meanwhile",
+                         replica.address)
+                await asyncio.sleep(delay)
+        finally:
+            first_try.set()
 
     def _check_model(self, replica: Replica) -> None:
         assert replica.info is not None
@@ -236,7 +317,7 @@ class ReplicaPool:
         replica.wrong_model = reason
         if reason:
             # Asked again on its next SERVING, in case it was restarted with the right model.
-            replica.info = None
+            replica.info, replica.info_current = None, False
 
     async def _set_health(self, replica: Replica, healthy: bool) -> None:
         if replica.healthy != healthy:
@@ -323,7 +404,13 @@ class ReplicaPool:
     async def mark_down(self, replica: Replica) -> None:
         """Take a replica out after a failed call; its health watch brings it back."""
         await self._set_health(replica, False)
-        # Restart the watch so a replica that is in fact fine comes back at once.
+        # Restart the watch so a replica that is in fact fine comes back at once; if it
+        # was restarted, its frames are the new process's.
         if replica.watch_task is not None and replica.address in self._replicas:
             replica.watch_task.cancel()
+            replica.forget_process()
             replica.watch_task = asyncio.create_task(self._watch_health(replica))
+
+
+def _describe(target: FrameTarget) -> str:
+    return str(target) if isinstance(target, Path) else f"{target[0]}:{target[1]}"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# How a gateway may call replicas at unix: addresses (``replica_calls``).
+# How a gateway may call its replicas' Embed/Score/Ranges (``replica_calls``).
 REPLICA_CALLS = ("frames", "grpc")
 
 
@@ -89,8 +89,9 @@ class GatewaySettings:
     # unanswered before the replica counts as hung and its calls are retried
     # elsewhere (0: no pings; a hung replica then holds calls to the deadline).
     replica_ping_s: float = 2.0
-    # How Embed/Score/Ranges reach a replica at a ``unix:`` address: "frames" (its frame
-    # socket, embedserve/frames.py; gRPC when it has none) or "grpc".
+    # How Embed/Score/Ranges reach a replica: "frames" (its frame socket beside a
+    # ``unix:`` address or on the TCP port its Info names, embedserve/frames.py; gRPC
+    # while none is open) or "grpc".
     replica_calls: str = "frames"
     # After SIGTERM: how long requests admitted before it may run on while new
     # ones get 503. The process exits once they are answered or this runs out;

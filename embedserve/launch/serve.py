@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "share the cores, so more replicas add fault tolerance, not speed")
     serve.add_argument("--replica-transport", choices=("unix", "tcp"), default="unix",
                        help="how the gateway calls its local replicas: unix (a Unix domain "
-                            "socket each: no TCP loopback per call) or tcp (127.0.0.1 ports). "
-                            "Replicas listen on TCP either way (default: %(default)s)")
+                            "socket each: no TCP loopback per call) or tcp (127.0.0.1 ports, the "
+                            "layout of remote replicas). Replicas listen on TCP either way "
+                            "(default: %(default)s)")
     add_engine_flags(serve)
     add_gateway_flags(serve, starts_replicas=True)
     serve.set_defaults(func=run_serve)

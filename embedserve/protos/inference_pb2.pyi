@@ -118,7 +118,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id", "dtype_reason")
+    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id", "dtype_reason", "frame_port", "instance_id")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,8 @@ class InfoResponse(_message.Message):
     CALIBRATION_SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_TEXTS_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
+    FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dimension: int
     max_positions: int
@@ -147,7 +149,9 @@ class InfoResponse(_message.Message):
     calibration_sample_size: int
     calibration_texts_id: str
     dtype_reason: str
-    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ..., dtype_reason: _Optional[str] = ...) -> None: ...
+    frame_port: int
+    instance_id: str
+    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., frame_port: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class RangesRequest(_message.Message):
     __slots__ = ("dimensions", "normalize")

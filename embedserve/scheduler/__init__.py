@@ -11,6 +11,7 @@ the loop itself, one at a time). Modules, one job each:
     pool.py      Call (one RPC's result handle), RequestPool (admission, queue)
     batcher.py   the engine loop: form, submit, route rows back, fail batches
     servicer.py  the Inference servicer (decode, validate, post-process)
+    frame_server.py  the same handlers for frames, on a Unix socket and a TCP port
     status.py    embedserve errors -> gRPC status codes, once
     metrics.py   Prometheus metrics in a per-server registry, /metrics endpoint
     server.py    SchedulerServer / create_server: start-up, warm-up, drain, stop

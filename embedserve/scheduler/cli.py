@@ -14,7 +14,9 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
                                             model_dir_from_args)
@@ -45,21 +47,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also serve gRPC on this Unix domain socket, for a gateway on the "
                              "same machine (no TCP loopback per call); --port stays open "
                              "(default: none)")
+    parser.add_argument("--frame-port", type=_port_or_off, default=0, metavar="PORT|off",
+                        help="TCP port of the frame socket: Embed/Score calls for about a "
+                             "millisecond less than gRPC; a gateway learns it from Info and "
+                             "falls back to gRPC when it cannot connect. 0 picks a free one "
+                             "(default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
     add_engine_flags(parser)
-    parser.add_argument("--max-batch-tokens", type=int, default=None,
+    parser.add_argument("--max-batch-tokens", type=_positive, default=None,
                         help="token budget per engine step; larger batches amortize per-step "
                              "cost but make each step (and a short query behind it) slower "
                              "(default, by measurement: 512 on CUDA and on CPU in float32, 1024 on CPU "
                              "in bfloat16)")
-    parser.add_argument("--max-batch-sequences", type=int, default=256,
+    parser.add_argument("--max-batch-sequences", type=_positive, default=256,
                         help="most sequences per step (default: %(default)s)")
-    parser.add_argument("--max-queue-tokens", type=int, default=65536,
+    parser.add_argument("--max-queue-tokens", type=_positive, default=65536,
                         help="tokens allowed to wait for a batch; beyond it calls get "
                              "RESOURCE_EXHAUSTED at once. Bounds memory and queueing delay "
                              "(default: %(default)s)")
-    parser.add_argument("--in-flight", type=int, default=2,
+    parser.add_argument("--in-flight", type=_positive, default=2,
                         help="engine steps submitted at once: 2 forms the next batch while "
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
@@ -127,15 +134,27 @@ def cuda_flags(args: argparse.Namespace) -> tuple[str, ...]:
             *(("--capture-at-start",) if args.capture_at_start else ()))
 
 
+Number = TypeVar("Number", int, float)
+
+
+def _number_within(text: str, kind: Callable[[str], Number], what: str, low: Number,
+                   high: Number | None) -> Number:
+    """``text`` as a ``kind`` in [low, high] (argparse type: a bad value is a usage error
+    at every entry point)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if high is None and value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+    if high is not None and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     """A whole number >= 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
+    return _number_within(text, int, "a whole number", 1, None)
 
 
 def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
@@ -154,15 +173,14 @@ def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
 
 
+def _port_or_off(text: str) -> int | None:
+    """A TCP port (0: any free one), or "off" for None (argparse type)."""
+    return None if text == "off" else _number_within(text, int, "a port or 'off'", 0, 65535)
+
+
 def _cosine(text: str) -> float:
-    """A cosine bar in [0, 1] (argparse type: a bad value is a usage error at every entry point)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+    """A cosine bar in [0, 1] (argparse type)."""
+    return _number_within(text, float, "a number", 0, 1)
 
 
 def engine_flags(dtype: str | None, cuda_graphs: bool = True,
@@ -180,6 +198,7 @@ def engine_flags(dtype: str | None, cuda_graphs: bool = True,
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
         model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
+        frame_port=args.frame_port,
         metrics_port=args.metrics_port,
         device=args.device, dtype=args.dtype, dtype_probe_min_cosine=args.dtype_probe_min_cosine,
         cuda_graphs=args.cuda_graphs, cuda_attention=args.cuda_attention,
@@ -241,6 +260,9 @@ async def serve(settings: SchedulerSettings) -> int:
         server, port = await create_server(settings, engine, on_device_lost=stop.set)
         with stop_on_signals(stop.set):
             print(scheduler_banner(settings.host, port, server.metrics_port), flush=True)
+            if server.service.frame_port:
+                log.info("frame socket on %s:%d (Embed/Score for gateways that reach this "
+                         "replica's address)", settings.host, server.service.frame_port)
             await stop.wait()
             log.info("%s: draining (%d calls active)",
                      "device lost" if server.device_lost else "signal received",

@@ -53,9 +53,9 @@ class CallContext:
 
 
 class FrameServer:
-    """Serves ``service`` on a Unix socket. ``max_payload``: the largest request, in
-    bytes (the gRPC server's receive limit); ``max_calls``: calls at once, over all
-    connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
+    """Serves ``service`` on a Unix socket, a TCP port, or both. ``max_payload``: the
+    largest request, in bytes (the gRPC server's receive limit); ``max_calls``: calls
+    at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
     def __init__(self, service: InferenceService, token: str | None, max_payload: int,
                  max_calls: int) -> None:
@@ -63,25 +63,34 @@ class FrameServer:
         self._token = (token or "").encode()
         self.max_payload = max_payload
         self.max_calls = max_calls
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
 
-    async def start(self, path: Path) -> None:
+    async def start_unix(self, path: Path) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
+        self._servers.append(await loop.create_unix_server(lambda: _Connection(self), str(path)))
+
+    async def start_tcp(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); return the port bound."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _Connection(self), host, port)
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:
-        if self._server is None:
+        if not self._servers:
             return
-        self._server.close()
+        for server in self._servers:
+            server.close()
         if self.calls:
             await asyncio.wait(list(self.calls), timeout=grace_s)
         for task in list(self.calls):
             task.cancel()
         for connection in list(self.connections):
             connection.close()
-        await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     def token_matches(self, supplied: bytes) -> bool:
         # Constant time: the comparison must not tell a prober how much of a guess was right.
@@ -136,7 +145,9 @@ class _Connection(asyncio.Protocol):
         """Accept the connection if ``hello`` carries the token; else refuse and close it."""
         if hello.kind == frames.HELLO and self._server.token_matches(hello.payload):
             self._greeted = True
-            self._reply(hello.call_id, grpc.StatusCode.OK, b"", kind=frames.HELLO)
+            # Answered with the id Info reports: the gateway checks both lead to one process.
+            self._reply(hello.call_id, grpc.StatusCode.OK, self._server.service.instance_id.encode(),
+                        kind=frames.HELLO)
             return True
         log.warning("refused a frame connection: missing or wrong replica token")
         self._reply(hello.call_id, grpc.StatusCode.UNAUTHENTICATED,

@@ -123,7 +123,9 @@ class SchedulerServer:
                 raise OSError(f"cannot bind the scheduler to {target}: {error}") from error
             if bound == 0:
                 raise OSError(f"cannot bind the scheduler to {target}")
-            await self.frame_server.start(frames.frame_socket_path(self.settings.unix_socket))
+            await self.frame_server.start_unix(frames.frame_socket_path(self.settings.unix_socket))
+        if self.settings.frame_port is not None:
+            self.service.frame_port = await self._start_frames_tcp(self.settings.frame_port)
         await self.grpc_server.start()
         if self.settings.metrics_port is not None:
             self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.host,
@@ -135,6 +137,13 @@ class SchedulerServer:
         self.service.accepting = True
         await self._set_health(_SERVING)
         return self.port
+
+    async def _start_frames_tcp(self, port: int) -> int:
+        try:
+            return await self.frame_server.start_tcp(self.settings.host, port)
+        except OSError as error:
+            raise OSError(f"cannot bind the frame socket to {self.settings.host}:{port}: "
+                          f"{error.strerror or error}") from error
 
     async def drain(self, timeout_s: float | None = None) -> bool:
         """NOT_SERVING, refuse new calls (UNAVAILABLE), wait for calls in flight.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -54,6 +55,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self.calibration: Calibration | None = None
         self.calibration_error = "this replica runs without a calibration (no cache directory)"
         self.active_calls = 0
+        self.frame_port = 0   # the frame socket's TCP port once it listens (0: none)
+        self.instance_id = secrets.token_hex(8)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -79,10 +82,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def Info(self, request: inference_pb2.InfoRequest,
                    context: Context) -> inference_pb2.InfoResponse:
         s = self._settings
-        return wire.model_info_to_proto(self._info, max_batch_tokens=s.max_batch_tokens,
-                                        max_batch_sequences=s.max_batch_sequences,
-                                        max_queue_tokens=s.max_queue_tokens,
-                                        version=embedserve.__version__)
+        reply = wire.model_info_to_proto(self._info, max_batch_tokens=s.max_batch_tokens,
+                                         max_batch_sequences=s.max_batch_sequences,
+                                         max_queue_tokens=s.max_queue_tokens,
+                                         version=embedserve.__version__)
+        reply.frame_port = self.frame_port
+        reply.instance_id = self.instance_id
+        return reply
 
     def count_cancelled_before_start(self, method: str) -> None:
         """A call cancelled by its client before its handler began (it arrived while the

@@ -42,6 +42,9 @@ class SchedulerSettings:
     # (``embedserve serve``) calls through it, without TCP loopback's per-call
     # cost. The TCP port stays open for remote gateways and probes.
     unix_socket: Path | None = None
+    # The same frame calls on TCP, for a gateway on another machine (it learns the
+    # port from Info): 0 picks a free port, None opens none.
+    frame_port: int | None = 0
     device: str = "cpu"
     # auto: bfloat16 where the hardware runs it natively and the load-time probe
     # agrees with float32 (min cosine >= dtype_probe_min_cosine), else float32.
