@@ -18,6 +18,7 @@ status 0. One stack for all of it: the SIGTERM-under-load check for ``serve``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -40,6 +41,23 @@ from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.entrypoint import GATEWAY_LISTENING
 from process_tree import alive, children
 from sigterm_load import assert_nothing_lost, sigterm_under_load
+
+
+def tcp_listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its sockets' inodes in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:   # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def wait_healthy(url: str, count: int, timeout: float = 120.0) -> None:
@@ -102,6 +120,9 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         sockets = [Path(a[len("unix:"):]) for a in addresses]
         assert all(s.is_socket() for s in sockets) and len(set(sockets)) == 2
         assert stat.S_IMODE(sockets[0].parent.parent.stat().st_mode) == 0o700
+        # Called over the Unix socket's frames, a replica listens on TCP for gRPC alone
+        # (probes, reflection): no frame port nobody calls.
+        assert len(tcp_listening_ports(replicas[0])) == 1
         address = addresses[0]
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:

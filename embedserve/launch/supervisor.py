@@ -9,7 +9,8 @@ replicas; ``SupervisorGroup`` starts and stops one per served model
 together. With ``unix_socket_dir`` each replica also listens on a Unix
 domain socket there and its address (what the gateway dials) is that
 socket's ``unix:PATH``: a gateway on this machine skips TCP loopback on
-every call. Starting and stopping one child is ``processes.py``'s job; the
+every call (and the replica opens no TCP frame port; its frames come over
+the socket). Starting and stopping one child is ``processes.py``'s job; the
 command line is ``commands.py``'s. Used by ``embedserve serve`` and
 ``embedserve cluster``.
 """
@@ -83,7 +84,9 @@ class ReplicaSupervisor:
 
     async def _spawn(self, replica: ReplicaProcess) -> None:
         socket_path = self._unix_socket(replica)
-        extra = (*self._extra_args, *(("--unix-socket", str(socket_path)) if socket_path else ()))
+        # Its frames go over the Unix socket then: no TCP frame port for nobody to call.
+        local = ("--unix-socket", str(socket_path), "--frame-port", "off") if socket_path else ()
+        extra = (*self._extra_args, *local)
         argv = scheduler_command(self._model_dir, self._host, replica.port, device=self._device,
                                  extra=extra)
         replica.process, match, replica.output = await start_child(
