@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.overhead_bench import RawClient, Stack, add_stack_arguments
+from bench.overhead_bench import RawClient, Stack, add_stack_arguments, stack_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=1, help="texts per request")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    serve_flags = [f for f in args.serve_flags if f != "--"]
+    specs, serve_flags = stack_arguments(args)
     bodies = request_bodies(args.words, args.texts)
     load_before = os.getloadavg()
     stacks: list[Stack] = []
     rates: dict[str, list[float]] = {}
     latencies: dict[str, list[float]] = {}
     try:
-        for spec in args.stack or [str(ROOT)]:
+        for spec in specs:
             stacks.append(Stack(spec, serve_flags))
         for stack in stacks:
             stack.wait_ready()

@@ -323,6 +323,11 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flags for embedserve serve, after --")
 
 
+def stack_arguments(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(the ``--stack`` specs, this checkout when none; the serve flags for every stack)."""
+    return args.stack or [str(ROOT)], [f for f in args.serve_flags if f != "--"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench overhead",
                                      description=__doc__.splitlines()[0])
@@ -334,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the HTTP client (default: a bare socket, one write per request)")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    serve_flags = [f for f in args.serve_flags if f != "--"]
-    specs = args.stack or [str(ROOT)]
+    specs, serve_flags = stack_arguments(args)
     body = json.dumps({"input": args.text}).encode()  # serialized once: not the stack's time
     load_before = os.getloadavg()
     stacks: list[Stack] = []

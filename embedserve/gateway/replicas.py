@@ -115,18 +115,16 @@ class Replica:
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
-    # Its frame socket's Unix path (a replica on this machine), the open channel, and
-    # the task that keeps one open while the replica serves.
-    frame_path: Path | None = None
+    # Its open frame channel, and the task that keeps one open while the replica serves.
     frames: FrameChannel | None = field(default=None, repr=False)
     frame_keeper: asyncio.Task | None = field(default=None, repr=False)
 
     def frame_target(self) -> FrameTarget | None:
         """Where its frame socket is: the Unix path beside its gRPC socket, else the
         TCP port its Info reports on the host of its address; None: call over gRPC."""
-        if self.frame_path is not None:
-            return self.frame_path
-        if self.info is None or not self.info.frame_port or self.address.startswith(UNIX_PREFIX):
+        if self.address.startswith(UNIX_PREFIX):
+            return frames.frame_socket_path(self.address.removeprefix(UNIX_PREFIX))
+        if self.info is None or not self.info.frame_port:
             return None
         host, _ = split_host_port(self.address)
         return host, self.info.frame_port
@@ -208,8 +206,6 @@ class ReplicaPool:
     def _add(self, address: str) -> None:
         channel = grpc.aio.insecure_channel(address, options=self._channel_options)
         replica = Replica(address, channel, inference_pb2_grpc.InferenceStub(channel), self._call_metadata)
-        if self._frame_calls and address.startswith(UNIX_PREFIX):
-            replica.frame_path = frames.frame_socket_path(address.removeprefix(UNIX_PREFIX))
         replica.watch_task = asyncio.create_task(self._watch_health(replica))
         self._replicas[address] = replica
 
