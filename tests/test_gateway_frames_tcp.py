@@ -13,11 +13,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -25,7 +30,7 @@ import pytest
 from scheduler_harness import ThreadedScheduler, wait_until
 
 from embedserve.scheduler.settings import SchedulerSettings
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
 
 TEXTS = ["one sentence", "and another one"]
 
@@ -140,6 +145,78 @@ def test_a_lost_frame_connection_is_reopened_while_the_replica_serves(bert_engin
                    and replica_view(server)["calls"] == "frames", what="a new frame connection")
         assert replica_view(server)["healthy"]
         np.testing.assert_array_equal(embed(server), before)
+
+
+def test_a_call_in_flight_when_its_frame_connection_is_lost_is_answered_over_grpc(
+        bert_engine, tiny_bert_dir):
+    # The replica serves on; only the connection went. A lone replica must not be
+    # taken out of rotation for it (that answered 503): the call is retried on it
+    # over gRPC.
+    settings = SchedulerSettings(model_dir=tiny_bert_dir, max_batch_tokens=512, dtype="float32")
+    with ThreadedScheduler(settings, bert_engine) as replica, \
+            gateway(tiny_bert_dir, f"127.0.0.1:{replica.port}") as server:
+        assert replica_view(server)["calls"] == "frames"
+        before = embed(server)
+        arrived = threading.Event()
+
+        async def reset_with_the_call_unread() -> None:
+            # The replica's loop is held while the call's frame arrives; closing a
+            # socket with unread bytes sends a reset.
+            connection = next(iter(replica.server.frame_server.connections))
+            arrived.wait(30)
+            time.sleep(0.3)
+            connection.close()
+
+        def retries() -> float:
+            text = httpx.get(server.url + "/metrics", timeout=10).text
+            return metric_value(text, "embedserve_gateway_chunk_retries_total")
+
+        retried_before = retries()
+        held = replica.submit(reset_with_the_call_unread())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, server.url + "/v1/embeddings",
+                                 json={"input": TEXTS}, timeout=60)
+            time.sleep(0.2)
+            arrived.set()
+            reply = answer.result()
+        held.result(30)
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_array_equal(np.array([d["embedding"] for d in reply.json()["data"]]), before)
+        assert retries() == retried_before + 1   # it went over frames first, and failed there
+        assert replica_view(server)["healthy"]
+
+
+@pytest.fixture
+def own_network_namespace() -> None:
+    """Skip unless this machine lets a user make a network namespace and route in it."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2)")
+    probe = subprocess.run(["unshare", "-rn", "ip", "rule", "add", "pref", "10", "dport", "9", "blackhole"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user network namespaces with policy routing here: {probe.stderr.strip()}")
+
+
+def test_a_frame_connection_dropped_on_the_way_is_found_and_its_calls_go_over_grpc(
+        tiny_bert_dir, own_network_namespace):
+    # The replica's frame port blackholed, its gRPC port not: without keepalive probes
+    # the frame connection looks open forever and every call over it waits for its
+    # deadline (30 s here).
+    driver = Path(__file__).with_name("frame_blackhole_driver.py")
+    run = subprocess.run(["unshare", "-rn", sys.executable, str(driver), str(tiny_bert_dir)],
+                         capture_output=True, text=True, timeout=300, cwd=driver.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["calls_before"] == "frames" and seen["status_before"] == 200, seen
+    # Idle, the probes find it (1 s period: about 2 s), and the replica stays in rotation.
+    assert seen["idle_found_after_s"] is not None, seen
+    assert seen["healthy_while_dropped"] is True, seen
+    assert seen["status_while_dropped"] == 200 and seen["same_while_dropped"], seen
+    assert seen["frames_again_after_s"] is not None, seen
+    # In flight: the unacknowledged call ends the connection, and is answered over gRPC.
+    assert seen["status_in_flight"] == 200 and seen["same_in_flight"], seen
+    assert seen["in_flight_s"] < 15, seen
+    assert seen["healthy_after"] is True, seen
 
 
 def test_a_frame_port_the_gateway_cannot_reach_leaves_its_calls_on_grpc(tiny_bert_dir):

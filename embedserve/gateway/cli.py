@@ -92,7 +92,8 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
     parser.add_argument("--replica-ping", type=float, default=d.replica_ping_s,
                         help="seconds between pings to each replica and how long one may go "
                              "unanswered before the replica counts as hung and its calls are "
-                             "retried elsewhere; 0 turns pings off (default: %(default)s)")
+                             "retried elsewhere (its TCP frame connections: keepalive probes "
+                             "as often); 0 turns pings off (default: %(default)s)")
     parser.add_argument("--replica-calls", choices=REPLICA_CALLS, default=d.replica_calls,
                         help="how Embed/Score reach a replica: frames (protobuf frames on its "
                              "frame socket: PATH.frames beside a unix:PATH one, the TCP port its "

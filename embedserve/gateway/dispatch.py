@@ -21,6 +21,7 @@ import numpy as np
 from embedserve import wire
 from embedserve.errors import DeadlineExceeded, EmbedServeError
 from embedserve.gateway.chunking import plan_chunks
+from embedserve.gateway.frame_client import FrameConnectionLost
 from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
 from embedserve.protos import inference_pb2
@@ -126,7 +127,10 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
         except REPLICA_CALL_ERRORS as exc:
             code = exc.code()
             last_error = from_rpc_error(code, exc.details())
-            if code in REPLICA_DOWN_CODES:
+            # A lost frame connection says nothing of the replica's gRPC side: the
+            # retry goes to another replica, or back to this one over gRPC (``acquire``
+            # falls back to tried replicas), where a replica that is down shows.
+            if code in REPLICA_DOWN_CODES and not isinstance(exc, FrameConnectionLost):
                 await pool.mark_down(replica)
             if not is_retryable(code) or time.monotonic() >= deadline:
                 raise last_error from None

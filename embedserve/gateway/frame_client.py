@@ -9,11 +9,21 @@ every call in flight on it with UNAVAILABLE.
 
 No flow control beyond the socket's: the replica pool already bounds the tokens
 outstanding per replica, and so the bytes waiting in this connection's buffer.
+
+A TCP connection is watched by the kernel (``keepalive_s``): keepalive probes while
+it is quiet, and a limit on how long sent bytes may go unacknowledged. A connection
+dropped on the way (a NAT or conntrack entry expired, a firewall that discards)
+otherwise looks open forever: the replica's gRPC connection beside it, kept alive by
+its HTTP/2 pings, says the replica serves, and every call sent here would wait for its
+deadline. The probes also keep such an entry from expiring. The kernel answers them
+on the replica's side, so a replica busy computing a long step is not taken for lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import socket
 from pathlib import Path
 
 import grpc
@@ -40,6 +50,24 @@ class ReplicaCallError(Exception):
         return self._details
 
 
+def watch_by_keepalive(sock: socket.socket, period_s: float) -> None:
+    """Have the kernel close ``sock`` once its peer has acknowledged nothing for about
+    ``2 * period_s``: a probe after ``period_s`` of quiet, and unacknowledged data
+    given as long. Linux socket options; elsewhere only SO_KEEPALIVE's defaults."""
+    period = max(1, math.ceil(period_s))   # the probe options count whole seconds
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, period)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, period)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(2000 * period_s))
+
+
+class FrameConnectionLost(ReplicaCallError):
+    """UNAVAILABLE: the frame connection closed with the call unanswered. The
+    replica itself may serve on: its gRPC channel is watched on its own."""
+
+
 class FrameChannel(asyncio.Protocol):
     """A connection to one replica's frame socket. Open with ``FrameChannel.open``."""
 
@@ -53,8 +81,13 @@ class FrameChannel(asyncio.Protocol):
 
     @classmethod
     async def open(cls, target: FrameTarget, token: str | None, timeout_s: float,
-                   instance_id: str = "", max_payload: int = frames.MAX_MESSAGE_BYTES) -> FrameChannel:
+                   instance_id: str = "", max_payload: int = frames.MAX_MESSAGE_BYTES,
+                   keepalive_s: float = 0.0) -> FrameChannel:
         """Connect to a Unix socket's path or a ``(host, port)`` and say HELLO.
+
+        ``keepalive_s`` (TCP only; 0: off): a quiet connection is probed every
+        ``keepalive_s``, and closed once nothing has been acknowledged for twice that,
+        which fails its calls in flight as UNAVAILABLE.
 
         ReplicaCallError if the replica refuses the token, or (``instance_id``
         given) if it is not the process whose Info reported that id; OSError if
@@ -63,7 +96,9 @@ class FrameChannel(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout_s):
             if isinstance(target, tuple):
-                _, channel = await loop.create_connection(lambda: cls(max_payload), *target)
+                transport, channel = await loop.create_connection(lambda: cls(max_payload), *target)
+                if keepalive_s > 0:
+                    watch_by_keepalive(transport.get_extra_info("socket"), keepalive_s)
             else:
                 _, channel = await loop.create_unix_connection(lambda: cls(max_payload), str(target))
             try:
@@ -101,7 +136,7 @@ class FrameChannel(asyncio.Protocol):
     async def _exchange(self, kind: int, arg: int, payload: bytes, response_type: type[Message] | None,
                         timeout: float | None = None, timeout_us: int = 0) -> Message | bytes:
         if self.closed:
-            raise ReplicaCallError(grpc.StatusCode.UNAVAILABLE, self._lost)
+            raise FrameConnectionLost(grpc.StatusCode.UNAVAILABLE, self._lost)
         call_id = self._next_id
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         loop = asyncio.get_running_loop()
@@ -140,11 +175,13 @@ class FrameChannel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        if exc is not None:
+            self._lost = f"{self._lost}: {exc}"
         self._lost_event.set()
         pending, self._pending = self._pending, {}
         for future, _ in pending.values():
             if not future.done():
-                future.set_exception(ReplicaCallError(grpc.StatusCode.UNAVAILABLE, self._lost))
+                future.set_exception(FrameConnectionLost(grpc.StatusCode.UNAVAILABLE, self._lost))
 
     def data_received(self, data: bytes) -> None:
         for reply in self._reader.feed(data):

@@ -174,6 +174,7 @@ class ReplicaPool:
         # A replica's Info -> why it does not serve this pool's model ("": it does).
         self._check_info = check_info
         self._channel_options = channel_options(ping_s)
+        self._ping_s = ping_s
         self._call_metadata = call_metadata(replica_token)
         self._replica_token = replica_token
         self._frame_calls = frame_calls
@@ -272,7 +273,8 @@ class ReplicaPool:
                 try:
                     channel = await FrameChannel.open(target, self._replica_token,
                                                       timeout_s=FRAME_OPEN_TIMEOUT_S,
-                                                      instance_id=instance_id)
+                                                      instance_id=instance_id,
+                                                      keepalive_s=self._ping_s)
                 except (OSError, TimeoutError, ReplicaCallError) as error:
                     failures += 1
                     if isinstance(error, ReplicaCallError) and \

@@ -88,6 +88,7 @@ class GatewaySettings:
     # Seconds between HTTP/2 pings to each replica, and how long one may go
     # unanswered before the replica counts as hung and its calls are retried
     # elsewhere (0: no pings; a hung replica then holds calls to the deadline).
+    # Its TCP frame connections get kernel keepalive probes at the same period.
     replica_ping_s: float = 2.0
     # How Embed/Score/Ranges reach a replica: "frames" (its frame socket beside a
     # ``unix:`` address or on the TCP port its Info names, embedserve/frames.py; gRPC
