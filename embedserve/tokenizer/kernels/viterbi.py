@@ -44,8 +44,8 @@ import numpy as np
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
 from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, TOKEN_INTS, lookup,
-                                                     prefetch_slot, put_score, put_slack, put_token, put_word,
-                                                     score_at, slack_of, token_at, token_count)
+                                                     prefetch_slot, put_slack, put_token, put_word,
+                                                     slack_of, token_at, token_count)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
@@ -82,7 +82,6 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
     one = np.uint64(1)
     caching = cache.records.shape[0] > 0
     chained = not use_f64  # sentencepiece mode: a word's paths go on from the score at its start
-    stride = 2 if chained else 1  # the cache's records keep scores beside the tokens
     records_f32 = cache.records.view(np.float32)
     wide_scores = score64.shape[0] > 0
     # The hashes of the words whose slots are loading: word w's at w % _PREFETCH_WORDS.
@@ -113,13 +112,13 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 prev = start
                 score = np.float32(best_score[start])
                 for t in range(token_count(cache, slot)):
-                    tid, rel_end = token_at(cache, slot, t, stride)
+                    tid, rel_end = token_at(cache, slot, t)
                     e = start + rel_end
                     best_start[e] = np.int32(prev)
                     best_id[e] = tid
                     prev = e
                     if chained:
-                        score = score + score_at(records_f32, slot, t)  # the float32 additions Viterbi made
+                        score = score + token_scores[tid]  # the float32 additions Viterbi made
                 if chained:
                     best_score[end] = np.float64(score)
                 continue
@@ -188,14 +187,13 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
         if not cacheable:
             continue
         if not chained:
-            _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride, token_scores)
+            _store(cache, text, start, end, h, best_start, best_id, unk_id)
             continue
         prefix = best_score[start]
         slack = narrowest - 2.0 * _rounding_bound(prefix, end - start, max_abs_score)
         if slack > 0.0 and _clear_of_rebase(prefix, end - start, max_abs_score) \
                 and not _has_unknown(best_start, best_id, start, end, unk_id):
-            slot = _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride,
-                          token_scores)
+            slot = _store(cache, text, start, end, h, best_start, best_id, unk_id)
             if slot >= 0:
                 put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
@@ -279,13 +277,13 @@ def _fused_token_count(best_start, best_id, start, end, unk_id):
 
 
 @cached_njit(nogil=True, inline="always")
-def _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id, stride, token_scores):
+def _store(cache, text, start, end, h, best_start, best_id, unk_id):
     """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
-    overwriting whatever word was there, with their scores when ``stride`` is 2; returns
-    the slot, or -1 for a path of more tokens than a record holds (nothing written)."""
+    overwriting whatever word was there; returns the slot, or -1 for a path of more
+    tokens than a record holds (nothing written)."""
     slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
     count = _fused_token_count(best_start, best_id, start, end, unk_id)
-    if count > TOKEN_INTS // stride:
+    if count > TOKEN_INTS:
         return -1
     t = count
     j = end
@@ -294,9 +292,7 @@ def _store(cache, records_f32, text, start, end, h, best_start, best_id, unk_id,
         is_unk = best_id[j] == unk_id
         if not (is_unk and prev_unk):
             t -= 1
-            put_token(cache, slot, t, best_id[j], j - start, stride)  # a fused unknown keeps its right end
-            if stride == 2:
-                put_score(records_f32, slot, t, token_scores[best_id[j]])
+            put_token(cache, slot, t, best_id[j], j - start)  # a fused unknown keeps its right end
         prev_unk = is_unk
         j = best_start[j]
     put_word(cache, slot, text, start, end, count)

@@ -41,8 +41,10 @@ MAX_WORD_BYTES = 24  # longer words skip the cache
 _SLACK = 1 + MAX_WORD_BYTES // 4
 _HEAD = _SLACK + 1
 RECORD_INTS = 16
-# 8 tokens a word; sentencepiece mode keeps each token's float32 score beside it
-# (stride 2), so a hit replays the path's additions from the record alone: 4 tokens.
+# 8 tokens a word, in both modes: sentencepiece mode's hit replays the path's float32
+# additions with each token's score read from the model, not kept here (kept, they
+# halved the tokens a record holds, and a fifth of the multilingual bench's text is in
+# words of 5-8 tokens).
 TOKEN_INTS = RECORD_INTS - _HEAD
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -129,31 +131,19 @@ def token_count(cache, slot):
 
 
 @cached_njit(nogil=True, inline="always")
-def token_at(cache, slot, t, stride):
-    """(id, end in bytes of the word) of the slot's token t (``stride``: 1 in hf mode, 2
-    with scores)."""
-    v = cache.records[slot, _HEAD + stride * t]
+def token_at(cache, slot, t):
+    """(id, end in bytes of the word) of the slot's token t."""
+    v = cache.records[slot, _HEAD + t]
     return v >> 8, v & 0xFF
 
 
 @cached_njit(nogil=True, inline="always")
-def put_token(cache, slot, t, token_id, end, stride):
-    cache.records[slot, _HEAD + stride * t] = (token_id << 8) | end
+def put_token(cache, slot, t, token_id, end):
+    cache.records[slot, _HEAD + t] = (token_id << 8) | end
 
 
-# The float32 fields take ``records_f32``, the records viewed as float32 once per call
+# The float32 slack takes ``records_f32``, the records viewed as float32 once per call
 # (``records.view`` in each read measured slower: a view is built every time).
-
-
-@cached_njit(nogil=True, inline="always")
-def score_at(records_f32, slot, t):
-    """The float32 score of the slot's token t (sentencepiece mode)."""
-    return records_f32[slot, _HEAD + 2 * t + 1]
-
-
-@cached_njit(nogil=True, inline="always")
-def put_score(records_f32, slot, t, score):
-    records_f32[slot, _HEAD + 2 * t + 1] = score
 
 
 @cached_njit(nogil=True, inline="always")
