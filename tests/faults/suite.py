@@ -170,11 +170,12 @@ async def run_phases(suite: Suite, link_cut_skip: str) -> list[PhaseResult]:
 
 
 async def _served_model(base_url: str) -> tuple[str, list[str]]:
-    """The model id the gateway serves, and the replica addresses it knows."""
+    """The model id the gateway serves, and the replicas it knows: each address, and how
+    its calls travel (frames or gRPC)."""
     async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
         models = (await client.get(f"{base_url}/v1/models")).raise_for_status().json()
         info = (await client.get(f"{base_url}/info")).raise_for_status().json()
-    return models["data"][0]["id"], sorted(r["address"] for r in info["replicas"])
+    return models["data"][0]["id"], sorted(f"{r['address']} ({r['calls']})" for r in info["replicas"])
 
 
 async def run_suite(model_dir: Path, log_dir: Path, mode: str = "auto", phase_s: float = 6.0,
