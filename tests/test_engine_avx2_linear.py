@@ -1,8 +1,8 @@
 """The fused layers' float32 linear on the AVX2 kernel against torch in float64.
 
-The reference is ``F.linear`` in float64; the bar is torch's own float32 linear
-(what the kernel replaces): the kernel's error must stay within a small multiple of
-it, as both sum the same products in another order. Also: which layers take the
+The reference is ``F.linear`` in float64; the bar is a float32 linear's error (torch's
+own, what the kernel replaces, or a plain in-order dot product's): the kernel's error
+must stay within a small multiple of it, as all sum the same products in another order. Also: which layers take the
 kernel, that an engine on it runs steps of up to 64 tokens unpadded (the kernel keeps
 no per-count state) and larger ones in their buckets, and that it equals the same
 engine on oneDNN.
@@ -38,13 +38,30 @@ def kernel() -> None:
         pytest.skip("the AVX2 linear does not run here: not built, or this CPU has AVX-512 (oneDNN keeps every call)")
 
 
+def sequential_float32(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """x @ W.T + b as a plain float32 dot product: products and sums in input order, each
+    rounded once. Elementwise float32 operations round the same on every CPU, so its
+    error does not depend on the host, as torch's own float32 linear's does (oneDNN
+    blocks the sums differently per instruction set)."""
+    weight = layer.weight.detach()
+    total = torch.zeros(x.shape[0], weight.shape[0])
+    for j in range(weight.shape[1]):
+        total = total + x[:, j:j + 1] * weight[:, j]
+    return total if layer.bias is None else total + layer.bias.detach()
+
+
 def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
+    """The kernel's error against float64 is within a small multiple of a float32 linear's:
+    torch's here, or a plain in-order dot product's, whichever is larger (the kernel
+    sums in order along the input features, which loses more than oneDNN's blocked sums
+    on some hosts)."""
     bias = None if layer.bias is None else layer.bias.double()
     expected = activation(F.linear(x.double(), layer.weight.double(), bias))
     torch_error = (activation(F.linear(x, layer.weight, layer.bias)).double() - expected).abs().max()
+    in_order_error = (activation(sequential_float32(x, layer)).double() - expected).abs().max()
     error = (out.double() - expected).abs().max()
     assert out.dtype == torch.float32 and out.shape == expected.shape
-    assert error <= 4 * torch_error + 1e-6, (error, torch_error)
+    assert error <= 4 * max(torch_error, in_order_error) + 1e-6, (error, torch_error, in_order_error)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 20, 47, 48, 49, 64, 97, 300])
