@@ -167,22 +167,24 @@ def test_a_call_in_flight_when_its_frame_connection_is_lost_is_answered_over_grp
             time.sleep(0.3)
             connection.close()
 
-        def retries() -> float:
-            text = httpx.get(server.url + "/metrics", timeout=10).text
-            return metric_value(text, "embedserve_gateway_chunk_retries_total")
+        def gateway_metric(name: str) -> float:
+            return metric_value(httpx.get(server.url + "/metrics", timeout=10).text, name)
 
-        retried_before = retries()
+        retried_before = gateway_metric("embedserve_gateway_chunk_retries_total")
         held = replica.submit(reset_with_the_call_unread())
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             answer = pool.submit(httpx.post, server.url + "/v1/embeddings",
                                  json={"input": TEXTS}, timeout=60)
-            time.sleep(0.2)
+            # Admitted (its tokens counted in flight); its frame is written right after.
+            wait_until(lambda: gateway_metric("embedserve_gateway_inflight_tokens") > 0,
+                       what="the request admitted")
             arrived.set()
             reply = answer.result()
         held.result(30)
         assert reply.status_code == 200, reply.text
         np.testing.assert_array_equal(np.array([d["embedding"] for d in reply.json()["data"]]), before)
-        assert retries() == retried_before + 1   # it went over frames first, and failed there
+        # It went over frames first, and failed there.
+        assert gateway_metric("embedserve_gateway_chunk_retries_total") == retried_before + 1
         assert replica_view(server)["healthy"]
 
 
