@@ -13,7 +13,6 @@ as one JSON object; the test judges it.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from gateway_harness import GatewayServer, SchedulerProcess, free_port, gateway_settings, replica_view
 
 TEXTS = ["one sentence", "and another one"]
 BLACKHOLE_PREFERENCES = ("10", "11")
@@ -51,12 +50,6 @@ def restore() -> None:
         ip("rule", "del", "pref", preference)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def seconds_until(condition: Callable[[], bool], timeout: float) -> float | None:
     """How long ``condition`` took to hold; None if it did not within ``timeout``."""
     start = time.monotonic()
@@ -77,9 +70,6 @@ def main(model_dir: Path) -> dict:
     try:
         server.wait_ready(healthy=1)
 
-        def view() -> dict:
-            return httpx.get(server.url + "/info", timeout=10).json()["replicas"][0]
-
         def embed() -> tuple[int, np.ndarray | None, float]:
             start = time.monotonic()
             reply = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS}, timeout=60)
@@ -88,20 +78,20 @@ def main(model_dir: Path) -> dict:
                 return reply.status_code, None, took
             return 200, np.array([d["embedding"] for d in reply.json()["data"]]), took
 
-        seen["calls_before"] = view()["calls"]
+        seen["calls_before"] = replica_view(server)["calls"]
         status, before, _ = embed()
         seen["status_before"] = status
 
         # Idle: nothing is sent, so only the keepalive probes can find the loss.
         blackhole(frame_port)
-        seen["idle_found_after_s"] = seconds_until(lambda: view()["calls"] == "grpc", timeout=20)
-        seen["healthy_while_dropped"] = view()["healthy"]
+        seen["idle_found_after_s"] = seconds_until(lambda: replica_view(server)["calls"] == "grpc", timeout=20)
+        seen["healthy_while_dropped"] = replica_view(server)["healthy"]
         status, vectors, _ = embed()
         seen["status_while_dropped"] = status
         seen["same_while_dropped"] = vectors is not None and np.allclose(vectors, before, atol=1e-6)
 
         restore()
-        seen["frames_again_after_s"] = seconds_until(lambda: view()["calls"] == "frames", timeout=60)
+        seen["frames_again_after_s"] = seconds_until(lambda: replica_view(server)["calls"] == "frames", timeout=60)
 
         # In flight: the call is sent into the blackhole and waits for an answer.
         blackhole(frame_port)
@@ -109,7 +99,7 @@ def main(model_dir: Path) -> dict:
         seen["status_in_flight"] = status
         seen["in_flight_s"] = took
         seen["same_in_flight"] = vectors is not None and np.allclose(vectors, before, atol=1e-6)
-        seen["healthy_after"] = view()["healthy"]
+        seen["healthy_after"] = replica_view(server)["healthy"]
     finally:
         server.stop()
         replica.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -133,6 +134,18 @@ class GatewayServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a process that must be told its port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def replica_view(server: GatewayServer) -> dict:
+    """The gateway's ``/info`` entry of its first replica (health, how it is called)."""
+    return httpx.get(server.url + "/info", timeout=10).json()["replicas"][0]
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

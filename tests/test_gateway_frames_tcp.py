@@ -16,7 +16,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +29,8 @@ import pytest
 from scheduler_harness import ThreadedScheduler, wait_until
 
 from embedserve.scheduler.settings import SchedulerSettings
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings, metric_value
+from gateway_harness import (GatewayServer, SchedulerProcess, free_port, gateway_settings, metric_value,
+                             replica_view)
 
 TEXTS = ["one sentence", "and another one"]
 
@@ -43,10 +43,6 @@ def gateway(model_dir, upstream: str, **overrides) -> Iterator[GatewayServer]:
         yield server
     finally:
         server.stop()
-
-
-def replica_view(server: GatewayServer) -> dict:
-    return httpx.get(server.url + "/info", timeout=10).json()["replicas"][0]
 
 
 def embed(server: GatewayServer) -> np.ndarray:
@@ -90,12 +86,6 @@ class Forwarder:
         asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("frame_port", ["any", "fixed"])
