@@ -22,6 +22,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from conftest import shared_file
 from tokenizer_corpus import assert_ids_equal, udhr_texts
 from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer.kernels.word_cache import WAYS, cached_word_count
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -78,7 +79,7 @@ def test_a_word_decided_by_rounding_after_a_long_prefix(near_tie):
     pieces = reference.encode(text, out_type=str)
     assert pieces[0] == "\u2581ab" and pieces[-2:] == ["\u2581a", "b"]  # the same word, two answers
     assert tokenizer.encode("ab", add_special_tokens=False).tolist() == reference.encode("ab")
-    assert (tokenizer._word_cache().lengths > 0).sum() == 1  # "▁ab" is cached, and used again below
+    assert cached_word_count(tokenizer._word_cache()) == 1  # "▁ab" is cached, and used again below
     for _ in range(2):  # the second time every word is in the cache
         assert tokenizer.encode(text, add_special_tokens=False).tolist() == reference.encode(text)
     batch = tokenizer.encode_batch(["ab", text, "ab ab"], add_special_tokens=False)
@@ -86,7 +87,7 @@ def test_a_word_decided_by_rounding_after_a_long_prefix(near_tie):
 
 
 @pytest.mark.parametrize("model", ["near_tie", "rebase"])
-@pytest.mark.parametrize("slots", [1 << 16, 2])
+@pytest.mark.parametrize("slots", [1 << 16, WAYS])
 def test_random_word_sequences(request, model, slots):
     """Texts of 1 to 8,000 words, so ``▁ab`` comes at many path scores (both answers
     occur); with the rebase model the longest pass -1e5, where sentencepiece rebases."""
@@ -121,12 +122,12 @@ def test_models_whose_pieces_span_a_word_start_do_not_cache(tmp_path):
 
 
 def test_udhr_in_a_thrashing_table(tokenizer_cache_dir, xlmr_sp_reference):
-    """XLM-R's model on the first 1,500 characters of each UDHR text, in a table of two
-    slots (words keep overwriting each other's records) and a full-size one, twice."""
+    """XLM-R's model on the first 1,500 characters of each UDHR text, in a table of one
+    four-slot set (words keep evicting each other's records) and a full-size one, twice."""
     model = shared_file("xlmr/sentencepiece.bpe.model")
     texts = [t[:1500] for t in udhr_texts()]
     expected = [xlmr_sp_reference.encode(t) for t in texts]
-    for slots in (2, 1 << 16):
+    for slots in (WAYS, 1 << 16):
         tokenizer = Tokenizer.from_file(model, compat="sentencepiece", cache_dir=tokenizer_cache_dir,
                                         word_cache_slots=slots)
         for _ in range(2):

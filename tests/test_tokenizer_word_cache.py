@@ -1,5 +1,5 @@
 """The hf-mode per-word cache (kernels/word_cache.py) changes no token: ids equal
-tokenizers==0.23.3 with the cache cold, hot, thrashing in a two-slot table, and shared by
+tokenizers==0.23.3 with the cache cold, hot, thrashing in a table of one four-slot set, and shared by
 threads; offsets equal those of the same tokenizer with the cache off (whose offsets
 test_tokenizer_api.py checks against the source text). The table never grows.
 sentencepiece mode's cache: test_tokenizer_sp_word_cache.py.
@@ -21,7 +21,7 @@ from conftest import shared_file
 from tokenizer_corpus import assert_ids_equal, udhr_texts
 
 from embedserve.tokenizer import Tokenizer
-from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES
+from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES, WAYS, cached_word_count
 
 LONG_WORDS = ["x" * (MAX_WORD_BYTES + 5) + " and " + "Grüße" * 10, "日本語のテキストは空白で区切られない長い単語になります"]
 
@@ -55,18 +55,18 @@ def check(tokenizer: Tokenizer, texts: list[str], expected: dict[str, list[int]]
         assert tokenizer.encode(text).tolist() == expected[text]
 
 
-@pytest.mark.parametrize("slots", [4096, 2])
+@pytest.mark.parametrize("slots", [4096, WAYS])
 def test_cold_then_hot_in_varied_order(tokenizer_cache_dir, corpus, expected, slots):
-    """Two slots: almost every word overwrites another's slot, and lookups must verify."""
+    """One set of four slots: almost every word evicts another, and lookups must verify."""
     tokenizer, no_cache = ours(tokenizer_cache_dir, slots), ours(tokenizer_cache_dir, 0)
     cache = tokenizer._word_cache()
     shuffled = corpus[:]
     random.Random(16).shuffle(shuffled)
     for texts in (corpus, corpus, corpus[::-1], shuffled):
         check(tokenizer, texts, expected, no_cache)
-    assert (cache.lengths > 0).sum() > 0  # it did cache words
+    assert cached_word_count(cache) > 0  # it did cache words
     tokenizer.clear_word_cache()
-    assert (cache.lengths == 0).all()
+    assert cached_word_count(cache) == 0
     check(tokenizer, shuffled, expected, no_cache)  # cold again
 
 
@@ -78,8 +78,8 @@ def test_table_is_bounded(tokenizer_cache_dir, corpus, expected):
     tokenizer.encode_batch(corpus)
     tokenizer.encode_batch(corpus[::-1])
     assert tokenizer._word_cache() is cache and [a.nbytes for a in cache] == sizes
-    assert cache.records.shape[0] == 64 and ((cache.lengths & 0xFF) <= MAX_WORD_BYTES).all()
-    assert 0 < (cache.lengths > 0).sum() <= 64
+    assert cache.records.shape[0] == 64 and ((cache.records[:, 0] & 0xFF) <= MAX_WORD_BYTES).all()
+    assert 0 < cached_word_count(cache) <= 64
 
 
 def test_threads_each_get_reference_output(tokenizer_cache_dir, corpus, expected):
@@ -99,9 +99,26 @@ def test_threads_each_get_reference_output(tokenizer_cache_dir, corpus, expected
     assert_ids_equal(big, batch, [expected[t] for t in big])
 
 
-def test_capacity_must_be_a_power_of_two(tokenizer_cache_dir):
-    with pytest.raises(ValueError, match="power of two"):
-        ours(tokenizer_cache_dir, 100)
+def test_capacity_must_be_a_power_of_two_of_at_least_a_set(tokenizer_cache_dir):
+    for slots in (100, WAYS // 2):
+        with pytest.raises(ValueError, match=f"power of two of at least {WAYS}"):
+            ours(tokenizer_cache_dir, slots)
+
+
+def test_words_of_one_set_stay_together(tokenizer_cache_dir):
+    """A table of one set keeps four words at once: encoding them again writes nothing
+    (each is found), where a table of one slot per hash kept only the last."""
+    tokenizer = Tokenizer(ours(tokenizer_cache_dir, WAYS).spec, cache_dir=tokenizer_cache_dir, threads=1,
+                          word_cache_slots=WAYS)
+    text = "river stone cloud"  # three words, "▁river" "▁stone" "▁cloud", each a few tokens
+    first = tokenizer.encode(text).tolist()
+    cache = tokenizer._word_cache()
+    assert cached_word_count(cache) == 3
+    records = cache.records.copy()
+    assert tokenizer.encode(text).tolist() == first
+    assert (cache.records == records).all()
+    tokenizer.encode("meadow")  # a fourth word takes the last empty slot, and evicts none
+    assert cached_word_count(cache) == 4 and (cache.records[records[:, 0] != 0] == records[records[:, 0] != 0]).all()
 
 
 def test_prefetching_a_slot_reads_nothing_and_writes_nothing():

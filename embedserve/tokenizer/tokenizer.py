@@ -39,7 +39,7 @@ from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, tr
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.kernels.trie import (COMPACT_SCORE32, COMPACT_TOKEN, MATCHABLE_KINDS, NO_TOKEN,
                                                load_or_build_compact_nodes)
-from embedserve.tokenizer.kernels.word_cache import WordCache, new_word_cache
+from embedserve.tokenizer.kernels.word_cache import WordCache, clear_word_cache, new_word_cache
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")
@@ -318,7 +318,7 @@ class Tokenizer:
         """Forget the calling thread's cached words (to measure or test a cold start)."""
         buffers = getattr(self._local, "buffers", None)
         if buffers is not None:
-            buffers.word_cache.lengths[:] = 0  # a slot of length 0 matches no word
+            clear_word_cache(buffers.word_cache)
 
     def _encode_raw(self, texts: Sequence[str], want_offsets: bool):
         if isinstance(texts, str):

@@ -269,11 +269,15 @@ def _put_space(out_bytes, out_origin, o, escape, origin_start, origin_end):
 def split_at_metaspace(text, n, words):
     """Cut text[:n] into words, each starting at a "▁" (its first one at 0): the words
     sentencepiece mode's word cache looks up. Returns how many, or SCRATCH_TOO_SMALL."""
+    # A search that skips (Horspool's): the byte where a "▁" (E2 96 81) starting at i
+    # would end says how far the next one can start: 0x81 -> look at i, 0x96 -> i + 1,
+    # 0xE2 -> i + 2, any other byte -> i + 3. Most positions are passed over unread.
     count = 0
     start = 0
     i = 1
     while i + 2 < n:
-        if text[i] == 0xE2 and text[i + 1] == 0x96 and text[i + 2] == 0x81:
+        last = text[i + 2]
+        if last == 0x81 and text[i + 1] == 0x96 and text[i] == 0xE2:
             if count + 1 >= words.shape[0]:
                 return SCRATCH_TOO_SMALL
             words[count, 0] = start
@@ -281,8 +285,12 @@ def split_at_metaspace(text, n, words):
             count += 1
             start = i
             i += 3
-        else:
+        elif last == 0x96:
             i += 1
+        elif last == 0xE2:
+            i += 2
+        else:
+            i += 3
     if n > 0:
         if count >= words.shape[0]:
             return SCRATCH_TOO_SMALL

@@ -43,7 +43,7 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, TOKEN_INTS, lookup,
+from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, TOKEN_INTS, claim_slot, forget, lookup,
                                                      prefetch_slot, put_slack, put_token, put_word,
                                                      slack_of, token_at, token_count)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
@@ -122,6 +122,10 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 if chained:
                     best_score[end] = np.float64(score)
                 continue
+            if slot >= 0:
+                # sentencepiece mode, a record this prefix cannot use: Viterbi's result
+                # replaces it (or, not cacheable after this prefix, it goes).
+                forget(cache, slot)
         track = chained and cacheable  # keep the narrowest comparison's gap, for the slack
         narrowest = np.inf
         u_end = np.uint64(end)
@@ -278,13 +282,13 @@ def _fused_token_count(best_start, best_id, start, end, unk_id):
 
 @cached_njit(nogil=True, inline="always")
 def _store(cache, text, start, end, h, best_start, best_id, unk_id):
-    """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in its slot,
-    overwriting whatever word was there; returns the slot, or -1 for a path of more
-    tokens than a record holds (nothing written)."""
-    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+    """Put word text[start:end]'s back-tracked tokens (unknown runs fused) in a slot of
+    its set; returns the slot, or -1 for a path of more tokens than a record holds
+    (nothing written)."""
     count = _fused_token_count(best_start, best_id, start, end, unk_id)
     if count > TOKEN_INTS:
         return -1
+    slot = claim_slot(cache, h)
     t = count
     j = end
     prev_unk = False
@@ -295,5 +299,5 @@ def _store(cache, text, start, end, h, best_start, best_id, unk_id):
             put_token(cache, slot, t, best_id[j], j - start)  # a fused unknown keeps its right end
         prev_unk = is_unk
         j = best_start[j]
-    put_word(cache, slot, text, start, end, count)
+    put_word(cache, slot, text, start, end, h, count)
     return slot

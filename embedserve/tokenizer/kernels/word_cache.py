@@ -11,11 +11,15 @@ therefore also keeps the word's slack (``slack_of``): how much larger than its r
 error the narrowest comparison of the word's Viterbi was, and a later lookup uses the
 record only when its own rounding error cannot undo any comparison (viterbi.py).
 
-The table is open addressing with one probe: a word's FNV-1a hash picks its slot, the
-slot keeps the word's bytes for verification, and a new word overwrites whatever was
-there. Token ids must fit 23 bits (the Tokenizer checks). Its size is fixed at
-construction (no growth, no eviction bookkeeping); words longer than ``MAX_WORD_BYTES``
-are not cached.
+The table is set-associative: a word's FNV-1a hash picks a set of ``WAYS`` adjacent
+records, the word may sit in any of them, and each record keeps the word's bytes for
+verification. A new word takes an empty record of its set, else the one its hash picks
+(``claim_slot``). With one record per hash, two frequent words that share it evict each
+other on every use: on the multilingual bench (~40k distinct words in 131,072 records),
+after three passes, an 8 MiB table of single records held 88.5 % of the cacheable words
+of a pass, of 4-record sets 98.6 % (BENCHMARKS.md, tokenizer section). Token ids must fit 23 bits (the
+Tokenizer checks). Its size is fixed at construction (no growth, no eviction
+bookkeeping); words longer than ``MAX_WORD_BYTES`` are not cached.
 
 A table is not safe to share between threads (a reader could see a half-written
 slot): the Tokenizer gives each thread its own.
@@ -34,10 +38,11 @@ from embedserve.tokenizer.huge_pages import huge_page_zeros
 from embedserve.tokenizer.kernel_cache import cached_njit
 
 MAX_WORD_BYTES = 24  # longer words skip the cache
-# A record is one 64-byte cache line of ints: length | count << 8, the word (4 bytes an
-# int), sentencepiece mode's slack (float32 bits), then the tokens. Twice as many of
-# these in the same memory as 128-byte records held more hits than the 9th-24th token
-# slots did (BENCHMARKS.md, tokenizer section); a word of more tokens is not cached.
+WAYS = 4  # records per set: four adjacent cache lines, all loaded by one prefetch
+# A record is one 64-byte cache line of ints: the header, the word (4 bytes an int),
+# sentencepiece mode's slack (float32 bits), then the tokens. Twice as many of these in
+# the same memory as 128-byte records held more hits than the 9th-24th token slots did
+# (BENCHMARKS.md, tokenizer section); a word of more tokens is not cached.
 _SLACK = 1 + MAX_WORD_BYTES // 4
 _HEAD = _SLACK + 1
 RECORD_INTS = 16
@@ -46,33 +51,36 @@ RECORD_INTS = 16
 # halved the tokens a record holds, and a fifth of the multilingual bench's text is in
 # words of 5-8 tokens).
 TOKEN_INTS = RECORD_INTS - _HEAD
+_KEY_MASK = 0x7FFF00FF  # a header's length and tag: what a lookup compares first
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
 class WordCache(NamedTuple):
-    # int32 [C, RECORD_INTS]: [0] word length (0: empty) | token count << 8; [1:7] the
-    # word's bytes, 4 an int; [7 + t] token t's id << 8 | its end in bytes of the word.
-    # One record, not an array per field: a lookup touches two cache lines, not six.
+    # int32 [C, RECORD_INTS]: [0] the header, word length (0: empty) | token count << 8 |
+    # tag << 16; [1:7] the word's bytes, 4 an int; [7] the slack; [8 + t] token t's id << 8
+    # | its end in bytes of the word. One record, not an array per field: a hit reads one
+    # line of records, not six.
     records: np.ndarray
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """A view of records[:, 0] (clearing it empties the table).
-
-        Not a field: a strided view is typed by Numba as an 'A'-layout array, but
-        records[:, 0] of an empty table is contiguous ('C'), so a table of no slots and a
-        real one would compile every kernel that takes a cache twice.
-        """
-        return self.records[:, 0]
 
 
 def new_word_cache(capacity: int) -> WordCache:
-    """An empty table of ``capacity`` slots (a power of two; 0: a table that caches nothing)."""
-    if capacity < 0 or capacity & (capacity - 1):
-        raise ValueError(f"word cache capacity {capacity}: expected 0 or a power of two")
+    """An empty table of ``capacity`` slots (a power of two, at least ``WAYS``; 0: a
+    table that caches nothing)."""
+    if capacity < 0 or capacity & (capacity - 1) or 0 < capacity < WAYS:
+        raise ValueError(f"word cache capacity {capacity}: expected 0 or a power of two of at least {WAYS}")
     records = huge_page_zeros((capacity, RECORD_INTS), np.int32)  # probed at random: huge pages pay
     return WordCache(records)
+
+
+def clear_word_cache(cache: WordCache) -> None:
+    """Empty the table (a slot of length 0 holds no word)."""
+    cache.records[:, 0] = 0
+
+
+def cached_word_count(cache: WordCache) -> int:
+    """How many slots hold a word."""
+    return int(np.count_nonzero(cache.records[:, 0] & 0xFF))
 
 
 @cached_njit(nogil=True, inline="always")
@@ -98,16 +106,34 @@ def _prefetch(typingctx, array, index):
 
 
 @cached_njit(nogil=True, inline="always")
+def first_slot(cache, h):
+    """The first slot of the set of a word with hash ``h``. The set is picked by the
+    hash's upper half folded into the lower: FNV-1a's low bits mix only the low bits of
+    each byte (a product's low bits depend on its factors' low bits alone)."""
+    sets = np.uint64(cache.records.shape[0] // WAYS)
+    return np.int64((h ^ (h >> np.uint64(32))) & (sets - np.uint64(1))) * WAYS
+
+
+@cached_njit(nogil=True, inline="always")
+def tag_of(h):
+    """15 bits of hash ``h`` that ``first_slot`` does not use (up to 2^19 slots), kept in
+    a record's header: a lookup passes over another word of the same length without
+    comparing its bytes (a text's words mostly start alike, with "▁")."""
+    return np.int32(h >> np.uint64(49))
+
+
+@cached_njit(nogil=True, inline="always")
 def prefetch_slot(cache, text, start, end):
-    """Start loading the line of word text[start:end]'s slot, so that its lookup a few
+    """Start loading the lines of word text[start:end]'s set, so that its lookup a few
     words later hits, and return the word's hash for that lookup (0 for a word the table
     does not take). A lookup otherwise waits for a miss (the table is 8 MiB, probed at
-    random): with the slot of the word 8 ahead loaded meanwhile, hf mode is ~7 % faster
+    random): with the set of the word 8 ahead loaded meanwhile, hf mode is ~7 % faster
     on the multilingual bench."""
     if end - start <= MAX_WORD_BYTES and cache.records.shape[0] > 0:
         h = word_hash(text, start, end)
-        slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
-        _prefetch(cache.records, slot * np.int64(cache.records.shape[1]))
+        first = first_slot(cache, h)
+        for slot in range(first, first + WAYS):
+            _prefetch(cache.records, slot * np.int64(cache.records.shape[1]))
         return h
     return np.uint64(0)
 
@@ -115,19 +141,44 @@ def prefetch_slot(cache, text, start, end):
 @cached_njit(nogil=True, inline="always")
 def lookup(cache, text, start, end, h):
     """The slot holding word text[start:end] (hash ``h``), or -1."""
-    slot = np.int64(h & np.uint64(cache.records.shape[0] - 1))
+    first = first_slot(cache, h)
     n = end - start
-    if cache.records[slot, 0] & 0xFF != n:
-        return -1
-    for i in range(n):
-        if (cache.records[slot, 1 + (i >> 2)] >> ((i & 3) * 8)) & 0xFF != text[start + i]:
-            return -1
-    return slot
+    key = n | (tag_of(h) << 16)
+    for slot in range(first, first + WAYS):
+        if cache.records[slot, 0] & _KEY_MASK != key:  # another word (or none): no byte compared
+            continue
+        i = 0
+        while i < n and (cache.records[slot, 1 + (i >> 2)] >> ((i & 3) * 8)) & 0xFF == text[start + i]:
+            i += 1
+        if i == n:
+            return slot
+    return -1
+
+
+@cached_njit(nogil=True, inline="always")
+def claim_slot(cache, h):
+    """The slot to write a new word with hash ``h`` into: an empty one of its set, else
+    the one two bits of its hash pick (at the default size, bits that neither
+    ``first_slot`` nor ``tag_of`` uses).
+
+    Picking by the hash costs nothing to keep (no order to update on every hit, nothing
+    moved); two words of a full set evict each other only where they pick the same slot."""
+    first = first_slot(cache, h)
+    for slot in range(first, first + WAYS):
+        if cache.records[slot, 0] == 0:
+            return slot
+    return first + (np.int64(h >> np.uint64(47)) & (WAYS - 1))
+
+
+@cached_njit(nogil=True, inline="always")
+def forget(cache, slot):
+    """Empty ``slot``: its word is looked up no more."""
+    cache.records[slot, 0] = 0
 
 
 @cached_njit(nogil=True, inline="always")
 def token_count(cache, slot):
-    return cache.records[slot, 0] >> 8
+    return (cache.records[slot, 0] >> 8) & 0xFF
 
 
 @cached_njit(nogil=True, inline="always")
@@ -147,7 +198,7 @@ def put_token(cache, slot, t, token_id, end):
 
 
 @cached_njit(nogil=True, inline="always")
-def put_word(cache, slot, text, start, end, count):
+def put_word(cache, slot, text, start, end, h, count):
     n = end - start
     for k in range(6):
         packed = 0
@@ -156,7 +207,7 @@ def put_word(cache, slot, text, start, end, count):
             if i < n:
                 packed |= np.int32(text[start + i]) << (8 * b)
         cache.records[slot, 1 + k] = packed
-    cache.records[slot, 0] = n | (count << 8)
+    cache.records[slot, 0] = n | (count << 8) | (tag_of(h) << 16)
 
 
 @cached_njit(nogil=True, inline="always")
