@@ -134,3 +134,26 @@ def test_udhr_in_a_thrashing_table(tokenizer_cache_dir, xlmr_sp_reference):
             assert_ids_equal(texts, tokenizer.encode_batch(texts, add_special_tokens=False), expected)
             for text, ids in list(zip(texts, expected))[::5]:
                 assert tokenizer.encode(text, add_special_tokens=False).tolist() == ids
+
+
+def test_words_are_cut_at_every_metaspace_the_skipping_search_passes():
+    """split_at_metaspace skips ahead by the byte where a "▁" would end; on strings of
+    the pattern's own bytes (where a wrong skip would pass one over) its words are the
+    cuts at every "▁" after the first byte, found one position at a time."""
+    from embedserve.tokenizer.kernels.normalize_sp import split_at_metaspace
+    metaspace = "\u2581".encode()
+    rng = random.Random(41)
+    for _ in range(3000):
+        text = bytes(rng.choice([0xE2, 0x96, 0x81, 0x61]) for _ in range(rng.randrange(41)))
+        cuts, i = [], 1
+        while i + 3 <= len(text):
+            if text[i:i + 3] == metaspace:
+                cuts.append(i)
+                i += 3
+            else:
+                i += 1
+        bounds = [0, *cuts, len(text)]
+        expected = [[a, b] for a, b in zip(bounds, bounds[1:])] if text else []
+        words = np.zeros((len(text) + 2, 2), np.int32)
+        count = split_at_metaspace(np.frombuffer(text, np.uint8), len(text), words)
+        assert words[:count].tolist() == expected, text.hex()
