@@ -17,9 +17,9 @@ verification. A new word takes an empty record of its set, else the one its hash
 (``claim_slot``). With one record per hash, two frequent words that share it evict each
 other on every use: on the multilingual bench (~40k distinct words in 131,072 records),
 after three passes, an 8 MiB table of single records held 88.5 % of the cacheable words
-of a pass, of 4-record sets 98.6 % (BENCHMARKS.md, tokenizer section). Token ids must fit 23 bits (the
-Tokenizer checks). Its size is fixed at construction (no growth, no eviction
-bookkeeping); words longer than ``MAX_WORD_BYTES`` are not cached.
+of a pass, of 4-record sets 98.6 % (BENCHMARKS.md, tokenizer section). Token ids must
+fit 23 bits (the Tokenizer checks). Its size is fixed at construction (no growth, no
+eviction bookkeeping); words longer than ``MAX_WORD_BYTES`` are not cached.
 
 A table is not safe to share between threads (a reader could see a half-written
 slot): the Tokenizer gives each thread its own.
