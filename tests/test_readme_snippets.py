@@ -1,18 +1,19 @@
 """The code blocks of README.md and docs/*.md run as written.
 
 A fenced block runs when the line before it is a mark (docs/testing.md):
-``<!-- test: standalone -->`` (nothing else running), ``<!-- test: against-server -->``
-(one real ``embedserve serve`` on port 0, serving the default model under the names
-the README's snippets use; ``localhost:8000`` / ``127.0.0.1:8000`` in the block become
-its address) or ``<!-- test: against-scheduler -->`` (one real ``embedserve scheduler``
-on the default model; ``127.0.0.1:50051`` becomes its address). ``<!-- test: no
-(REASON) -->`` says why a block is not run. Every ``python`` block of the README must
-carry a mark, so a new snippet cannot go untested by accident; pages under docs/ are
-written by many hands, and there only the marked blocks run.
+``<!-- test: standalone -->`` (nothing else running); ``<!-- test: against-server -->``
+(the HTTP gateway ``embedserve serve`` runs, started as ``embedserve gateway`` on port
+0 in front of a real replica of the default model and answering to the names the
+snippets use; ``localhost:8000`` / ``127.0.0.1:8000`` in the block become its address);
+``<!-- test: against-scheduler -->`` (that replica, an ``embedserve scheduler``;
+``127.0.0.1:50051`` becomes its address). ``<!-- test: no (REASON) -->`` says why a
+block is not run. Every ``python`` block of the README must carry a mark, so a new
+snippet cannot go untested by accident; pages under docs/ are written by many hands,
+and there only the marked blocks run.
 
 A snippet passes when it exits 0 (the clients it uses raise on an error answer); a
 ``bash`` snippet must also print JSON without an ``error`` member, since ``curl -s``
-exits 0 on an error status. The server serves multilingual-e5-small under the name
+exits 0 on an error status. The gateway serves multilingual-e5-small under the name
 ``BAAI/bge-small-en-v1.5`` because the tests run offline: what is checked is that the
 calls are right, not which weights answer them.
 """
@@ -29,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from serve_harness import served
+from embedserve.entrypoint import GATEWAY_LISTENING
+from embedserve.launch.processes import popen_listening, stop_popen
+from serve_harness import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -104,10 +107,18 @@ def test_the_readme_has_snippets_of_every_kind() -> None:
 
 
 @pytest.fixture(scope="module")
-def server_address() -> str:
-    names = ("--served-model-name", *SERVED_NAMES)
-    with served(*names) as url:
-        yield url.removeprefix("http://")
+def server_address(default_replica) -> str:
+    """``embedserve gateway`` (the HTTP app ``embedserve serve`` runs) in front of the shared
+    default-model replica: one model process for both kinds of snippet."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "embedserve.cli", "gateway", "--port", "0",
+               "--upstream", default_replica.address, "--served-model-name", *SERVED_NAMES]
+    process, match = popen_listening(command, GATEWAY_LISTENING, env=env, cwd=str(ROOT))
+    try:
+        wait_ready(match.group(1))
+        yield match.group(1).removeprefix("http://")
+    finally:
+        assert stop_popen(process, 60.0) == 0
 
 
 def _run(snippet: Snippet, replacements: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
