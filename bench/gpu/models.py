@@ -137,9 +137,41 @@ def write_model(directory: Path, name: str, scale: str = "real", seed: int = 0,
         model = getattr(transformers, shape.architecture)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory)
     if shape.task == "embed":
         write_pooling(directory, config.hidden_size, shape.pooling, shape.normalize)
     return directory
+
+
+_CORPUS = ["The quick brown fox jumps over the lazy dog.", "How do I bake bread at home?",
+           "Sentence embeddings map text to vectors; cosine similarity compares them.",
+           "A packed batch holds many sequences of different lengths without padding.",
+           "Numbers like 12345 and symbols #@% appear too."]
+_SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+def write_tokenizer(directory: Path) -> None:
+    """A byte-level BPE of a few hundred pieces trained here (``<s> $A </s>``): the
+    references need a tokenizer to load, and ``embedserve serve`` one to serve text; it
+    runs on the ``tokenizers`` library, so no native kernel compiles on the device.
+    Its ids (< 300) fit every shape's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer)
+    bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s>:0 $A:0 </s>:0", pair="<s>:0 $A:0 </s>:0 $B:1 </s>:1",
+        special_tokens=[("<s>", bos), ("</s>", eos)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "model_max_length": 8192}))
 
 
 def write_pooling(directory: Path, dimension: int, pooling: str, normalize: bool) -> None:
