@@ -103,7 +103,7 @@ def test_write_section_replaces_only_its_block_and_keeps_notes(tmp_path: Path):
 
 
 def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tmp_path: Path):
-    """What bench/gpu.sh relies on: the suite's `serve` argv parses, and the replica gets the flags."""
+    """What `bench suite --profile gpu` relies on: the suite's `serve` argv parses, and the replica gets the flags."""
     from embedserve.cli import build_parser
     from embedserve.scheduler.cli import engine_flags, settings_from_args
 

@@ -221,3 +221,13 @@ def test_bulk_embed_defaults_to_auto(tmp_path: Path, tiny_bert_dir: Path) -> Non
     assert np.array_equal(default, run("explicit", "--dtype", dtype))
     if dtype == "bfloat16":
         assert not np.array_equal(default, run("float32", "--dtype", "float32"))
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 5), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")])
+def test_cuda_picks_bfloat16_only_where_the_device_computes_in_it(capability: tuple[int, int], dtype: str) -> None:
+    from embedserve.engine.engine import resolve_dtype
+
+    choice = auto_candidate("cuda", cuda_capability=capability)
+    assert choice.dtype == dtype and f"{capability[0]}.{capability[1]}" in choice.reason
+    assert resolve_dtype(None, "cuda", capability) == dtype
+    assert resolve_dtype("bfloat16", "cuda", (7, 5)) == "bfloat16"   # an explicit choice stays

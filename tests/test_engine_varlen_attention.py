@@ -27,9 +27,14 @@ from embedserve import ragged
 from embedserve.engine.modules.layout import build_layout
 
 
-def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1)):
+def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1),
+                     enable_gqa=False):
     """FlashAttention's varlen contract, one sequence at a time, in float64."""
     left, right = window_size
+    if key.shape[1] != query.shape[1]:
+        assert enable_gqa and query.shape[1] % key.shape[1] == 0, "grouped k/v without enable_gqa"
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     out = torch.zeros_like(query)
     bounds = cu_seq_q.tolist()
     assert bounds == cu_seq_k.tolist()
@@ -53,7 +58,7 @@ def reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, win
 
 
 def legacy_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
-    """PyTorch 2.10's signature: causal or not, no window."""
+    """PyTorch 2.10's signature: causal or not, no window, no grouped heads."""
     return reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                             window_size=(-1, 0) if is_causal else (-1, -1))
 
@@ -111,10 +116,26 @@ def test_the_kernel_covers_half_precision_on_cuda_only() -> None:
     assert varlen_attention.covers(torch.bfloat16, "cuda") == (varlen_attention.torch_kernel() is not None)
 
 
+class RecordingKernel:
+    """The reference, remembering what each call was given (head counts, max length, window)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1),
+                 enable_gqa=False):
+        self.calls.append({"q_heads": query.shape[1], "kv_heads": key.shape[1], "max_q": max_q,
+                           "window_size": window_size})
+        return reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                window_size=window_size, enable_gqa=enable_gqa)
+
+
 @pytest.fixture
-def reference_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def reference_kernel(monkeypatch: pytest.MonkeyPatch) -> RecordingKernel:
     """The padded forward's varlen layout calls the reference instead of PyTorch's kernel."""
-    monkeypatch.setattr(varlen_attention, "torch_kernel", lambda: reference_varlen)
+    kernel = RecordingKernel()
+    monkeypatch.setattr(varlen_attention, "torch_kernel", lambda: kernel)
+    return kernel
 
 
 def _bucket_matches_engine(model_dir: Path, lengths_list: list[list[int]], vocab: int) -> None:
@@ -140,19 +161,81 @@ def test_varlen_bucket_forward_equals_the_unpadded_engine(fixture: str, referenc
 
 
 def test_varlen_bucket_forward_of_a_causal_sliding_window_decoder(tmp_path: Path,
-                                                                  reference_kernel: None) -> None:
+                                                                  reference_kernel: RecordingKernel) -> None:
     from decoder_models import build_decoder_dir
 
     model_dir = build_decoder_dir(tmp_path / "mistral", "mistral")   # sliding window 16
     _bucket_matches_engine(model_dir, [[40, 3, 17], [70], [5] * 7], 200)
 
 
+@pytest.mark.parametrize("variant", ["qwen3", "llama"])
+def test_grouped_query_decoders_hand_the_kernel_their_kv_heads(variant: str, tmp_path: Path,
+                                                               reference_kernel: RecordingKernel) -> None:
+    """k/v travel with their own (fewer) heads and enable_gqa, not repeated per query head."""
+    from decoder_models import build_decoder_dir
+
+    model_dir = build_decoder_dir(tmp_path / variant, variant)
+    _bucket_matches_engine(model_dir, [[40, 3, 17], [5] * 7], 200)
+    assert reference_kernel.calls
+    assert all(call["kv_heads"] < call["q_heads"] for call in reference_kernel.calls)
+
+
 def test_varlen_bucket_forward_of_modernbert_local_and_global_layers(tmp_path: Path,
-                                                                     reference_kernel: None) -> None:
+                                                                     reference_kernel: RecordingKernel) -> None:
+    from embedserve.model.config import load_model_config
     from modernbert_model import build_tiny_modernbert
 
     model_dir = build_tiny_modernbert(tmp_path / "modernbert")
     _bucket_matches_engine(model_dir, [[30, 4, 19], [60], [9] * 5], 320)
+    # The local layers ask the kernel for their window instead of a banded mask.
+    half = load_model_config(model_dir).local_window // 2
+    windows = {call["window_size"] for call in reference_kernel.calls}
+    assert windows == {(-1, -1), (half, half)}
+
+
+def test_the_kernel_is_told_at_most_the_model_positions(tmp_path: Path,
+                                                        reference_kernel: RecordingKernel) -> None:
+    """A bucket's max length is the longest a row can be, not its token count: the
+    kernel launches blocks for that many queries per row."""
+    from conftest import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "short", "BertModel", None, max_position_embeddings=64)
+    _bucket_matches_engine(model_dir, [[60, 60, 60, 60], [3, 50, 7]], 250002)
+    assert {call["max_q"] for call in reference_kernel.calls} == {64}
+
+
+def _probe_model(tmp_path: Path, variant: str):
+    from decoder_models import build_decoder_dir
+    from embedserve.engine.engine import build_model
+
+    return build_model(build_decoder_dir(tmp_path / variant, variant))
+
+
+def test_the_load_probe_passes_a_kernel_that_runs_every_kind(tmp_path: Path) -> None:
+    from embedserve.engine.runners.cuda import _varlen_failure
+
+    model = _probe_model(tmp_path, "mistral")           # causal with a window, grouped heads
+    assert _varlen_failure(model, torch.float32, torch.device("cpu"), RecordingKernel()) is None
+
+
+def test_the_load_probe_refuses_a_kernel_without_windows_for_a_windowed_model(tmp_path: Path) -> None:
+    """PyTorch 2.10's kernel has no window_size: Mistral's steps must fall back to the padded
+    layouts at load, not fail at every step."""
+    from embedserve.engine.runners.cuda import _varlen_failure
+
+    failure = _varlen_failure(_probe_model(tmp_path, "mistral"), torch.float32, torch.device("cpu"),
+                              legacy_varlen)
+    assert failure is not None and "window" in failure
+
+
+def test_the_load_probe_catches_any_exception_from_the_kernel(tmp_path: Path) -> None:
+    from embedserve.engine.runners.cuda import _varlen_failure
+
+    def broken(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1)):
+        raise TypeError("varlen_attn() got an unexpected keyword argument 'enable_gqa'")
+
+    failure = _varlen_failure(_probe_model(tmp_path, "qwen3"), torch.float32, torch.device("cpu"), broken)
+    assert failure is not None and "unexpected keyword" in failure
 
 
 def test_reference_matches_sdpa_on_one_sequence() -> None:

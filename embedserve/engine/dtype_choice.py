@@ -2,7 +2,8 @@
 
 Owns three things and nothing else:
 
-- the hardware rule: on CUDA, bfloat16; on a CPU, bfloat16 where it has native
+- the hardware rule: on CUDA, bfloat16 where the device computes in it (compute
+  capability 8.0 and later: Ampere, Hopper), else float16; on a CPU, bfloat16 where it has native
   bf16 arithmetic (AMX-BF16 or AVX512-BF16; ``torch.cpu.get_capabilities()``,
   else the ``/proc/cpuinfo`` flags), float32 elsewhere. Without native bf16
   oneDNN emulates it on AVX-512 and it is slower than float32, so auto never
@@ -89,10 +90,24 @@ def native_bf16_feature(capabilities: Mapping[str, Any]) -> str | None:
     return next((name for name in NATIVE_BF16_FEATURES if capabilities.get(name)), None)
 
 
-def auto_candidate(device: str, capabilities: Mapping[str, Any] | None = None) -> DtypeChoice:
-    """What ``auto`` tries on ``device`` before the probe, with the hardware reason."""
+def cuda_half_dtype(capability: tuple[int, int]) -> str:
+    """The 16-bit dtype a CUDA device of compute ``capability`` runs natively: bfloat16
+    from 8.0 (Ampere) on; before that torch emulates bf16 matmuls or refuses them, and
+    float16 has tensor cores since 7.0."""
+    return "bfloat16" if capability >= (8, 0) else "float16"
+
+
+def auto_candidate(device: str, capabilities: Mapping[str, Any] | None = None,
+                   cuda_capability: tuple[int, int] | None = None) -> DtypeChoice:
+    """What ``auto`` tries on ``device`` before the probe, with the hardware reason.
+    ``cuda_capability``: the device's compute capability (None: bfloat16, as on
+    every GPU this project targets)."""
     if device.startswith("cuda"):
-        return DtypeChoice("bfloat16", "auto: cuda")
+        if cuda_capability is None:
+            return DtypeChoice("bfloat16", "auto: cuda")
+        name = cuda_half_dtype(cuda_capability)
+        major, minor = cuda_capability
+        return DtypeChoice(name, f"auto: cuda compute capability {major}.{minor}")
     feature = native_bf16_feature(cpu_capabilities() if capabilities is None else capabilities)
     if feature is None:
         return DtypeChoice("float32", f"auto: cpu has no native bf16 "

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from embedserve.engine.batch import Batch
-from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, probe_verdict
+from embedserve.engine.dtype_choice import (AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype,
+                                            probe_verdict)
 from embedserve.model.config import ModelConfig, load_model_config
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.engine.families import FAMILIES
@@ -51,11 +52,22 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def resolve_dtype(dtype: str | None, device: str) -> str:
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """``device``'s compute capability, or None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))  # type: ignore[return-value]
+
+
+def resolve_dtype(dtype: str | None, device: str,
+                  capability: tuple[int, int] | None = None) -> str:
     """An explicit dtype as it is, checked; None: the device's static default (float32 on
-    CPU, bfloat16 on CUDA). ``auto`` is resolved by ``Engine.load`` (it may probe)."""
+    CPU; on CUDA bfloat16, or float16 on a device of ``capability`` before 8.0).
+    ``auto`` is resolved by ``Engine.load`` (it may probe)."""
     if dtype is None:
-        return "bfloat16" if device.startswith("cuda") else "float32"
+        if not device.startswith("cuda"):
+            return "float32"
+        return cuda_half_dtype(capability) if capability is not None else "bfloat16"
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}")
     return dtype
@@ -105,14 +117,15 @@ class Engine:
         runner_options = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears}
+        capability = cuda_capability(device)
         if dtype == AUTO:
-            choice = auto_candidate(device)
+            choice = auto_candidate(device, cuda_capability=capability)
             if choice.dtype != "float32" and probe is not None:
                 return cls._load_probed(model_dir, info, choice, probe, runner_options)
             if choice.dtype != "float32":
                 choice = DtypeChoice(choice.dtype, f"{choice.reason}; not probed")
         else:
-            name = resolve_dtype(dtype, device)
+            name = resolve_dtype(dtype, device, capability)
             choice = DtypeChoice(name, "explicit" if dtype is not None else "device default")
         log.info("dtype %s (%s)", choice.dtype, choice.reason)
         model = build_model(model_dir, DTYPES[choice.dtype])

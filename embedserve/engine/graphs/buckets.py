@@ -74,9 +74,10 @@ def bucket_attention(model: Model, key: BucketKey, seq_ids: torch.Tensor,
     sequences in a big bucket the second (and keep memory bounded).
     """
     kind = model.attention_kind
-    if varlen:
-        return varlen_from_lengths(lengths, key.tokens, kind.causal, kind.window)
+    # No row is longer than the model's positions: the kernel's grid follows this bound.
     longest = min(key.tokens, model.config.max_positions)
+    if varlen:
+        return varlen_from_lengths(lengths, longest, kind.causal, kind.window)
     if key.tokens ** 2 <= (key.sequences + 1) * longest ** 2:
         return block_diagonal_from_seq_ids(seq_ids, kind.causal, kind.window)
     offsets = positions - model.config.position_offset

@@ -88,8 +88,9 @@ class Layer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            # Grouped-query attention: query head h reads kv head h // groups.
+        if groups > 1 and not getattr(attend, "grouped_heads", False):
+            # Grouped-query attention: query head h reads kv head h // groups (a layout
+            # that takes grouped heads, the CUDA varlen kernel, does this itself).
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         context = attend(q, k, v.contiguous())                                     # [T, heads, hd]
         return self.attn_out(context.reshape(tokens, -1))

@@ -15,6 +15,8 @@ Knows nothing about files, batching or devices.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -162,7 +164,10 @@ class ModernBertModel(nn.Module):
         rope = {kind: rope_tables(position_ids, thetas[kind], config.head_dim, x.dtype)
                 for kind in set(config.layer_types)}
         attends = {GLOBAL: attend}
-        if LOCAL in rope:
+        if LOCAL in rope and getattr(attend, "windowed", False):
+            # The layout runs windows itself (the CUDA varlen kernel): no banded mask.
+            attends[LOCAL] = functools.partial(attend, kind=AttentionKind(window=config.local_window // 2))
+        elif LOCAL in rope:
             attends[LOCAL] = sliding_window_from_positions(position_ids, config.local_window)
         for layer, kind in zip(self.layers, config.layer_types):
             x = layer(x, attends[kind], *rope[kind])

@@ -13,6 +13,11 @@ static masked layouts of attention.py. Kinds map to the kernel's
 ``window_size = (left, right)``: bidirectional (-1, -1), causal (-1, 0),
 sliding window w (w, w), causal sliding window (w, 0). PyTorch releases whose
 ``varlen_attn`` has only ``is_causal`` cover the first two kinds.
+
+Where the kernel takes ``enable_gqa``, grouped-query models pass their k/v with
+fewer heads than q (``VarlenAttend.grouped_heads``) instead of repeating them, and
+where it takes ``window_size`` a windowed layer (ModernBERT's local layers) asks
+this same call for its window (``VarlenAttend.windowed``) instead of a banded mask.
 """
 
 from __future__ import annotations
@@ -59,30 +64,53 @@ def kind_arguments(kernel: VarlenKernel, kind: AttentionKind) -> dict[str, Any]:
     raise ValueError(f"this PyTorch's varlen_attn cannot run {kind}")
 
 
+def takes(kernel: VarlenKernel, parameter: str) -> bool:
+    """Does ``kernel`` take the keyword ``parameter``?"""
+    return parameter in inspect.signature(kernel).parameters
+
+
 def cu_seqlens_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
     """int32 [R + 1]: 0, then each row's end; static shape for a fixed R."""
     return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
 
+class VarlenAttend:
+    """An ``Attend`` over one step's rows through the varlen kernel.
+
+    grouped_heads: k and v may have fewer heads than q (a divisor of them), as
+    grouped-query models make them. windowed: ``kind=`` may ask for a window.
+    """
+
+    def __init__(self, kernel: VarlenKernel, cu_seqlens: torch.Tensor, max_length: int,
+                 default: AttentionKind) -> None:
+        self._kernel = kernel
+        self._cu_seqlens = cu_seqlens
+        self._max_length = max_length
+        self._default = default
+        self._arguments: dict[AttentionKind, dict[str, Any]] = {}
+        self.grouped_heads = takes(kernel, "enable_gqa")
+        self.windowed = takes(kernel, "window_size")
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 kind: AttentionKind | None = None) -> torch.Tensor:
+        kind = kind or self._default
+        if kind not in self._arguments:
+            self._arguments[kind] = kind_arguments(self._kernel, kind)
+        extra = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+        return self._kernel(q, k, v, self._cu_seqlens, self._cu_seqlens, self._max_length,
+                            self._max_length, **self._arguments[kind], **extra)
+
+
 def varlen_from_lengths(lengths: torch.Tensor, max_length: int, causal: bool = False,
-                        window: int | None = None, kernel: VarlenKernel | None = None) -> Attend:
+                        window: int | None = None, kernel: VarlenKernel | None = None) -> VarlenAttend:
     """Attend over rows of ``lengths`` tokens each (packed back to back, in order).
 
-    ``max_length`` must be at least the longest row (a bucket passes its token
-    count). Rows of length 0 are allowed. ``kernel`` defaults to PyTorch's.
+    ``max_length`` must be at least the longest row: the kernel launches blocks for
+    that many queries per row, so a bucket passes the longest a row can be (its
+    token count, or the model's positions when fewer). Rows of length 0 are allowed.
+    ``kernel`` defaults to PyTorch's.
     """
     kernel = kernel or torch_kernel()
     if kernel is None:
         raise RuntimeError("this PyTorch has no torch.nn.attention.varlen")
-    cu_seqlens = cu_seqlens_from_lengths(lengths)
-    default = AttentionKind(causal, window)
-    arguments: dict[AttentionKind, dict[str, Any]] = {}
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
-        kind = kind or default
-        if kind not in arguments:
-            arguments[kind] = kind_arguments(kernel, kind)
-        return kernel(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, **arguments[kind])
-
-    return attend
+    return VarlenAttend(kernel, cu_seqlens_from_lengths(lengths), max_length, AttentionKind(causal, window))

@@ -46,10 +46,12 @@ from embedserve.engine.graphs.cache import GraphCache
 from embedserve.engine.graphs.shapes import BucketKey, bucket_for, reachable_buckets
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules import varlen_attention
+from embedserve.engine.modules.attention import AttentionKind
 from embedserve.engine.modules.forward import Model
 from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.errors import DeviceLost
 from embedserve.model.info import ModelInfo
+from embedserve.model.modernbert_config import LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,12 @@ class CudaGraphBackend:
     """Eager runs, graph capture and replay of ``bucket_forward`` on one stream.
 
     Each captured bucket owns a static input buffer (the graph reads from its
-    fixed address) and the output tensor the graph writes; all graphs share
-    one memory pool, which is safe because replays are serialized on a stream.
+    fixed address), the output tensor the graph writes and a private memory pool.
+    A shared pool would use less memory, but what one graph frees could not be
+    returned while the others live, so ``--graph-memory`` would bound a count, not
+    the device memory reserved: here a graph's size is what the device reserved
+    for its capture, and releasing it gives that back (``torch.cuda.memory_reserved``
+    falls by it).
     """
 
     def __init__(self, model: Model, pooling: str, stream: Any, varlen: bool) -> None:
@@ -85,7 +91,6 @@ class CudaGraphBackend:
         self._stream = stream
         self._varlen = varlen
         self._device = next(model.parameters()).device
-        self._pool = torch.cuda.graph_pool_handle()
 
     def run_eager(self, key: BucketKey, inputs: StepInputs) -> torch.Tensor:
         flat = inputs.host.to(self._device, non_blocking=True)
@@ -94,19 +99,18 @@ class CudaGraphBackend:
     def capture(self, key: BucketKey, inputs: StepInputs) -> Captured:
         # Only this stream's work must be done before capturing (not the device's).
         self._stream.synchronize()
-        before = torch.cuda.memory_allocated(self._device)
-        torch.cuda.reset_peak_memory_stats(self._device)
+        before = torch.cuda.memory_reserved(self._device)
         static_input = torch.empty(input_size(key), dtype=torch.int64, device=self._device)
         static_input.copy_(inputs.host, non_blocking=True)
         graph = torch.cuda.CUDAGraph()
         # Thread-local: other threads (the completion thread's event waits) may
         # keep calling CUDA while this thread captures.
-        graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+        graph.capture_begin(pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local")
         try:
             static_output = bucket_forward(self._model, static_input, key, self._pooling, self._varlen)
         finally:
             graph.capture_end()
-        nbytes = torch.cuda.max_memory_allocated(self._device) - before
+        nbytes = torch.cuda.memory_reserved(self._device) - before
         return Captured(graph, static_input, static_output, nbytes)
 
     def replay(self, key: BucketKey, captured: Captured, inputs: StepInputs) -> torch.Tensor:
@@ -115,7 +119,11 @@ class CudaGraphBackend:
         return captured.static_output
 
     def release(self, key: BucketKey, captured: Captured) -> None:
+        # Replays are ordered on this stream: none may still read the pool.
+        self._stream.synchronize()
         captured.graph.reset()
+        del captured.static_input, captured.static_output
+        torch.cuda.empty_cache()          # the freed private pool goes back to the device
 
     def nbytes(self, captured: Captured) -> int:
         return captured.nbytes
@@ -176,17 +184,39 @@ def resolve_attention(attention: str, model: Model) -> bool:
     return False
 
 
-def _varlen_failure(model: Model, dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why the varlen kernel cannot run this model here, or None when it can."""
-    if not varlen_attention.covers(dtype, device):
+def attention_kinds(model: Model) -> set[AttentionKind]:
+    """Every attention kind ``model`` asks the layout for: its own, and a windowed
+    layer's window where it has some (ModernBERT's local layers)."""
+    kinds = {model.attention_kind}
+    config = model.config
+    if LOCAL in getattr(config, "layer_types", ()):
+        kinds.add(AttentionKind(window=config.local_window // 2))
+    return kinds
+
+
+def _varlen_failure(model: Model, dtype: torch.dtype, device: torch.device,
+                    kernel: varlen_attention.VarlenKernel | None = None) -> str | None:
+    """Why the varlen kernel cannot run this model here, or None when it can: one tiny
+    call per attention kind the model uses, with its head counts. Any exception counts
+    (a PyTorch whose kernel lacks a keyword raises TypeError or ValueError, not
+    RuntimeError), so such a model is served on the padded layouts, never failed."""
+    if not varlen_attention.covers(dtype, device) and kernel is None:
         return f"the varlen kernel does not cover {dtype} on {device.type} in this PyTorch"
-    heads, head_dim = model.config.num_heads, model.config.head_dim
+    config = model.config
+    heads, head_dim = config.num_heads, config.head_dim
+    kv_heads = getattr(config, "num_kv_heads", heads)
     q = torch.zeros(2, heads, head_dim, dtype=dtype, device=device)
-    try:
-        varlen_attention.varlen_from_lengths(torch.tensor([2], device=device), 2)(q, q, q)
-        torch.cuda.synchronize(device)
-    except RuntimeError as error:
-        return f"the varlen kernel refused head size {head_dim}: {error}"
+    kv = torch.zeros(2, kv_heads, head_dim, dtype=dtype, device=device)
+    attend = varlen_attention.varlen_from_lengths(torch.tensor([2], device=device), 2, kernel=kernel)
+    if kv_heads != heads and not attend.grouped_heads:
+        kv = kv.repeat_interleave(heads // kv_heads, dim=1)
+    for kind in sorted(attention_kinds(model), key=repr):
+        try:
+            attend(q, kv, kv, kind)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as error:
+            return f"the varlen kernel refused {kind} at head size {head_dim}: {error}"
     return None
 
 
