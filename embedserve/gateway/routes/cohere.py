@@ -130,7 +130,8 @@ async def _embed(body: CohereEmbedRequest, request: Request) -> Response:
     gateway.check_count(len(body.texts), "texts")
     packed = await timed(request, "tokenize", gateway.preprocessor.encode_texts(
         body.texts, prompt, policy.mode == "truncate", policy.direction, "texts"))
-    # base64 is the float vectors' bytes: computed as float, encoded here.
+    # base64 is the float vectors' bytes: computed as float, encoded here. The types
+    # themselves as /v1/embeddings computes them (embed.py's step, used rather than copied).
     computed = [t for t in types if t != BASE64]
     if BASE64 in types and "float" not in computed:
         computed.append("float")

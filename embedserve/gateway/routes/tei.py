@@ -171,6 +171,8 @@ async def _similarity(inputs: SimilarityInput, parameters: SimilarityParameters,
     policy = gateway.preprocessor.long_input_policy(parameters.truncate,
                                                     parameters.truncation_direction, None)
     texts = [inputs.source_sentence, *inputs.sentences]
+    # /embed's own steps (prompt, tokenization, the long-input policy with its windows),
+    # used rather than copied.
     packed = await embed_routes._pack(gateway, request, texts, "inputs", parameters.prompt_name, policy)
     # Raw vectors (full width, not normalized): the cosine is taken here, in float64.
     vectors, _ = await embed_routes._embed(gateway, request, packed, policy, False, 0, route)
