@@ -135,7 +135,7 @@ def check_lengths(lengths: np.ndarray, max_positions: int, field: str = "batch")
 def check_dimensions(dimensions: int, model_dimension: int, field: str = "dimensions") -> None:
     """InvalidInput unless a Matryoshka cut to ``dimensions`` fits the model's vectors."""
     if not 1 <= dimensions <= model_dimension:
-        raise InvalidInput(f"dimensions must lie in [1, {model_dimension}], got {dimensions}",
+        raise InvalidInput(f"{field} must lie in [1, {model_dimension}], got {dimensions}",
                            field=field)
 
 

@@ -218,3 +218,38 @@ def test_direct_requests_are_counted_under_their_route(embedder):
         after = metric_value(http.get("/metrics").text, "embedserve_gateway_requests_total",
                              route="/v1/embeddings", status="200")
     assert after - before == 3
+
+
+# TEI's / and /similarity, Cohere's v2 (gateway/routes/tei.py, cohere.py): their answers and
+# their own error shapes are the same on both paths (Cohere's carry the request id, sent here).
+COMPATIBLE_API_REQUESTS = [
+    ("embedder", "/", {"inputs": ["tei shape", "and another"], "prompt_name": "query"}),
+    ("embedder", "/", {"inputs": {"source_sentence": "a", "sentences": ["b", "c"]}, "parameters": {}}),
+    ("embedder", "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+    ("embedder", "/v2/embed", {"texts": ["x"], "input_type": "search_query",
+                               "embedding_types": ["float", "int8", "base64"]}),
+    ("reranker", "/v2/rerank", {"query": "which?", "documents": ["this one", "or that"], "top_n": 1}),
+    ("reranker", "/", {"query": "which?", "texts": ["this one", "or that"]}),
+    # Errors the handlers raise (TEI's and Cohere's shapes):
+    ("embedder", "/", {"inputs": ""}),                                    # 400
+    ("embedder", "/v2/embed", {"texts": ["x"], "input_type": "image"}),   # 400
+    ("reranker", "/v2/embed", {"texts": ["x"]}),                          # 400: not an embedder
+    # Errors from validation, left to FastAPI by the direct path, reshaped by the route class:
+    ("embedder", "/", {"inputs": 5}),
+    ("embedder", "/v2/embed", {"texts": "not a list"}),
+]
+
+
+@pytest.mark.parametrize("stack, path, payload", COMPATIBLE_API_REQUESTS)
+def test_the_direct_path_answers_the_compatible_apis_as_fastapi_does(request, stack, path, payload):
+    server = request.getfixturevalue(stack)
+    body = json.dumps(payload).encode()
+    with server.client() as http:
+        direct, fastapi = (http.post(path, content=body, headers={"content-type": content_type,
+                                                                  "x-request-id": "same-id"})
+                           for content_type in ("application/json", FASTAPI_JSON))
+    assert direct.status_code == fastapi.status_code
+    assert direct.content == fastapi.content
+    if direct.status_code != 200:
+        assert "error_type" in direct.json() if path in ("/", "/similarity") else \
+            direct.json() == {"id": "same-id", "message": direct.json()["message"]}

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve import __version__
 from embedserve import wire
-from embedserve.gateway.routes import embed, ops, rerank, tokenize
+from embedserve.gateway.routes import cohere, embed, ops, rerank, tei, tokenize
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
@@ -121,6 +121,10 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     routers = [module.router for module in (embed, rerank, tokenize, ops)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    # TEI's / and /similarity, Cohere's v2: their errors in their own shapes (their routers declare them).
+    routers += [tei.router, cohere.router]
+    app.include_router(tei.router)
+    app.include_router(cohere.router)
     drain = Drain(metrics.registry, settings.retry_after_s)
     app.state.drain = drain
     routes = direct_routes(r for router in routers for r in router.routes)
