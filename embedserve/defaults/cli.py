@@ -20,13 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pull = commands.add_parser(
         "pull", help="download a Hugging Face Hub model into the Hugging Face cache (only the "
                      "files embedserve reads) and print its local directory",
-        description="Download ID (org/name[@REVISION]) from the Hugging Face Hub into its cache "
-                    "(HF_HOME, HF_HUB_CACHE; HF_TOKEN for gated or private repos): its config, "
-                    "safetensors weights, tokenizer and sentence-transformers files. Asks the Hub "
-                    "for the revision's current commit even when a snapshot is cached; with "
-                    "HF_HUB_OFFLINE=1, succeeds only from the cache. A local directory is "
-                    "printed as it is. Prints the snapshot directory.")
-    pull.add_argument("model", metavar="ID", help="org/name[@REVISION], or a model directory")
+        description="Download each ID (org/name[@REVISION]) from the Hugging Face Hub into its "
+                    "cache (HF_HOME, HF_HUB_CACHE; HF_TOKEN for gated or private repos): its "
+                    "config, safetensors weights, tokenizer and sentence-transformers files. Asks "
+                    "the Hub for the revision's current commit even when a snapshot is cached; "
+                    "with HF_HUB_OFFLINE=1, succeeds only from the cache. A local directory is "
+                    "left as it is. Prints each model's local directory, one per line.")
+    pull.add_argument("models", nargs="+", metavar="ID",
+                      help="org/name[@REVISION], or a model directory (printed as it is)")
     pull.add_argument("--revision", default=None, help=REVISION_HELP)
     pull.set_defaults(func=_pull)
     listing = commands.add_parser(
@@ -52,19 +53,20 @@ def _pull(args: argparse.Namespace) -> int:
     from embedserve.defaults.hub import HubModel, model_source, pull_hub_model
     from embedserve.defaults.model_args import with_revision
 
-    source = model_source(args.model)
-    if not isinstance(source, HubModel):
-        if args.revision is not None:
-            raise SystemExit(f"--revision {args.revision}: {args.model} is a directory, not a "
-                             "Hugging Face Hub id")
-        if not source.is_dir():
-            raise SystemExit(f"{args.model}: neither a directory nor a Hugging Face Hub id "
+    sources = [model_source(text) for text in args.models]
+    for text, source in zip(args.models, sources):
+        if not isinstance(source, HubModel) and not source.is_dir():
+            raise SystemExit(f"{text}: neither a directory nor a Hugging Face Hub id "
                              "(org/name[@REVISION])")
-        print(source)
-        return 0
-    path = pull_hub_model(with_revision(source, args.revision),
-                          on_download=lambda message: print(message, file=sys.stderr, flush=True))
-    print(path)
+    if args.revision is not None and not any(isinstance(s, HubModel) for s in sources):
+        raise SystemExit(f"--revision {args.revision}: it applies to a Hugging Face Hub id "
+                         "(org/name), and none is given")
+    for source in sources:
+        if isinstance(source, HubModel):
+            source = pull_hub_model(with_revision(source, args.revision),
+                                    on_download=lambda message: print(message, file=sys.stderr,
+                                                                      flush=True))
+        print(source, flush=True)
     return 0
 
 
