@@ -147,6 +147,19 @@ def test_serve_refuses_an_uncached_id_offline_in_one_line(hub_cache: Path) -> No
     assert "listening" not in result.stdout + result.stderr   # refused before any replica started
 
 
+def test_a_resolved_hub_model_reaches_a_child_gateway_under_its_id(tmp_path: Path) -> None:
+    # `embedserve cluster` hands each model to its gateway process as --model text.
+    from embedserve.defaults.model_args import ModelSpec, parse_model_spec
+    from embedserve.launch.commands import models_gateway_command
+
+    spec = ModelSpec(tmp_path, upstream="127.0.0.1:1", hub=HubModel(REPO, "v1"))
+    argv = models_gateway_command([spec])
+    given = parse_model_spec(argv[argv.index("--model") + 1])
+    assert (given.path, given.served_names, given.upstream) == (tmp_path, (REPO,), "127.0.0.1:1")
+    named = ModelSpec(tmp_path, names=("minilm",), hub=HubModel(REPO))
+    assert parse_model_spec(named.format()).served_names == ("minilm",)
+
+
 def test_revision_flag_needs_a_hub_id_and_agrees_with_at() -> None:
     from embedserve.cli import build_parser
     from embedserve.defaults.model_args import model_specs_from_args

@@ -103,7 +103,7 @@ def _default_model_dir(cache_dir: Path | None) -> Path:
 
 # ":" followed by an option key starts an option; any other ":" is part of a value.
 _OPTION = re.compile(r":(?=(?:name|replicas|upstream)=)")
-MODEL_SPEC_HELP = ("DIR[:name=NAME[,ALIAS...]]{keys}: a model directory (empty: "
+MODEL_SPEC_HELP = ("MODEL[:name=NAME[,ALIAS...]]{keys}: a model directory (empty: "
                    "the default model, multilingual-e5-small, built on first use into --cache-dir; "
                    "or a Hugging Face Hub id, org/name[@REVISION], served from the Hugging Face "
                    "cache and downloaded into it first if missing; a path that exists wins) "
@@ -183,7 +183,7 @@ def add_model_spec_arguments(parser: argparse.ArgumentParser, *, replicas: bool,
         upstream_help="; its replicas, as --upstream takes them (needed for each model when there "
                       "are several)" if upstream else "")
     parser.add_argument("--model", type=parse_model_spec, action="append", default=None,
-                        metavar="DIR[:OPTIONS]", help=help_text)
+                        metavar="MODEL[:OPTIONS]", help=help_text)
     parser.add_argument("--revision", default=None,
                         help=REVISION_HELP.replace("for one model", "per model"))
     parser.add_argument("--cache-dir", type=Path, default=None, help=CACHE_DIR_HELP)
