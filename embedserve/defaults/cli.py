@@ -54,7 +54,7 @@ def _pull(args: argparse.Namespace) -> int:
     from embedserve.defaults.model_args import with_revision
 
     sources = [model_source(text) for text in args.models]
-    for text, source in zip(args.models, sources):
+    for text, source in zip(args.models, sources, strict=True):
         if not isinstance(source, HubModel) and not source.is_dir():
             raise SystemExit(f"{text}: neither a directory nor a Hugging Face Hub id "
                              "(org/name[@REVISION])")
@@ -84,7 +84,7 @@ def _list(args: argparse.Namespace) -> int:
              for m in cached.models]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
-        print("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[3]]).rstrip())
+        print("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3]]).rstrip())
     return 0
 
 

@@ -156,9 +156,9 @@ def _missing_files(snapshot: Path) -> str | None:
 
 def hub_error(model: HubModel, exc: Exception, cache_dir: Path | None) -> ModelLoadError:
     """One line for a huggingface_hub failure to get ``model``: the cause, then the fix."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
+                                        LocalEntryNotFoundError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
 
     cache = cache_location(cache_dir)
     pull = f"run `embedserve model pull {model}` where the Hub is reachable"
@@ -180,7 +180,7 @@ def hub_error(model: HubModel, exc: Exception, cache_dir: Path | None) -> ModelL
         if isinstance(exc.__cause__, OfflineModeIsEnabled):
             return ModelLoadError(f"{model} is not in the Hugging Face cache ({cache}) and "
                                   f"HF_HUB_OFFLINE=1: {pull}, or pass a model directory")
-        if "incomplete" in str(exc):   # IncompleteSnapshotError: some files and no network
+        if isinstance(exc, IncompleteSnapshotError):   # some of the files, and no network
             return ModelLoadError(f"the cached snapshot of {model} in {cache} is incomplete and the "
                                   f"Hugging Face Hub cannot be reached: {pull}")
         cause = exc.__cause__ or exc
