@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -34,17 +34,19 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> dict:
 
 
 @contextlib.contextmanager
-def served(*args: str, stop_grace_s: float = 60.0) -> Iterator[str]:
+def served(*args: str, stop_grace_s: float = 60.0,
+           env: Mapping[str, str] | None = None) -> Iterator[str]:
     """``embedserve serve --port 0 ARGS`` (one replica and float32 unless ARGS say otherwise),
-    ready; its URL."""
+    ready; its URL. ``env``: variables to set on top of this process's environment."""
     if "--replicas" not in args:
         args = ("--replicas", "1", *args)
     if "--dtype" not in args:
         # Tests compare against float32 references; serve's default (auto) may pick bfloat16.
         args = ("--dtype", "float32", *args)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
+                       **(env or {}))
     process, match = popen_listening([sys.executable, "-m", "embedserve.cli", "serve", "--port", "0", *args],
-                                     GATEWAY_LISTENING, env=env, cwd=str(ROOT))
+                                     GATEWAY_LISTENING, env=environment, cwd=str(ROOT))
     try:
         url = match.group(1)
         wait_ready(url)

@@ -41,9 +41,10 @@ def _k8s_commands() -> list[tuple[str, list[str]]]:
     for document in documents:
         if document["kind"] != "Deployment":
             continue
-        for container in document["spec"]["template"]["spec"]["containers"]:
+        pod = document["spec"]["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
             args = [re.sub(r"\$\((\w+)\)", lambda m: config[m.group(1)], a) for a in container["args"]]
-            commands.append((f"k8s:{document['metadata']['name']}", args))
+            commands.append((f"k8s:{document['metadata']['name']}:{container['name']}", args))
     return commands
 
 

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_validators import (COMPOSE, COMPOSE_GPU, DEPLOY, ROOT, compose_config, compose_resolved,
-                               compose_schema_errors, flag)
+from deploy_validators import (COMPOSE, COMPOSE_GPU, DEPLOY, DOCKERFILE, ROOT, compose_config,
+                               compose_resolved, compose_schema_errors, flag, instructions)
 from deploy_validators import deploy_copy  # noqa: F401 (a fixture)
 from embedserve.defaults.model_args import parse_model_spec
+
+COMPOSE_RERANKER = DEPLOY / "docker-compose.reranker.yml"
 
 
 def test_compose_file_passes_docker_compose_config() -> None:
@@ -80,12 +82,74 @@ def test_compose_topology_is_wired_consistently() -> None:
     assert gateway["depends_on"]["replica"]["condition"] == "service_healthy"
     gateway_port = flag(gateway["command"], "port")
     assert gateway["healthcheck"]["test"][-1] == f"http://127.0.0.1:{gateway_port}/ready"
-    for service in services.values():
-        assert service["restart"] in ("unless-stopped", "always", "on-failure")
+    for name, service in services.items():
+        # model-init is one-shot: the others wait for it to exit 0, so it must not restart.
+        expected = ("no",) if name == "model-init" else ("unless-stopped", "always", "on-failure")
+        assert service["restart"] in expected, name
+    resolved = compose_resolved(COMPOSE, cwd=ROOT)["services"]
     # One named volume holds the models for every embedserve service.
-    for service in (replica, gateway):
-        assert any(str(v).startswith("models:/models") for v in service["volumes"])
-        assert flag(service["command"], "model").startswith("/models/")
+    for name in ("replica", "gateway"):
+        assert any(v["source"] == "models" and v["target"] == "/models" for v in resolved[name]["volumes"])
+        assert flag(resolved[name]["command"], "model").startswith("/models/")
+
+
+def _mounts(service: dict) -> dict[str, dict]:
+    """A resolved service's named volumes by source."""
+    return {v["source"]: v for v in service.get("volumes", []) if v["type"] == "volume"}
+
+
+@pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_GPU), (COMPOSE, COMPOSE_RERANKER)])
+def test_one_service_writes_the_shared_volumes_before_the_others_start(files: tuple[Path, ...]) -> None:
+    # Two replicas mounting a fresh `models` volume at once both copied the image's
+    # /models into it, and one failed ("failed to create symlink ... file exists").
+    services = compose_resolved(*files, cwd=ROOT)["services"]
+    writers = {name for name, service in services.items()
+               for volume in _mounts(service).values()
+               if volume["source"] in ("models", "hf-cache")
+               and not volume.get("volume", {}).get("nocopy", False)}
+    assert writers == {"model-init"}
+    for name, service in services.items():
+        if name != "model-init" and {"models", "hf-cache"} & set(_mounts(service)):
+            assert service["depends_on"]["model-init"]["condition"] == "service_completed_successfully", name
+    assert _mounts(services["gateway"])["models"].get("read_only") is True
+
+
+@pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_GPU), (COMPOSE, COMPOSE_RERANKER)])
+def test_each_image_is_built_by_one_service(files: tuple[Path, ...]) -> None:
+    # Two services with `build:` and one tag built the image twice (and left a dangling copy).
+    services = compose_resolved(*files, cwd=ROOT)["services"]
+    builders: dict[str, list[str]] = {}
+    for name, service in services.items():
+        if "build" in service:
+            builders.setdefault(service["image"], []).append(name)
+    assert all(len(names) == 1 for names in builders.values()), builders
+    for name, service in services.items():
+        if service["image"].startswith("embedserve:") and "build" not in service:
+            # Runs an image another service builds; never pulled from a registry.
+            assert service["image"] in builders and service["pull_policy"] == "never", name
+
+
+def test_a_hub_id_is_the_model_of_every_embedserve_service() -> None:
+    env = {"EMBEDSERVE_MODEL": "BAAI/bge-small-en-v1.5"}
+    services = compose_resolved(COMPOSE, cwd=ROOT, env=env)["services"]
+    assert services["model-init"]["command"] == ["model", "pull", "BAAI/bge-small-en-v1.5"]
+    for name in ("replica", "gateway"):
+        assert flag(services[name]["command"], "model") == "BAAI/bge-small-en-v1.5"
+    # model-init pulls (the image is offline otherwise) on the network that reaches out,
+    # into the volume the others read as the image's HF_HOME.
+    init = services["model-init"]
+    assert init["environment"]["HF_HUB_OFFLINE"] == "0" and set(init["networks"]) == {"edge"}
+    image_env = dict(pair.split("=", 1) for kind, rest in instructions(DOCKERFILE.read_text())
+                     if kind == "ENV" for pair in rest.split() if "=" in pair)
+    hf_home = image_env["HF_HOME"]
+    assert image_env["HF_HUB_OFFLINE"] == "1"
+    for name in ("model-init", "replica", "gateway"):
+        assert _mounts(services[name])["hf-cache"]["target"] == hf_home, name
+    # HF_TOKEN is passed on from the shell only when set there (gated or private repos):
+    # null, i.e. left unset in the container, otherwise.
+    assert init["environment"]["HF_TOKEN"] is None
+    with_token = compose_resolved(COMPOSE, cwd=ROOT, env={**env, "HF_TOKEN": "hf_x"})["services"]
+    assert with_token["model-init"]["environment"]["HF_TOKEN"] == "hf_x"
 
 
 def test_prometheus_scrapes_every_tier_where_compose_exposes_it() -> None:
@@ -123,7 +187,7 @@ def test_images_and_package_sources_come_from_the_environment(tmp_path: Path) ->
     resolved = compose_resolved(COMPOSE, cwd=ROOT, env=env)
     services = resolved["services"]
     assert services["prometheus"]["image"] == "local/prometheus:1"
-    for name in ("replica", "gateway"):
+    for name in ("model-init",):
         build = services[name]["build"]
         assert build["network"] == "host"
         assert build["args"] == {"PYTHON_IMAGE": "local/base:1", "TORCH_VARIANT": "cpu",
@@ -139,7 +203,7 @@ def test_defaults_build_from_the_public_registries() -> None:
     resolved = compose_resolved(COMPOSE, cwd=ROOT)
     services = resolved["services"]
     assert services["prometheus"]["image"].startswith("prom/prometheus:")
-    build = services["replica"]["build"]
+    build = services["model-init"]["build"]
     assert build["network"] == "default"
     assert build["args"]["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
     # Empty: the Dockerfile picks PyTorch's index for TORCH_VARIANT.
@@ -195,9 +259,6 @@ def test_gateway_and_replicas_share_the_replica_token() -> None:
 
 
 # -- two models: docker-compose.reranker.yml over docker-compose.yml --------------
-
-COMPOSE_RERANKER = DEPLOY / "docker-compose.reranker.yml"
-
 
 def test_two_model_override_merges_and_passes_config() -> None:
     result = compose_config(COMPOSE, COMPOSE_RERANKER, cwd=ROOT)

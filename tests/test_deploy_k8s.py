@@ -201,12 +201,16 @@ def test_two_model_gateway_differs_from_the_base_only_in_its_models() -> None:
     _, base = _k8s("Deployment", "embedserve-gateway")
     overlay = _overlay("Deployment", "embedserve-gateway")
     base_container, overlay_container = _container(copy.deepcopy(base)), _container(copy.deepcopy(overlay))
-    for container in (base_container, overlay_container):
+    (base_init,), (overlay_init,) = (copy.deepcopy(d["spec"]["template"]["spec"]["initContainers"])
+                                     for d in (base, overlay))
+    # The init container differs as the server does: the models it pulls and where they are named.
+    for container in (base_container, overlay_container, base_init, overlay_init):
         container.pop("args")
         container.pop("envFrom")
-    assert overlay_container == base_container
+    assert overlay_container == base_container and overlay_init == base_init
     without_container = lambda d: {**d, "spec": {**d["spec"], "template": {  # noqa: E731
-        **d["spec"]["template"], "spec": {**d["spec"]["template"]["spec"], "containers": []}}}}
+        **d["spec"]["template"], "spec": {**d["spec"]["template"]["spec"], "containers": [],
+                                          "initContainers": []}}}}
     assert without_container(overlay) == without_container(base)
 
 
@@ -253,3 +257,65 @@ def test_reranker_pods_have_their_own_disruption_budget_and_network_policy() -> 
     assert _selects(policy["spec"]["podSelector"]["matchLabels"], labels)
     _, base_policy = _k8s("NetworkPolicy", "embedserve-replica")
     assert policy["spec"]["ingress"] == base_policy["spec"]["ingress"]
+
+
+# -- models from the Hugging Face Hub ----------------------------------------------
+
+
+def _variables() -> dict[str, str]:
+    _, config = _k8s("ConfigMap", "embedserve-config")
+    return {**config["data"], **_overlay("ConfigMap", "embedserve-reranker-config")["data"]}
+
+
+def _expand(text: str, variables: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], text)
+
+
+def _embedserve_deployments() -> dict[str, dict]:
+    return {"embedserve-replica": _k8s("Deployment", "embedserve-replica")[1],
+            "embedserve-gateway": _k8s("Deployment", "embedserve-gateway")[1],
+            "two-models/embedserve-gateway": _overlay("Deployment", "embedserve-gateway"),
+            "embedserve-replica-reranker": _overlay("Deployment", "embedserve-replica-reranker")}
+
+
+def test_k8s_every_pod_pulls_the_models_it_serves_before_it_starts() -> None:
+    # With MODEL a Hub id, the server reads it offline (the image sets HF_HUB_OFFLINE=1)
+    # from hf-cache, which the init container filled; a directory passes through `pull`.
+    hub_ids = {"MODEL": "BAAI/bge-small-en-v1.5", "RERANKER_MODEL": "BAAI/bge-reranker-base@main"}
+    for variables in (_variables(), {**_variables(), **hub_ids}):
+        pulls = {}
+        for name, deployment in _embedserve_deployments().items():
+            pod = deployment["spec"]["template"]["spec"]
+            (init,) = pod["initContainers"]
+            server = _container(deployment)
+            assert init["image"] == server["image"] and init["envFrom"] == server["envFrom"], name
+            pull = [_expand(arg, variables) for arg in init["args"]]
+            assert pull[:2] == ["model", "pull"], name
+            served = [parse_model_spec(_expand(arg.split("=", 1)[1], variables))
+                      for arg in server["args"] if arg.startswith("--model=")]
+            assert pull[2:] == [str(spec.hub or spec.path) for spec in served], name
+            pulls[name] = pull[2:]
+            env = {e["name"]: e for e in init["env"]}
+            assert env["HF_HUB_OFFLINE"]["value"] == "0", name
+            token = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert token["optional"] is True, "a public model needs no token Secret"
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "hf-cache"]
+            assert "emptyDir" in volume or "persistentVolumeClaim" in volume
+            (init_mount,) = [m for m in init["volumeMounts"] if m["name"] == "hf-cache"]
+            (server_mount,) = [m for m in server["volumeMounts"] if m["name"] == "hf-cache"]
+            assert init_mount["mountPath"] == server_mount["mountPath"] == HF_HOME, name
+            assert not init_mount.get("readOnly") and server_mount["readOnly"] is True, name
+        if variables["MODEL"] == hub_ids["MODEL"]:
+            assert pulls["two-models/embedserve-gateway"] == ["BAAI/bge-small-en-v1.5",
+                                                              "BAAI/bge-reranker-base@main"]
+            assert pulls["embedserve-replica"] == ["BAAI/bge-small-en-v1.5"]
+
+
+def _image_env() -> dict[str, str]:
+    from deploy_validators import DOCKERFILE, instructions
+
+    return dict(pair.split("=", 1) for kind, rest in instructions(DOCKERFILE.read_text())
+                if kind == "ENV" for pair in rest.split() if "=" in pair)
+
+
+HF_HOME = _image_env()["HF_HOME"]

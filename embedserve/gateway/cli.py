@@ -145,7 +145,8 @@ def served_models(args: argparse.Namespace, specs: Sequence[ModelSpec],
     if args.served_model_name and (len(specs) > 1 or specs[0].names):
         raise SystemExit("--served-model-name names a single model; give each --model its names "
                          "as --model DIR:name=NAME[,ALIAS...]")
-    names = [spec.names or tuple(args.served_model_name or ()) for spec in specs]
+    # A Hub model is named by its id unless told otherwise (spec.served_names).
+    names = [spec.names or tuple(args.served_model_name or ()) or spec.served_names for spec in specs]
     models = tuple(ServedModel(spec.path, addresses, model_names)
                    for spec, addresses, model_names in zip(specs, upstreams, names, strict=True))
     try:

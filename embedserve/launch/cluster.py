@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                   "replicas itself; upstream= is for embedserve gateway", file=sys.stderr)
             return 2
     try:
-        check_distinct_names([spec.names or (spec.path.resolve().name,) for spec in specs])
+        check_distinct_names([spec.served_names or (spec.path.resolve().name,)
+                              for spec in specs])
     except ValueError as exc:
         print(f"embedserve cluster: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +135,7 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
         ReplicaSupervisor(spec.path, count, settings.device, extra_args=extra, env=env,
                           start_timeout_s=settings.start_timeout_s,
                           stop_timeout_s=settings.stop_timeout_s,
-                          label=(spec.names[0] if spec.names else spec.path.name) if several else "")
+                          label=(spec.served_names or (spec.path.name,))[0] if several else "")
         for spec, count in zip(settings.models, counts)])
     gateway: Child | None = None
     gateway_output: asyncio.Task | None = None

@@ -105,4 +105,4 @@ def _label(spec: ModelSpec, model_count: int) -> str:
     if model_count == 1:
         return ""
     assert spec.path is not None
-    return spec.names[0] if spec.names else spec.path.name
+    return (spec.served_names or (spec.path.name,))[0]
