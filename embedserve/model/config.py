@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import modernbert_config
+from embedserve.model import deberta_v2_config, modernbert_config
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
-Family = Literal["bert", "xlm-roberta"]
+Family = Literal["bert", "xlm-roberta", "distilbert", "mpnet"]
 
 # architecture name -> (encoder family, task).
 ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
@@ -131,17 +131,25 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
 
 ConfigParser = Callable[[dict[str, Any], str], ModelConfig]
 
+# These families build on EncoderConfig / parse_encoder_config above, so they are
+# imported after them.
+from embedserve.model import bert_variants_config  # noqa: E402
+
 # The closed set of architectures this engine runs: name -> its family's parser.
 ARCHITECTURES: dict[str, ConfigParser] = {
     **{name: parse_encoder_config for name in ENCODER_ARCHITECTURES_TASKS},
     **DECODER_ARCHITECTURES,
     **{name: modernbert_config.parse_registered for name in modernbert_config.ARCHITECTURES},
+    **bert_variants_config.ARCHITECTURES,
+    **{name: deberta_v2_config.parse_deberta_v2_config for name in deberta_v2_config.ARCHITECTURES},
 }
 # model_type -> architecture, for hub files that omit ``architectures``.
 MODEL_TYPES: dict[str, str] = {
     "bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "XLMRobertaModel",
     **DECODER_MODEL_TYPES,
     "modernbert": "ModernBertModel",
+    **bert_variants_config.MODEL_TYPES,
+    "deberta-v2": "DebertaV2Model",
 }
 
 
