@@ -23,6 +23,8 @@ from embedserve.engine.modules.deberta_v2 import DebertaV2Model
 from embedserve.engine.modules.decoder import DecoderModel
 from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.engine.modules.mpnet import MPNetModel
+from embedserve.engine.modules.nomic_bert import NomicBertModel
+from embedserve.engine.nomic_bert_names import map_nomic_bert_names
 from embedserve.engine.weights import map_hf_names
 
 
@@ -41,4 +43,5 @@ FAMILIES: dict[str, FamilyRuntime] = {
     "distilbert": FamilyRuntime(EncoderModel, map_distilbert_names),
     "mpnet": FamilyRuntime(MPNetModel, map_mpnet_names),
     "deberta-v2": FamilyRuntime(DebertaV2Model, map_deberta_v2_names),
+    "nomic-bert": FamilyRuntime(NomicBertModel, map_nomic_bert_names),
 }
