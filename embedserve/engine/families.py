@@ -21,6 +21,8 @@ from embedserve.engine.decoder_names import map_decoder_names
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.deberta_v2 import DebertaV2Model
 from embedserve.engine.modules.decoder import DecoderModel
+from embedserve.engine.modules.gemma3 import Gemma3Model
+from embedserve.engine.gemma3_names import map_gemma3_names
 from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.engine.modules.mpnet import MPNetModel
 from embedserve.engine.modules.nomic_bert import NomicBertModel
@@ -44,4 +46,5 @@ FAMILIES: dict[str, FamilyRuntime] = {
     "mpnet": FamilyRuntime(MPNetModel, map_mpnet_names),
     "deberta-v2": FamilyRuntime(DebertaV2Model, map_deberta_v2_names),
     "nomic-bert": FamilyRuntime(NomicBertModel, map_nomic_bert_names),
+    "gemma3": FamilyRuntime(Gemma3Model, map_gemma3_names),
 }

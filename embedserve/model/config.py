@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import deberta_v2_config, modernbert_config, nomic_bert_config
+from embedserve.model import deberta_v2_config, gemma3_config, modernbert_config, nomic_bert_config
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
 Family = Literal["bert", "xlm-roberta", "distilbert", "mpnet"]
@@ -143,6 +143,7 @@ ARCHITECTURES: dict[str, ConfigParser] = {
     **bert_variants_config.ARCHITECTURES,
     **{name: deberta_v2_config.parse_deberta_v2_config for name in deberta_v2_config.ARCHITECTURES},
     **{name: nomic_bert_config.parse_nomic_bert_config for name in nomic_bert_config.ARCHITECTURES},
+    **{name: gemma3_config.parse_gemma3_config for name in gemma3_config.ARCHITECTURES},
 }
 # model_type -> architecture, for hub files that omit ``architectures``.
 MODEL_TYPES: dict[str, str] = {
@@ -152,6 +153,7 @@ MODEL_TYPES: dict[str, str] = {
     **bert_variants_config.MODEL_TYPES,
     "deberta-v2": "DebertaV2Model",
     "nomic_bert": "NomicBertModel",
+    "gemma3_text": "Gemma3TextModel",
 }
 
 
