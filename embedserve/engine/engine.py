@@ -23,8 +23,9 @@ import torch
 
 from embedserve.engine.batch import Batch
 from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, probe_verdict
-from embedserve.model.config import ModelConfig, load_model_config
+from embedserve.model.config import ModelConfig, load_model_config, load_sentence_transformer_meta
 from embedserve.model.info import ModelInfo, read_model_info
+from embedserve.engine.dense import load_dense
 from embedserve.engine.families import FAMILIES
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.forward import Model
@@ -48,6 +49,9 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
     with torch.device("meta"):
         model = family.model(config)
     load_state(model, family.map_names(tensors))  # the meta tensors become copies of the checkpoint's
+    dense = load_sentence_transformer_meta(model_dir, config).dense
+    if dense:
+        model.projection = load_dense(dense)      # sentence-transformers' Dense modules, after pooling
     return model.to(dtype).eval().requires_grad_(False)
 
 
