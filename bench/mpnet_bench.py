@@ -36,8 +36,17 @@ import torch
 def build(directory: Path, layers: int) -> None:
     """The model, a WordPiece tokenizer.json and sentence-transformers' metadata."""
     from pydoc_data.topics import topics
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
     import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)

@@ -47,7 +47,15 @@ _TOKENIZERS = {
 
 def build_tokenizer(directory: Path, family: str) -> None:
     """Write tokenizer.json + tokenizer_config.json of the family's kind."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     kind, specials, first, last = _TOKENIZERS[family]
     unk = specials[3] if kind != "wordpiece" else "[UNK]"
@@ -142,7 +150,6 @@ def build_family_dir(directory: Path, family: str, pooling: str = "mean", normal
     as mxbai-rerank-base-v1 is, with no sentence-transformers files.
     """
     import torch
-
     from st_metadata import write_st_metadata
 
     directory.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from family_models import (
+    CORPUS,
+    FAMILIES,
+    HIDDEN,
+    QUERY_PROMPT,
+    VOCAB_SIZE,
+    build_embeddinggemma_dir,
+    build_family_dir,
+    model_class,
+)
 
 from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
@@ -29,8 +39,6 @@ from embedserve.engine.modules.layout import build_layout
 from embedserve.model.config import load_model_config
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.tokenizer.load import load_tokenizer
-from family_models import (CORPUS, FAMILIES, HIDDEN, QUERY_PROMPT, VOCAB_SIZE, build_embeddinggemma_dir,
-                           build_family_dir, model_class)
 
 LENGTHS = [1, 3, 9, 17, 40, 100, 25]
 TEXTS = CORPUS + ["x", "Ünïcödé café 🙂 and byte fallback", "word " * 24 + "a long one, past every window"]
@@ -252,3 +260,39 @@ def test_deberta_reranker_probabilities_match_cross_encoder(reranker_dir: Path) 
     expected_logits = np.log(expected / (1 - expected.astype(np.float64)))
     assert np.abs(logits - expected_logits).max() <= 1e-4
     assert np.ptp(logits) > 0.1, logits
+
+
+REFUSED = [
+    ("deberta-v2", {"conv_kernel_size": 3}, "conv_kernel_size"),
+    ("deberta-v2", {"share_att_key": False}, "share_att_key"),
+    ("nomic-bert", {"prenorm": True}, "prenorm"),
+    ("nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+]
+
+
+@pytest.mark.parametrize("family, change, named", REFUSED)
+def test_unsupported_variants_are_refused_at_load_with_the_field_named(
+        family: str, change: dict, named: str, family_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from embedserve.errors import ModelLoadError
+
+    raw = json.loads((family_dirs[family] / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, **change}))
+    with pytest.raises(ModelLoadError, match=named):
+        load_model_config(tmp_path)
+
+
+def test_a_dense_module_with_an_unsupported_activation_is_refused(embeddinggemma_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    import shutil
+
+    from embedserve.errors import ModelLoadError
+    from embedserve.model.info import read_model_info
+
+    copy = tmp_path / "model"
+    shutil.copytree(embeddinggemma_dir, copy)
+    dense_config = copy / "3_Dense" / "config.json"
+    raw = json.loads(dense_config.read_text())
+    dense_config.write_text(json.dumps({**raw, "activation_function": "torch.nn.modules.activation.ReLU"}))
+    with pytest.raises(ModelLoadError, match="activation_function"):
+        read_model_info(copy)

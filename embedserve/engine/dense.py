@@ -28,7 +28,8 @@ class DenseProjection(nn.Module):
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         # pooled: float32 [R, in] -> float32 [R, out]
-        x = pooled.to(self.linears[0].weight.dtype)
+        first: nn.Linear = self.linears[0]  # type: ignore[assignment]
+        x = pooled.to(first.weight.dtype)
         for linear, tanh in zip(self.linears, self.tanh):
             x = linear(x)
             if tanh:

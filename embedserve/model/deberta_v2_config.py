@@ -46,7 +46,7 @@ class DebertaV2Config:
     num_labels: int = 1
     family: str = "deberta-v2"
     position_offset: int = 0
-    type_vocab_size: int = 1           # segment ids accepted: 0 only where there is no table
+    type_vocab_size: int = 2           # segment ids accepted (ignored where there is no table)
 
     @property
     def head_dim(self) -> int:
@@ -103,7 +103,9 @@ def parse_deberta_v2_config(raw: dict[str, Any], architecture: str) -> DebertaV2
             max_relative_positions=max_relative if max_relative >= 1 else max_positions,
             norm_rel_ebd="layer_norm" in str(raw.get("norm_rel_ebd", "none")).lower(),
             pooler_hidden_act=pooler_act, num_labels=num_labels,
-            type_vocab_size=max(1, int(raw.get("type_vocab_size", 0))))
+            # No segment table (v3): the 0 / 1 ids a tokenizer's pair template writes are
+            # accepted and ignored, as transformers ignores them.
+            type_vocab_size=int(raw.get("type_vocab_size", 0)) or 2)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
     if config.hidden_size % config.num_heads:

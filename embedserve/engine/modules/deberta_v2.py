@@ -27,7 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedserve.engine.modules.attention import Attend, AttentionKind
-from embedserve.engine.modules.bert import EncoderModel, Layer, activation, embedding_table
+from embedserve.engine.modules.bert import (
+    EncoderModel,
+    Layer,
+    activation,
+    embedding_table,
+)
 from embedserve.model.deberta_v2_config import DebertaV2Config
 
 # A step's sequences, once: (a layer's Qr, Kr [2 span, heads, hd]) -> that layer's Attend
@@ -101,8 +106,8 @@ def per_sequence_disentangled(offsets: torch.Tensor, config: DebertaV2Config) ->
             qs, ks, vs = q[start:end], k[start:end], v[start:end]
             bias = disentangled_bias(qs, ks, relative[:n, :n], pos_q, pos_k, config)
             out[start:end] = F.scaled_dot_product_attention(
-                *(t.transpose(0, 1)[None] for t in (qs, ks, vs)), attn_mask=bias[None],
-                scale=scale)[0].transpose(0, 1)
+                qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],
+                attn_mask=bias[None], scale=scale)[0].transpose(0, 1)
         return out
 
     return for_layer
@@ -198,10 +203,13 @@ class ContextPoolerHead(nn.Module):
 class DebertaV2Model(EncoderModel):
     """DeBERTa-v2 encoder (and reranker head); an EncoderModel so its layers can be fused."""
 
+    config: DebertaV2Config       # type: ignore[assignment]
+    encoder: Encoder              # type: ignore[assignment]
+
     def __init__(self, config: DebertaV2Config) -> None:
         nn.Module.__init__(self)
-        self.config = config  # type: ignore[assignment]
-        self.encoder = Encoder(config)  # type: ignore[assignment]
+        self.config = config
+        self.encoder = Encoder(config)
         self.head = ContextPoolerHead(config) if config.task == "score" else None
         # Each layer's query / key projections of the relative embeddings depend on the
         # weights only: computed on first use per dtype and device, not every step.
@@ -212,13 +220,15 @@ class DebertaV2Model(EncoderModel):
         key = (dtype, device)
         if key not in self._positions:
             encoder, config = self.encoder, self.config
+            assert encoder.rel_embeddings is not None, "relative attention needs its table"
             rel = encoder.rel_embeddings.weight
             if encoder.rel_norm is not None:
                 rel = encoder.rel_norm(rel)
             hidden, heads = config.hidden_size, config.num_heads
             tables = []
             for layer in encoder.layers:
-                qk = layer.qkv(rel.contiguous())[:, :2 * hidden].reshape(rel.shape[0], 2, heads, -1)
+                qk = layer.qkv(rel.contiguous())  # type: ignore[operator]
+                qk = qk[:, :2 * hidden].reshape(rel.shape[0], 2, heads, -1)
                 tables.append((qk[:, 0].contiguous(), qk[:, 1].contiguous()))
             self._positions[key] = tables
         return self._positions[key]

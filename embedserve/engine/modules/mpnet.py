@@ -27,11 +27,14 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from embedserve.engine.modules.attention import Attend, AttentionKind
 from embedserve.engine.modules.bert import EncoderModel, embedding_table
-from embedserve.model.bert_variants_config import MPNET_BUCKETS, MPNET_MAX_DISTANCE, MPNetConfig
+from embedserve.model.bert_variants_config import (
+    MPNET_BUCKETS,
+    MPNET_MAX_DISTANCE,
+    MPNetConfig,
+)
 
 
 def relative_buckets(relative_position: torch.Tensor, num_buckets: int = MPNET_BUCKETS,
