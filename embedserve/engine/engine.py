@@ -29,6 +29,8 @@ from embedserve.engine.dense import load_dense
 from embedserve.engine.families import FAMILIES
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.forward import Model
+from embedserve.engine.gemma3_fused import pack_gemma3_linears
+from embedserve.engine.modules.gemma3 import Gemma3Model
 from embedserve.engine.modules.nomic_bert import NomicBertModel
 from embedserve.engine.nomic_bert_fused import fuse_nomic_layers
 from embedserve.engine.lazy import LazyTensor
@@ -176,7 +178,9 @@ class Engine:
             if fused_layers and isinstance(model, EncoderModel):
                 fuse_layers(model, native_linears)   # the BERT family's fast path (MPNet, DeBERTa ... too)
             elif fused_layers and isinstance(model, NomicBertModel):
-                fuse_nomic_layers(model, native_linears)   # the others run plain modules
+                fuse_nomic_layers(model, native_linears)
+            elif fused_layers and isinstance(model, Gemma3Model):
+                pack_gemma3_linears(model, native_linears)   # the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
         return cls(model, info, runner)
 

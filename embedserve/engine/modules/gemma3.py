@@ -74,7 +74,7 @@ class Layer(nn.Module):
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         context = attend(q.contiguous(), k.contiguous(), v.contiguous(), kind)   # [T, heads, hd]
-        x = x + self.post_attn_norm(self.attn_out(context.reshape(tokens, -1)))
+        x = x + self.post_attn_norm(self.attn_out(context.reshape(tokens, -1).contiguous()))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.post_mlp_norm(self.down(F.gelu(gate, approximate="tanh") * up))
 
