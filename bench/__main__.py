@@ -17,6 +17,7 @@ BENCHMARKS = {
     "engine": "bench.engine_bench",
     "engine_profile": "bench.engine_profile",
     "modernbert": "bench.modernbert_bench",
+    "mpnet": "bench.mpnet_bench",
     "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",

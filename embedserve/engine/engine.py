@@ -24,11 +24,16 @@ import torch
 from embedserve.engine.batch import Batch
 from embedserve.engine.dtype_choice import (AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype,
                                             probe_verdict)
-from embedserve.model.config import ModelConfig, load_model_config
+from embedserve.model.config import ModelConfig, load_model_config, load_sentence_transformer_meta
 from embedserve.model.info import ModelInfo, read_model_info
+from embedserve.engine.dense import load_dense
 from embedserve.engine.families import FAMILIES
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.forward import Model
+from embedserve.engine.gemma3_fused import pack_gemma3_linears
+from embedserve.engine.modules.gemma3 import Gemma3Model
+from embedserve.engine.modules.nomic_bert import NomicBertModel
+from embedserve.engine.nomic_bert_fused import fuse_nomic_layers
 from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
 from embedserve.engine.weights import load_state, read_checkpoint
@@ -49,6 +54,9 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
     with torch.device("meta"):
         model = family.model(config)
     load_state(model, family.map_names(tensors))  # the meta tensors become copies of the checkpoint's
+    dense = load_sentence_transformer_meta(model_dir, config).dense
+    if dense:
+        model.projection = load_dense(dense)      # sentence-transformers' Dense modules, after pooling
     return model.to(dtype).eval().requires_grad_(False)
 
 
@@ -181,7 +189,11 @@ class Engine:
             runner: Any = CudaRunner(model.to(device), info, cuda, use_graphs=cuda_graphs)
         else:
             if fused_layers and isinstance(model, EncoderModel):
-                fuse_layers(model, native_linears)   # the BERT family's fast path; the others run plain modules
+                fuse_layers(model, native_linears)   # the BERT family's fast path (MPNet, DeBERTa ... too)
+            elif fused_layers and isinstance(model, NomicBertModel):
+                fuse_nomic_layers(model, native_linears)
+            elif fused_layers and isinstance(model, Gemma3Model):
+                pack_gemma3_linears(model, native_linears)   # the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
         return cls(model, info, runner)
 

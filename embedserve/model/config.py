@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import modernbert_config
+from embedserve.model.dense_config import DenseSpec, read_dense_modules
+from embedserve.model import deberta_v2_config, gemma3_config, modernbert_config, nomic_bert_config
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
-Family = Literal["bert", "xlm-roberta"]
+Family = Literal["bert", "xlm-roberta", "distilbert", "mpnet"]
 
 # architecture name -> (encoder family, task).
 ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
@@ -85,6 +86,11 @@ class SentenceTransformerMeta:
     normalize: bool
     prompts: dict[str, str]
     default_prompt_name: str | None
+    dense: tuple[DenseSpec, ...] = ()      # Dense modules after pooling, in order
+
+    def output_dimension(self, hidden_size: int) -> int:
+        """The embedding width: the last Dense module's, else the model's hidden size."""
+        return self.dense[-1].out_features if self.dense else hidden_size
 
 
 def read_json(path: Path) -> Any:
@@ -131,17 +137,29 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
 
 ConfigParser = Callable[[dict[str, Any], str], ModelConfig]
 
+# These families build on EncoderConfig / parse_encoder_config above, so they are
+# imported after them.
+from embedserve.model import bert_variants_config  # noqa: E402
+
 # The closed set of architectures this engine runs: name -> its family's parser.
 ARCHITECTURES: dict[str, ConfigParser] = {
     **{name: parse_encoder_config for name in ENCODER_ARCHITECTURES_TASKS},
     **DECODER_ARCHITECTURES,
     **{name: modernbert_config.parse_registered for name in modernbert_config.ARCHITECTURES},
+    **bert_variants_config.ARCHITECTURES,
+    **{name: deberta_v2_config.parse_deberta_v2_config for name in deberta_v2_config.ARCHITECTURES},
+    **{name: nomic_bert_config.parse_nomic_bert_config for name in nomic_bert_config.ARCHITECTURES},
+    **{name: gemma3_config.parse_gemma3_config for name in gemma3_config.ARCHITECTURES},
 }
 # model_type -> architecture, for hub files that omit ``architectures``.
 MODEL_TYPES: dict[str, str] = {
     "bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "XLMRobertaModel",
     **DECODER_MODEL_TYPES,
     "modernbert": "ModernBertModel",
+    **bert_variants_config.MODEL_TYPES,
+    "deberta-v2": "DebertaV2Model",
+    "nomic_bert": "NomicBertModel",
+    "gemma3_text": "Gemma3TextModel",
 }
 
 
@@ -178,8 +196,14 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
     if config.task == "score":
         pooling = "cls"
     modules_path = model_dir / "modules.json"
+    dense: tuple[DenseSpec, ...] = ()
     if modules_path.exists():
-        for module in read_json(modules_path):
+        modules = read_json(modules_path)
+        dense = read_dense_modules(model_dir, modules, read_json)
+        if dense and dense[0].in_features != config.hidden_size:
+            raise ModelLoadError(f"{dense[0].path}: takes {dense[0].in_features} features but the "
+                                 f"model gives {config.hidden_size}")
+        for module in modules:
             kind = str(module.get("type", ""))
             if kind.endswith("Pooling"):
                 pooling = _read_pooling(model_dir / module.get("path", "1_Pooling") / "config.json")
@@ -192,7 +216,7 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
         raw = read_json(st_config)
         prompts = {str(k): str(v) for k, v in (raw.get("prompts") or {}).items()}
         default_prompt_name = raw.get("default_prompt_name")
-    return SentenceTransformerMeta(pooling, normalize, prompts, default_prompt_name)
+    return SentenceTransformerMeta(pooling, normalize, prompts, default_prompt_name, dense)
 
 
 # 1_Pooling/config.json flag -> our pooling name
@@ -203,6 +227,13 @@ POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "m
 def _read_pooling(path: Path) -> str:
     """The one pooling mode the file turns on (cls, mean or lasttoken)."""
     raw = read_json(path)
+    named = raw.get("pooling_mode")
+    if isinstance(named, str):
+        # sentence-transformers >= 6 writes the mode as one string, not one flag per mode.
+        if named in POOLING_MODES.values():
+            return named
+        raise ModelLoadError(f"unsupported pooling {named!r} in {path}; supported: one of "
+                             f"{', '.join(POOLING_MODES.values())}")
     modes = [k for k, v in raw.items() if k.startswith("pooling_mode") and v]
     if len(modes) == 1 and modes[0] in POOLING_MODES:
         return POOLING_MODES[modes[0]]

@@ -66,7 +66,7 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
     meta = load_sentence_transformer_meta(model_dir, config)
     return ModelInfo(
         model_id=model_id or model_dir.name, architecture=config.architecture, task=config.task,
-        dimension=config.hidden_size if config.task == "embed" else 0,
+        dimension=meta.output_dimension(config.hidden_size) if config.task == "embed" else 0,
         max_positions=config.max_positions, vocab_size=config.vocab_size,
         pooling=meta.pooling, normalize=meta.normalize, prompts=dict(meta.prompts),
         default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size)

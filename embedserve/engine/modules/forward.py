@@ -30,7 +30,11 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
     if model.head is not None:
         return model.score(hidden[starts]).float()                       # [R]
     if pooling == "cls":
-        return hidden[starts].float()                                    # [R, hidden]
-    if pooling == "lasttoken":
-        return last_token_pool(hidden, starts, lengths)                  # [R, hidden]
-    return mean_pool(hidden, seq_ids, lengths, rows)                     # [R, hidden]
+        pooled = hidden[starts].float()                                  # [R, hidden]
+    elif pooling == "lasttoken":
+        pooled = last_token_pool(hidden, starts, lengths)                # [R, hidden]
+    else:
+        pooled = mean_pool(hidden, seq_ids, lengths, rows)               # [R, hidden]
+    # sentence-transformers' Dense modules (engine/dense.py), where the model has them
+    projection = getattr(model, "projection", None)
+    return pooled if projection is None else projection(pooled)          # [R, dim]

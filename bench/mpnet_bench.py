@@ -1,0 +1,142 @@
+"""CPU benchmark: an MPNet at all-mpnet-base-v2's shape, embedserve vs sentence-transformers.
+
+A random MPNet with all-mpnet-base-v2's sizes (hidden 768, 12 layers, 12 heads,
+FFN 3072, vocabulary 30527, 514 positions; ``--layers`` to run fewer), a
+WordPiece tokenizer trained here on Python's own documentation, and mean
+pooling + Normalize is written to a temporary directory. Both sides go from
+the same texts to normalized vectors in one call per batch, as a server
+receives them:
+
+- embedserve: its tokenizer (native WordPiece), one packed ``Engine.step``
+  (fused oneDNN layers, per-sequence attention with MPNet's relative bias), then
+  normalization;
+- sentence-transformers: ``SentenceTransformer.encode(texts, batch_size=32)``
+  (its own length sorting and padding, transformers' MPNetModel).
+
+Scenario ``mixed``: 32 texts of word counts drawn log-uniformly from 4 to 300 (cut to
+at most 384 tokens, sentence-transformers' ``max_seq_length``).
+Time is process CPU time with one torch thread (``time.process_time``), which
+other processes' load barely moves; tokens/s counts the tokens embedserve's
+tokenizer produced (specials included), the same for both sides.
+
+    python -m bench mpnet [--layers 12] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def build(directory: Path, layers: int) -> None:
+    """The model, a WordPiece tokenizer.json and sentence-transformers' metadata."""
+    from pydoc_data.topics import topics
+
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    specials = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]          # all-mpnet-base-v2's order: <pad> = 1
+    tokenizer.train_from_iterator(topics.values(), trainers.WordPieceTrainer(vocab_size=30527,
+                                                                             special_tokens=specials))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "[UNK]",
+        "mask_token": "<mask>", "model_max_length": 512}))
+    config = transformers.MPNetConfig(vocab_size=30527, hidden_size=768, num_hidden_layers=layers,
+                                      num_attention_heads=12, intermediate_size=3072,
+                                      max_position_embeddings=514)
+    torch.manual_seed(0)
+    transformers.MPNetModel(config, add_pooling_layer=False).eval().save_pretrained(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    for folder in ("1_Pooling", "2_Normalize"):
+        (directory / folder).mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 768, "pooling_mode_mean_tokens": True}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 384}))
+
+
+def mixed_texts(count: int, rng: np.random.Generator) -> list[str]:
+    from pydoc_data.topics import topics
+
+    words = " ".join(topics.values()).split()
+    lengths = np.exp(rng.uniform(np.log(4), np.log(300), count)).astype(int)
+    starts = rng.integers(0, len(words) - 400, count)
+    return [" ".join(words[s:s + n]) for s, n in zip(starts, lengths)]
+
+
+def cpu_seconds(call) -> float:
+    started = time.process_time()
+    call()
+    return time.process_time() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=2, help="timed batches per side")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    from sentence_transformers import SentenceTransformer
+
+    from embedserve.engine import Batch, Engine
+    from embedserve.model.postprocess import postprocess_embeddings
+    from embedserve.tokenizer.load import load_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        build(directory, args.layers)
+        st = SentenceTransformer(str(directory), device="cpu")
+        tokenizer = load_tokenizer(directory)
+        # Words dropped from a text until it fits sentence-transformers' max_seq_length (384),
+        # so that neither side truncates.
+        texts = []
+        for text in mixed_texts(32, np.random.default_rng(0)):
+            while len(tokenizer.encode(text)) > 384:
+                text = text.rsplit(" ", 8)[0]
+            texts.append(text)
+        with Engine.load(directory) as engine:
+            tokens = sum(len(tokenizer.encode(t)) for t in texts)
+
+            def ours() -> np.ndarray:
+                sequences = [tokenizer.encode(t).astype(np.int32) for t in texts]
+                return postprocess_embeddings(engine.step(Batch.from_sequences(sequences)).wait(), normalize=True)
+
+            def theirs() -> np.ndarray:
+                return st.encode(texts, batch_size=32, convert_to_numpy=True)
+
+            cosine = float((ours() * theirs()).sum(1).min())                        # warm-up, and a check
+            engine_s = min(cpu_seconds(ours) for _ in range(args.repeats))
+            reference_s = min(cpu_seconds(theirs) for _ in range(args.repeats))
+        print(f"MPNet (all-mpnet-base-v2 widths, {args.layers} layers, random weights), 32 mixed texts "
+              f"({tokens} tokens), 1 thread, CPU seconds per batch (best of {args.repeats}); "
+              f"min cosine vs sentence-transformers {cosine:.6f}")
+        print("| scenario | tokens | embedserve tok/s | sentence-transformers tok/s | speed-up |")
+        print("|---|---|---|---|---|")
+        print(f"| mixed | {tokens} | {tokens / engine_s:.0f} | {tokens / reference_s:.0f} | "
+              f"{reference_s / engine_s:.2f}x |", flush=True)
+    return 0
