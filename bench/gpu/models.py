@@ -69,6 +69,17 @@ SHAPES: dict[str, Shape] = {
         vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
         bos_token_id=0, eos_token_id=2, num_labels=1), "cls", normalize=False),
+    # sentence-transformers/all-mpnet-base-v2: MPNet's relative position bias
+    "all-mpnet-base-v2": Shape("MPNetModel", "MPNetConfig", dict(
+        vocab_size=30527, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=514, relative_attention_num_buckets=32,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2), "mean"),
+    # mixedbread-ai/mxbai-rerank-base-v1: DeBERTa-v3's disentangled attention, a cross-encoder
+    "mxbai-rerank-base": Shape("DebertaV2ForSequenceClassification", "DebertaV2Config", dict(
+        vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512, relative_attention=True, position_buckets=256,
+        max_relative_positions=-1, pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+        position_biased_input=False, type_vocab_size=0, pad_token_id=0, num_labels=1), "cls", normalize=False),
     # a BERT cross-encoder with segment ids (ms-marco-MiniLM-L-6-v2)
     "ms-marco-minilm": Shape("BertForSequenceClassification", "BertConfig", dict(
         vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,

@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.gpu.models import SHAPES, scaled_config, write_model
 
-EMBEDDERS = ["multilingual-e5-small", "bge-base", "bge-m3", "qwen3-embedding-0.6b", "modernbert-base"]
+EMBEDDERS = ["multilingual-e5-small", "bge-base", "bge-m3", "qwen3-embedding-0.6b", "modernbert-base", "all-mpnet-base-v2"]
 SCORERS = ["bge-reranker-base"]
 LATENCY_LENGTHS = (128, 512, 2048, 4096)
 SCORING_PAIRS = (5, 25, 50)
