@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from embedserve.entrypoint import GATEWAY_LISTENING
+from embedserve.entrypoint import GATEWAY_GRPC_LISTENING, GATEWAY_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,22 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> dict:
 def served(*args: str, stop_grace_s: float = 60.0) -> Iterator[str]:
     """``embedserve serve --port 0 ARGS`` (one replica and float32 unless ARGS say otherwise),
     ready; its URL."""
+    with _served(args, (GATEWAY_LISTENING,), stop_grace_s) as (url,):
+        yield url
+
+
+@contextlib.contextmanager
+def served_with_grpc(*args: str, stop_grace_s: float = 60.0) -> Iterator[tuple[str, str]]:
+    """``served`` with ``--grpc-port 0`` too: its URL and its gRPC API's address."""
+    with _served(("--grpc-port", "0", *args), (GATEWAY_GRPC_LISTENING, GATEWAY_LISTENING),
+                 stop_grace_s) as (address, url):
+        yield url, address
+
+
+@contextlib.contextmanager
+def _served(args: tuple[str, ...], banners: tuple[re.Pattern[str], ...],
+            stop_grace_s: float) -> Iterator[tuple[str, ...]]:
+    """The stack, ready; group 1 of each of ``banners``, matched in the order printed."""
     if "--replicas" not in args:
         args = ("--replicas", "1", *args)
     if "--dtype" not in args:
@@ -44,10 +61,31 @@ def served(*args: str, stop_grace_s: float = 60.0) -> Iterator[str]:
         args = ("--dtype", "float32", *args)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     process, match = popen_listening([sys.executable, "-m", "embedserve.cli", "serve", "--port", "0", *args],
-                                     GATEWAY_LISTENING, env=env, cwd=str(ROOT))
+                                     _in_order(banners), env=env, cwd=str(ROOT))
     try:
-        url = match.group(1)
-        wait_ready(url)
-        yield url
+        found = match.groups()
+        wait_ready(found[banners.index(GATEWAY_LISTENING)])
+        yield found
     finally:
         assert stop_popen(process, stop_grace_s) == 0
+
+
+class _in_order:
+    """A pattern for ``popen_listening`` that matches once each of ``banners`` has, in order
+    (its ``search`` sees one line at a time); the match's groups are theirs."""
+
+    def __init__(self, banners: tuple[re.Pattern[str], ...]) -> None:
+        self._banners = banners
+        self._groups: list[str] = []
+
+    def search(self, line: str) -> re.Match[str] | None:
+        banner = self._banners[len(self._groups)]
+        match = banner.search(line)
+        if match is None:
+            return None
+        self._groups.append(match.group(1))
+        if len(self._groups) < len(self._banners):
+            return None
+        # One match whose groups() are every banner's group 1.
+        joined = "\n".join(self._groups)
+        return re.fullmatch("\n".join("(.*)" for _ in self._groups), joined)
