@@ -23,10 +23,10 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
+from serve_harness import served_with_grpc
 
 from embedserve.protos import embeddings_pb2 as pb
 from embedserve.protos import embeddings_pb2_grpc
-from serve_harness import served_with_grpc
 
 KEY = "grpc-test-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
@@ -107,7 +107,7 @@ def test_embed_gives_http_vectors_in_every_type(stack: Stack, dimensions, input_
     assert _rows(reply.embeddings, "float").shape[1] == (dimensions or 32)
 
 
-def test_embed_without_types_is_float_and_chunking_follows_http(stack: Stack) -> None:
+def test_chunking_plain_floats_and_normalize_follow_http(stack: Stack) -> None:
     long_text = "many words in a long document " * 200   # beyond the 512-token window
     reply = stack.stub.Embed(pb.EmbedTextsRequest(inputs=[long_text, "short"], truncate="chunk",
                                                   embedding_types=["float", "int8"]),
@@ -118,8 +118,18 @@ def test_embed_without_types_is_float_and_chunking_follows_http(stack: Stack) ->
         expected = np.array([d["embedding"][name] for d in http["data"]])
         assert np.array_equal(_rows(reply.embeddings, name), expected.astype(BYTE_TYPES.get(name, np.float32)))
     assert reply.usage.total_tokens == http["usage"]["total_tokens"] > 512
-    plain = stack.stub.Embed(pb.EmbedTextsRequest(inputs=TEXTS), metadata=AUTH, timeout=TIMEOUT_S)
-    assert all(not e.int8 and len(e.float) == 32 for e in plain.embeddings)
+    plain = stack.stub.Embed(pb.EmbedTextsRequest(inputs=TEXTS, dimensions=24), metadata=AUTH,
+                             timeout=TIMEOUT_S)
+    assert all(not e.int8 and len(e.float) == 24 for e in plain.embeddings)
+    http = stack.post("/v1/embeddings", {"input": TEXTS, "dimensions": 24})
+    assert np.array_equal(_rows(plain.embeddings, "float"),
+                          np.array([d["embedding"] for d in http["data"]], dtype=np.float32))
+    # normalize=false: the raw vectors, as TEI's /embed gives them.
+    raw = stack.stub.Embed(pb.EmbedTextsRequest(inputs=TEXTS, normalize=False), metadata=AUTH,
+                           timeout=TIMEOUT_S)
+    tei = stack.post("/embed", {"inputs": TEXTS, "normalize": False})
+    assert np.array_equal(_rows(raw.embeddings, "float"), np.array(tei, dtype=np.float32))
+    assert not np.allclose(np.linalg.norm(_rows(raw.embeddings, "float"), axis=1), 1.0)
 
 
 def test_rerank_gives_http_scores(stack: Stack) -> None:

@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -33,7 +33,12 @@ from starlette.requests import Request
 from embedserve import __version__, errors
 from embedserve.gateway import embedding_types
 from embedserve.gateway.draining import DRAINING_MESSAGE, Drain
-from embedserve.gateway.grpc_api_errors import UNAUTHENTICATED, UNEXPECTED, ApiStatus, api_status
+from embedserve.gateway.grpc_api_errors import (
+    UNAUTHENTICATED,
+    UNEXPECTED,
+    ApiStatus,
+    api_status,
+)
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, server_timing
 from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway
@@ -54,8 +59,10 @@ STREAM_WINDOW = 16
 
 # InputType -> the prompt names it means, the first the model has wins; HTTP's
 # input_type says "query" or "passage", models name their document prompt either way.
-_PROMPTS = {embeddings_pb2.INPUT_TYPE_QUERY: ("query",),
-            embeddings_pb2.INPUT_TYPE_DOCUMENT: ("passage", "document")}
+_PROMPTS: dict[int, tuple[str, ...]] = {
+    embeddings_pb2.INPUT_TYPE_QUERY: ("query",),
+    embeddings_pb2.INPUT_TYPE_DOCUMENT: ("passage", "document"),
+}
 _ENCODINGS = {"float": None, "float16": "<f2"}   # others are bytes as quantized
 
 
@@ -82,20 +89,25 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                           ) -> AsyncIterator[embeddings_pb2.EmbedStreamResponse]:
         if not self._authorized(context):
             await self._abort(context, UNAUTHENTICATED, "EmbedStream", time.perf_counter())
-        # Each message is started as it arrives (up to STREAM_WINDOW ahead) and answered
-        # in arrival order; the reader stops taking messages while the window is full.
+        # Each message is started as it arrives (about STREAM_WINDOW ahead of the answer
+        # being written) and answered in arrival order; the reader stops taking messages
+        # while the window is full, so gRPC's flow control holds the client back.
         window: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(STREAM_WINDOW)
         stream_id = _request_id(context)
 
         async def read() -> None:
+            index = 0
             try:
-                index = 0
                 async for message in requests:
                     await window.put(asyncio.ensure_future(
                         self._stream_message(index, message, context, f"{stream_id}-{index}")))
                     index += 1
-            finally:
+            except Exception:
+                # The request stream broke: the messages started are answered, then the
+                # call fails. (Not on cancellation: nobody would take the end mark.)
                 await window.put(None)
+                raise
+            await window.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -138,8 +150,13 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
         prompt_name = _prompt_name(gateway, message.input_type)
         packed = await embed_route._pack(gateway, call, list(message.inputs), "inputs", prompt_name,
                                          policy)
-        arrays, tokens = await embed_route.embed_types(gateway, call, packed, policy, types,
-                                                       normalize, dimensions, route)
+        if message.embedding_types:
+            arrays, tokens = await embed_route.embed_types(gateway, call, packed, policy, types,
+                                                           normalize, dimensions, route)
+        else:   # plain float vectors: HTTP's path without embedding_types
+            vectors, tokens = await embed_route._embed(gateway, call, packed, policy, normalize,
+                                                       dimensions, route)
+            arrays = [vectors]
         return embeddings_pb2.EmbedTextsResponse(
             embeddings=_embeddings(types, arrays), model=model,
             usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
@@ -211,7 +228,7 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                 answer = await work(call)
         except errors.EmbedServeError as exc:
             await self._abort(context, api_status(exc), method, started)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+        except asyncio.CancelledError:   # the client left or its deadline passed
             self._metrics.count_request(_route(method), grpc.StatusCode.CANCELLED.name,
                                         time.perf_counter() - started)
             raise
@@ -277,7 +294,7 @@ def _call_request(method: str, request_id: str, time_remaining: float | None) ->
     """The Request the pipeline reads: request id, timings, and the client's deadline."""
     if time_remaining is not None and time_remaining <= 0:
         raise errors.DeadlineExceeded("the call's deadline passed before it was served")
-    scope = {"type": "http", "method": "POST", "path": _route(method), "headers": [],
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": _route(method), "headers": [],
              REQUEST_ID_KEY: request_id, TIMING_KEY: {}}
     if time_remaining is not None:
         scope[DEADLINE_KEY] = time.monotonic() + time_remaining
