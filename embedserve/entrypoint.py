@@ -30,6 +30,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SCHEDULER_LISTENING = re.compile(r"embedserve scheduler listening on (\S+:\d+) metrics (\S+)")
 # ``embedserve gateway listening on http://HOST:PORT (replicas: ...)``. Group 1: the URL.
 GATEWAY_LISTENING = re.compile(r"embedserve gateway listening on (http://\S+:\d+)")
+# ``embedserve gateway gRPC API listening on HOST:PORT`` (``--grpc-port``), printed
+# before the HTTP line. Group 1: the address a gRPC channel is opened with.
+GATEWAY_GRPC_LISTENING = re.compile(r"embedserve gateway gRPC API listening on (\S+:\d+)")
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
@@ -56,6 +59,11 @@ def scheduler_banner(host: str, port: int, metrics_port: int | None) -> str:
 
 def gateway_banner(host: str, port: int, upstreams: tuple[str, ...]) -> str:
     return f"embedserve gateway listening on http://{host}:{port} (replicas: {', '.join(upstreams)})"
+
+
+def gateway_grpc_banner(host: str, port: int) -> str:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"embedserve gateway gRPC API listening on {address}"
 
 
 @contextlib.contextmanager

@@ -152,6 +152,15 @@ def test_a_hub_id_is_the_model_of_every_embedserve_service() -> None:
     assert with_token["model-init"]["environment"]["HF_TOKEN"] == "hf_x"
 
 
+def test_compose_publishes_the_gateway_grpc_api_on_its_flag_port() -> None:
+    gateway = _compose()["services"]["gateway"]
+    grpc_port = flag(gateway["command"], "grpc-port")
+    assert grpc_port != flag(gateway["command"], "port")
+    assert f"${{EMBEDSERVE_GRPC_PORT:-{grpc_port}}}:{grpc_port}" in gateway["ports"]
+    reranker = yaml.safe_load((DEPLOY / "docker-compose.reranker.yml").read_text())
+    assert flag(reranker["services"]["gateway"]["command"], "grpc-port") == grpc_port
+
+
 def test_prometheus_scrapes_every_tier_where_compose_exposes_it() -> None:
     services = _compose()["services"]
     prometheus = services["prometheus"]

@@ -94,6 +94,18 @@ def test_k8s_probes_match_what_each_container_listens_on() -> None:
     assert container["resources"]["requests"] and container["resources"]["limits"]
 
 
+def test_k8s_gateway_serves_and_exposes_the_grpc_api() -> None:
+    _, gateway = _k8s("Deployment", "embedserve-gateway")
+    container = _container(gateway)
+    grpc = next(p for p in container["ports"] if p["name"] == "grpc")
+    assert grpc["containerPort"] == int(flag(container["args"], "grpc-port"))
+    _, service = _k8s("Service", "embedserve-gateway")
+    exposed = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert exposed["targetPort"] == "grpc" and exposed["appProtocol"] == "grpc"
+    overlay = _container(_overlay("Deployment", "embedserve-gateway"))
+    assert flag(overlay["args"], "grpc-port") == flag(container["args"], "grpc-port")
+
+
 def test_k8s_args_only_reference_configmap_keys() -> None:
     _, config = _k8s("ConfigMap", "embedserve-config")
     for component in ("replica", "gateway"):

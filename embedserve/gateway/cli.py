@@ -22,14 +22,21 @@ import os
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
-from embedserve.entrypoint import configure_logging, gateway_banner, run_event_loop, stop_on_signals
+from embedserve.entrypoint import (configure_logging, gateway_banner, gateway_grpc_banner,
+                                   run_event_loop, stop_on_signals)
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from embedserve.gateway.grpc_server import GrpcApiServer
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -70,13 +77,15 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
     parser.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one "
                         "(default: %(default)s)")
+    add_grpc_port_flag(parser)
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on API routes (also "
                              "$EMBEDSERVE_API_KEY); probes, /metrics and docs stay open")
     parser.add_argument("--max-inputs", type=int, default=d.max_inputs,
                         help="inputs per request; more gets 413 (default: %(default)s)")
     parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
-                        help="larger request bodies get 413 before parsing (default: %(default)s)")
+                        help="larger request bodies get 413 before parsing, larger gRPC "
+                             "messages RESOURCE_EXHAUSTED (default: %(default)s)")
     parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
                         help="tokens admitted at once across requests, per served model; beyond "
                              "it requests get 429 + Retry-After. Bounds memory and queueing "
@@ -105,6 +114,14 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
                              "while new ones get 503; then the process exits "
                              "(default: %(default)s)")
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
+
+
+def add_grpc_port_flag(parser: argparse.ArgumentParser) -> None:
+    """``--grpc-port``: also ``embedserve cluster``'s, passed on to its gateway."""
+    parser.add_argument("--grpc-port", type=_non_negative, default=None, metavar="PORT",
+                        help="also serve the public gRPC API (embedserve.v1.Embeddings, with "
+                             "health and reflection; docs/grpc-api.md) on this port of --host; "
+                             "0 picks a free one (default: off)")
 
 
 def add_long_input_flags(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +178,7 @@ def gateway_settings(args: argparse.Namespace, models: Sequence[ServedModel],
     first, *others = models
     return GatewaySettings(
         model_dir=first.model_dir, upstreams=first.upstreams, host=args.host, port=args.port,
+        grpc_port=args.grpc_port,
         served_model_names=first.served_model_names, additional_models=tuple(others),
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
@@ -220,11 +238,14 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
                      gateway_banner(host, port, tuple(u for m in settings.models for u in m.upstreams)))
     own_stop = stop is None
     stop = stop or asyncio.Event()
+    grpc_api = await _start_grpc_api(app, settings)
 
     async def drain_when_told() -> None:
         await stop.wait()
         drain = app.state.drain
         drain.begin()
+        if grpc_api is not None:
+            await grpc_api.draining()
         log.info("stopping: refusing new requests, %d admitted still running", drain.in_flight)
         if not await drain.wait_idle(settings.drain_timeout_s):
             log.warning("drain timeout (%.0f s): %d requests still running are cut off",
@@ -239,7 +260,23 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
             await server.serve(sockets=[sock])
         finally:
             watcher.cancel()
+            if grpc_api is not None:
+                await grpc_api.stop(_CLOSE_GRACE_S)
     return 0
+
+
+async def _start_grpc_api(app: FastAPI, settings: GatewaySettings) -> GrpcApiServer | None:
+    """The public gRPC API, listening and announced, when ``settings.grpc_port`` asks for it.
+
+    Its calls share the HTTP side's drain: admitted ones finish before the stop."""
+    if settings.grpc_port is None:
+        return None
+    from embedserve.gateway.grpc_server import GrpcApiServer
+
+    grpc_api = GrpcApiServer(app, settings)
+    port = await grpc_api.start()
+    print(gateway_grpc_banner(settings.host, port), flush=True)
+    return grpc_api
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

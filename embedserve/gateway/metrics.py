@@ -16,9 +16,12 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("embedserve_gateway_requests", "HTTP requests by route and status",
+        self.requests = Counter("embedserve_gateway_requests",
+                                "Requests by route (an HTTP path or a gRPC method) and status "
+                                "(an HTTP status or a gRPC code name)",
                                 ["route", "status"], registry=r)
-        self.latency = Histogram("embedserve_gateway_request_seconds", "HTTP request latency",
+        self.latency = Histogram("embedserve_gateway_request_seconds",
+                                 "Request latency by route (an HTTP path or a gRPC method)",
                                  ["route"], registry=r,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                           1, 2.5, 5, 10, 30, 60))
@@ -39,11 +42,12 @@ class GatewayMetrics:
                                     registry=r)
         # The children of the per-request label sets, each looked up once: ``labels()``
         # validates and locks on every call. Routes, statuses and models are few.
-        self._request_children: dict[tuple[str, int], tuple] = {}
+        self._request_children: dict[tuple[str, int | str], tuple] = {}
         self._work_children: dict[tuple[str, str], tuple] = {}
 
-    def count_request(self, route: str, status: int, seconds: float) -> None:
-        """One HTTP request answered with ``status`` after ``seconds``."""
+    def count_request(self, route: str, status: int | str, seconds: float) -> None:
+        """One request answered with ``status`` (HTTP: a number; gRPC: a code name such as
+        ``INVALID_ARGUMENT``) after ``seconds``."""
         children = self._request_children.get((route, status))
         if children is None:
             children = self._request_children[route, status] = (

@@ -34,6 +34,11 @@ from embedserve.ragged import RaggedBatch
 
 T = TypeVar("T")
 
+# A transport may set this scope key to a time.monotonic() deadline of its own (the
+# gRPC API: the client's deadline); a request's deadline is the sooner of it and
+# the server's --request-timeout.
+DEADLINE_KEY = "embedserve.deadline"
+
 # How a task's model is named in messages.
 TASK_NAMES = {"embed": "an embedding model", "score": "a reranker (cross-encoder)"}
 
@@ -158,6 +163,7 @@ class Gateway:
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
+        deadline = min(deadline, request.scope.get(DEADLINE_KEY, deadline))
         started = time.perf_counter()
         with self.budget.hold(tokens):
             try:

@@ -47,13 +47,17 @@ class GatewaySettings:
     additional_models: tuple[ServedModel, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
+    # The public gRPC API (embedserve.v1.Embeddings, gateway/grpc_server.py) on this
+    # port of ``host``; None: off, 0: any free port (printed in its banner).
+    grpc_port: int | None = None
     # Bearer key required on the API routes; None turns authentication off.
     api_key: str | None = None
     # Inputs per request. OpenAI allows 2,048; thousands are served here, and
     # beyond this the request is refused with 413 rather than queued for minutes.
     max_inputs: int = 8192
-    # Request bodies above this get 413 before they are parsed. Large enough
-    # for a 10 MB string sent with truncate=true.
+    # Request bodies above this get 413 before they are parsed, and gRPC request
+    # messages above it RESOURCE_EXHAUSTED. Large enough for a 10 MB string sent
+    # with truncate=true.
     max_body_bytes: int = 32 * 1024 * 1024
     # Inputs longer than the model's window, unless a request's ``truncate``
     # says otherwise (``--auto-truncate``, TEI's flag): "refuse" (413),

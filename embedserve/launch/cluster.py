@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
 from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, run_event_loop, stop_on_signals
-from embedserve.gateway.cli import add_long_input_flags, long_input_args
+from embedserve.gateway.cli import add_grpc_port_flag, add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
 from embedserve.launch.commands import models_gateway_command, replica_env
@@ -77,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
     parser.add_argument("--api-key", default=None, help="Bearer key the gateway requires")
+    add_grpc_port_flag(parser)
     add_long_input_flags(parser)
     parser.add_argument("--drain-timeout", type=float, default=GatewaySettings.drain_timeout_s,
                         help="after SIGTERM, seconds the gateway lets admitted requests run "
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("embedserve cluster: --replicas must be at least 1", file=sys.stderr)
         return 2
-    gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args))
+    gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args),
+                    *(("--grpc-port", str(args.grpc_port)) if args.grpc_port is not None else ()))
     specs = model_specs_from_args(args)
     for spec in specs:
         if spec.upstream is not None:

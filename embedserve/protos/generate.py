@@ -20,7 +20,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROTO_ROOT = PACKAGE_DIR.parent.parent / "protos"
-PROTO_FILES = ("embedserve/v1/inference.proto",)
+PROTO_FILES = ("embedserve/v1/inference.proto", "embedserve/v1/embeddings.proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

@@ -125,13 +125,23 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
 async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch,
                          policy: LongInputPolicy, types: list[str], normalize: bool, dimensions: int,
                          route: str, as_base64: bool) -> tuple[dict[str, list], int]:
-    """JSON rows per requested embedding type, and the tokens embedded.
+    """JSON rows per requested embedding type, and the tokens embedded."""
+    types = embedding_types.check_embedding_types(types)
+    arrays, tokens = await embed_types(gateway, request, packed, policy, types, normalize,
+                                       dimensions, route)
+    return {name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)}, tokens
+
+
+async def embed_types(gateway: Gateway, request: Request, packed: RaggedBatch,
+                      policy: LongInputPolicy, types: list[str], normalize: bool, dimensions: int,
+                      route: str) -> tuple[list[np.ndarray], int]:
+    """The vectors [B, w] in each of the checked ``types``, and the tokens embedded (the
+    gRPC API's Embed uses it too: gateway/grpc_api.py).
 
     The replicas quantize after truncation and normalization. Inputs pooled from
     windows are pooled here, so here they are quantized, with the replicas' own
     calibration ranges for the same (dimensions, normalize): the same buckets.
     """
-    types = embedding_types.check_embedding_types(types)
     wanted = embedding_types.precisions(types)
     windows = _split_windows(gateway, packed, policy)
     if windows is not None:
@@ -144,7 +154,7 @@ async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch
     else:
         arrays = await gateway.embed_quantized(request, packed, normalize, dimensions, wanted, route)
         tokens = packed.num_tokens
-    return {name: embedding_types.json_rows(a, as_base64) for name, a in zip(types, arrays)}, tokens
+    return arrays, tokens
 
 
 @router.post("/embed", response_model=list[list[float]] | EmbeddingsByType, tags=["TEI"],

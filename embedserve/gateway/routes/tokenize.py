@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.schemas import TokenInfo, TokenizeRequest
-from embedserve.gateway.pipeline import timed
+from embedserve.gateway.pipeline import Gateway, timed
 
 router = APIRouter()
 
@@ -25,14 +25,21 @@ router = APIRouter()
 async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, None)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    return json_response(await token_rows(gateway, request, texts, body.prompt_name,
+                                          body.add_special_tokens))
+
+
+async def token_rows(gateway: Gateway, request: Request, texts: list[str], prompt_name: str | None,
+                     add_special_tokens: bool) -> list[list[dict]]:
+    """Per text, its tokens as ``TokenInfo`` dicts (the gRPC API's Tokenize uses it too)."""
     gateway.check_count(len(texts), "inputs")
-    prompt = gateway.model.prompt(body.prompt_name, "prompt_name")
+    prompt = gateway.model.prompt(prompt_name, "prompt_name")
     prompted = [prompt + t for t in texts]
     encoded = await timed(request, "tokenize", gateway.preprocessor.encode_texts(
         texts, prompt, truncate=False, direction="right", field="inputs", return_offsets=True,
-        add_special_tokens=body.add_special_tokens, check_length=False))
+        add_special_tokens=add_special_tokens, check_length=False))
     tokenizer = gateway.preprocessor.tokenizer
-    head, tail = gateway.preprocessor.template_sizes if body.add_special_tokens else (0, 0)
+    head, tail = gateway.preprocessor.template_sizes if add_special_tokens else (0, 0)
     ids = encoded.token_ids.tolist()
     offsets = np.asarray(encoded.offsets).tolist()
     cu = np.asarray(encoded.cu_seqlens).tolist()
@@ -47,4 +54,4 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
                            "special": special, "start": None if special else start,
                            "stop": None if special else stop})
         out.append(tokens)
-    return json_response(out)
+    return out

@@ -1,0 +1,339 @@
+"""The public gRPC API's servicer: ``embedserve.v1.Embeddings`` (protos/embedserve/v1/embeddings.proto).
+
+Owns translating its messages into the same calls the HTTP routes make (the
+routes' own steps: ``routes.embed``'s packing, embedding and quantizing,
+``routes.rerank``'s scoring and ranking, ``routes.tokenize``'s token rows, all
+over ``pipeline.Gateway``), and their answers back into messages; the API key,
+admission through the HTTP side's ``Drain`` (so a shutdown drains both
+transports alike), the client's deadline, metrics, and the error statuses
+(``grpc_api_errors``). Serving it (ports, health, reflection) is
+``grpc_server.py``'s.
+
+A call runs with a Starlette ``Request`` of its own making (``_call_request``):
+the pipeline reads a request id, a timing record and a deadline from its scope,
+and watches ``receive`` for a disconnect; here nothing ever arrives on it,
+since grpc.aio cancels the handler itself when the client goes away, which
+cancels the replica calls the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from starlette.requests import Request
+
+from embedserve import __version__, errors
+from embedserve.gateway import embedding_types
+from embedserve.gateway.draining import DRAINING_MESSAGE, Drain
+from embedserve.gateway.grpc_api_errors import (
+    UNAUTHENTICATED,
+    UNEXPECTED,
+    ApiStatus,
+    api_status,
+)
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, server_timing
+from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway
+from embedserve.gateway.routes import embed as embed_route
+from embedserve.gateway.routes import rerank as rerank_route
+from embedserve.gateway.routes.tokenize import token_rows
+from embedserve.gateway.routing import ModelRouter
+from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SERVICE = "embedserve.v1.Embeddings"
+# Stream messages in flight at once per EmbedStream: enough to keep replicas busy
+# while earlier answers are written, few enough that one stream holds bounded memory
+# (and the token budget still applies to each message).
+STREAM_WINDOW = 16
+
+# InputType -> the prompt names it means, the first the model has wins; HTTP's
+# input_type says "query" or "passage", models name their document prompt either way.
+_PROMPTS: dict[int, tuple[str, ...]] = {
+    embeddings_pb2.INPUT_TYPE_QUERY: ("query",),
+    embeddings_pb2.INPUT_TYPE_DOCUMENT: ("passage", "document"),
+}
+_ENCODINGS = {"float": None, "float16": "<f2"}   # others are bytes as quantized
+
+
+class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
+    def __init__(self, router: Callable[[], ModelRouter | None], drain: Drain,
+                 metrics: GatewayMetrics, api_key: str | None, max_inputs: int,
+                 max_message_bytes: int) -> None:
+        """``router``: the app's models, None until its lifespan has started them."""
+        self._router = router
+        self._drain = drain
+        self._metrics = metrics
+        self._api_key = None if api_key is None else f"Bearer {api_key}".encode()
+        self._max_inputs = max_inputs
+        self._max_message_bytes = max_message_bytes
+
+    # -- the methods ---------------------------------------------------------
+
+    async def Embed(self, request: embeddings_pb2.EmbedTextsRequest,
+                    context: grpc.aio.ServicerContext) -> embeddings_pb2.EmbedTextsResponse:
+        return await self._unary("Embed", context, lambda call: self._embed(request, call, "Embed"))
+
+    async def EmbedStream(self, requests: AsyncIterator[embeddings_pb2.EmbedTextsRequest],
+                          context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[embeddings_pb2.EmbedStreamResponse]:
+        if not self._authorized(context):
+            await self._abort(context, UNAUTHENTICATED, "EmbedStream", time.perf_counter())
+        # Each message is started as it arrives (about STREAM_WINDOW ahead of the answer
+        # being written) and answered in arrival order; the reader stops taking messages
+        # while the window is full, so gRPC's flow control holds the client back.
+        window: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(STREAM_WINDOW)
+        stream_id = _request_id(context)
+
+        async def read() -> None:
+            index = 0
+            try:
+                async for message in requests:
+                    await window.put(asyncio.ensure_future(
+                        self._stream_message(index, message, context, f"{stream_id}-{index}")))
+                    index += 1
+            except Exception:
+                # The request stream broke: the messages started are answered, then the
+                # call fails. (Not on cancellation: nobody would take the end mark.)
+                await window.put(None)
+                raise
+            await window.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await window.get()) is not None:
+                yield await answer
+            await reader   # a broken request stream fails the call here
+        finally:
+            reader.cancel()
+            while not window.empty():
+                pending = window.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+
+    async def Rerank(self, request: embeddings_pb2.RerankRequest,
+                     context: grpc.aio.ServicerContext) -> embeddings_pb2.RerankResponse:
+        return await self._unary("Rerank", context, lambda call: self._rerank(request, call))
+
+    async def Tokenize(self, request: embeddings_pb2.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> embeddings_pb2.TokenizeResponse:
+        return await self._unary("Tokenize", context, lambda call: self._tokenize(request, call))
+
+    async def Info(self, request: embeddings_pb2.ServiceInfoRequest,
+                   context: grpc.aio.ServicerContext) -> embeddings_pb2.ServiceInfoResponse:
+        return await self._unary("Info", context, lambda call: self._info())
+
+    # -- what each does ------------------------------------------------------
+
+    async def _embed(self, message: embeddings_pb2.EmbedTextsRequest, call: Request,
+                     method: str) -> embeddings_pb2.EmbedTextsResponse:
+        route = _route(method)
+        gateway, model = self._models().route(message.model or None, "embed")
+        dimensions = gateway.check_dimensions(
+            message.dimensions if message.HasField("dimensions") else None)
+        policy = gateway.preprocessor.long_input_policy(
+            message.truncate or None, None,
+            message.chunk_overlap if message.HasField("chunk_overlap") else None)
+        types = embedding_types.check_embedding_types(list(message.embedding_types)) \
+            if message.embedding_types else ["float"]
+        normalize = message.normalize if message.HasField("normalize") else gateway.model.normalize
+        prompt_name = _prompt_name(gateway, message.input_type)
+        packed = await embed_route._pack(gateway, call, list(message.inputs), "inputs", prompt_name,
+                                         policy)
+        if message.embedding_types:
+            arrays, tokens = await embed_route.embed_types(gateway, call, packed, policy, types,
+                                                           normalize, dimensions, route)
+        else:   # plain float vectors: HTTP's path without embedding_types
+            vectors, tokens = await embed_route._embed(gateway, call, packed, policy, normalize,
+                                                       dimensions, route)
+            arrays = [vectors]
+        return embeddings_pb2.EmbedTextsResponse(
+            embeddings=_embeddings(types, arrays), model=model,
+            usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+    async def _rerank(self, message: embeddings_pb2.RerankRequest,
+                      call: Request) -> embeddings_pb2.RerankResponse:
+        gateway, model = self._models().route(message.model or None, "score")
+        if message.HasField("top_n") and message.top_n < 1:
+            raise errors.InvalidInput(f"top_n must be at least 1, got {message.top_n}", field="top_n")
+        documents = list(message.documents)
+        scores, tokens = await rerank_route._scores(
+            gateway, call, message.query, documents, "documents", message.truncate, "right",
+            not message.raw_scores, _route("Rerank"))
+        order = rerank_route._ranked(scores)
+        if message.HasField("top_n"):
+            order = order[:message.top_n]
+        return embeddings_pb2.RerankResponse(
+            results=[embeddings_pb2.RankedDocument(
+                index=i, score=float(scores[i]),
+                document=documents[i] if message.return_documents else "") for i in order],
+            model=model, usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+    async def _tokenize(self, message: embeddings_pb2.TokenizeRequest,
+                        call: Request) -> embeddings_pb2.TokenizeResponse:
+        gateway, _ = self._models().route(message.model or None, None)
+        add_special = message.add_special_tokens if message.HasField("add_special_tokens") else True
+        rows = await token_rows(gateway, call, list(message.inputs), message.prompt_name or None,
+                                add_special)
+        return embeddings_pb2.TokenizeResponse(inputs=[
+            embeddings_pb2.TokenizedInput(tokens=[embeddings_pb2.Token(**token) for token in row])
+            for row in rows])
+
+    async def _info(self) -> embeddings_pb2.ServiceInfoResponse:
+        models = [embeddings_pb2.ServedModelInfo(
+            name=g.model_id, aliases=g.served_names[1:], task=g.task, dimension=g.model.dimension,
+            max_input_tokens=g.model.max_positions, normalize=g.model.normalize,
+            prompts=sorted(g.model.prompts)) for g in self._models().gateways]
+        return embeddings_pb2.ServiceInfoResponse(
+            models=models, version=__version__,
+            embedding_types=list(embedding_types.EMBEDDING_TYPES),
+            max_inputs=self._max_inputs, max_message_bytes=self._max_message_bytes)
+
+    # -- what every call shares ----------------------------------------------
+
+    def _models(self) -> ModelRouter:
+        router = self._router()
+        if router is None:
+            raise errors.Unavailable("the gateway is starting; retry shortly")
+        return router
+
+    def _authorized(self, context: grpc.aio.ServicerContext) -> bool:
+        if self._api_key is None:
+            return True
+        given = next((value for key, value in context.invocation_metadata() or ()
+                      if key == "authorization"), "")
+        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
+        # Constant time, as the HTTP side compares its key.
+        return hmac.compare_digest(given_bytes, self._api_key)
+
+    async def _unary(self, method: str, context: grpc.aio.ServicerContext,
+                     work: Callable[[Request], Awaitable[T]]) -> T:
+        """Run one unary call's ``work`` admitted, under its deadline, counted; abort on error."""
+        started = time.perf_counter()
+        if not self._authorized(context):
+            await self._abort(context, UNAUTHENTICATED, method, started)
+        try:
+            call = _call_request(method, _request_id(context), context.time_remaining())
+            with self._admitted():
+                answer = await work(call)
+        except errors.EmbedServeError as exc:
+            await self._abort(context, api_status(exc), method, started)
+        except asyncio.CancelledError:   # the client left or its deadline passed
+            self._metrics.count_request(_route(method), grpc.StatusCode.CANCELLED.name,
+                                        time.perf_counter() - started)
+            raise
+        except Exception:
+            log.exception("unhandled error in %s", _route(method))
+            await self._abort(context, UNEXPECTED, method, started)
+        context.set_trailing_metadata((("x-request-id", call.scope[REQUEST_ID_KEY]),
+                                       ("server-timing", server_timing(call.scope[TIMING_KEY]))))
+        self._metrics.count_request(_route(method), grpc.StatusCode.OK.name,
+                                    time.perf_counter() - started)
+        return answer
+
+    async def _stream_message(self, index: int, message: embeddings_pb2.EmbedTextsRequest,
+                              context: grpc.aio.ServicerContext,
+                              request_id: str) -> embeddings_pb2.EmbedStreamResponse:
+        """One stream message's answer: its embeddings, or its error (the stream goes on)."""
+        started = time.perf_counter()
+        status: ApiStatus | None = None
+        try:
+            call = _call_request("EmbedStream", request_id, context.time_remaining())
+            with self._admitted():
+                answer = await self._embed(message, call, "EmbedStream")
+        except errors.EmbedServeError as exc:
+            status = api_status(exc)
+        except Exception:
+            log.exception("unhandled error in %s", _route("EmbedStream"))
+            status = UNEXPECTED
+        code = grpc.StatusCode.OK if status is None else status.code
+        self._metrics.count_request(_route("EmbedStream"), code.name, time.perf_counter() - started)
+        if status is None:
+            return embeddings_pb2.EmbedStreamResponse(index=index, response=answer)
+        return embeddings_pb2.EmbedStreamResponse(index=index, error=embeddings_pb2.StreamError(
+            code=status.code.value[0], message=status.message, field=status.field or "",
+            reason=status.reason, retry_after_s=status.retry_after_s or 0.0))
+
+    def _admitted(self):
+        """The drain's admission, as HTTP requests are admitted (refused once draining)."""
+        if self._drain.draining:
+            raise errors.Unavailable(DRAINING_MESSAGE)
+        return self._drain.admitted_request()
+
+    async def _abort(self, context: grpc.aio.ServicerContext, status: ApiStatus, method: str,
+                     started: float) -> None:
+        self._metrics.count_request(_route(method), status.code.name, time.perf_counter() - started)
+        await context.abort(status.code, status.message, status.trailing_metadata())
+
+
+def _route(method: str) -> str:
+    """The metrics' route label of a method: its gRPC path, e.g. /embedserve.v1.Embeddings/Embed."""
+    return f"/{SERVICE}/{method}"
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The client's ``x-request-id`` when it is short and printable (it goes into logs), else new."""
+    given = next((value for key, value in context.invocation_metadata() or ()
+                  if key == "x-request-id"), "")
+    if isinstance(given, str) and 0 < len(given) <= 128 and all(33 <= ord(c) < 127 for c in given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _call_request(method: str, request_id: str, time_remaining: float | None) -> Request:
+    """The Request the pipeline reads: request id, timings, and the client's deadline."""
+    if time_remaining is not None and time_remaining <= 0:
+        raise errors.DeadlineExceeded("the call's deadline passed before it was served")
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": _route(method), "headers": [],
+             REQUEST_ID_KEY: request_id, TIMING_KEY: {}}
+    if time_remaining is not None:
+        scope[DEADLINE_KEY] = time.monotonic() + time_remaining
+    return Request(scope, _never_disconnects)
+
+
+async def _never_disconnects() -> dict:
+    """A gRPC client's leaving cancels the handler itself; nothing arrives here."""
+    await asyncio.get_running_loop().create_future()
+    raise AssertionError("unreachable")
+
+
+def _prompt_name(gateway: Gateway, input_type: int) -> str | None:
+    """The model's prompt name for ``input_type``; InvalidInput naming input_type when it has none."""
+    if input_type == embeddings_pb2.INPUT_TYPE_UNSPECIFIED:
+        return None
+    names = _PROMPTS.get(input_type)
+    if names is None:
+        raise errors.InvalidInput(f"input_type: unknown value {input_type}", field="input_type")
+    prompts = gateway.model.prompts
+    for name in names:
+        if name in prompts:
+            return name
+    known = ", ".join(sorted(prompts)) or "none"
+    raise errors.InvalidInput(f"input_type: the model `{gateway.model_id}` has no {names[0]!r} "
+                              f"prompt (its prompts: {known})", field="input_type")
+
+
+def _embeddings(types: Sequence[str], arrays: Sequence[np.ndarray]) -> list[embeddings_pb2.Embedding]:
+    """Row i of each type's array [B, w] -> Embedding i's field of that type's name."""
+    rows = len(arrays[0])
+    fields: list[dict] = [{} for _ in range(rows)]
+    for name, array in zip(types, arrays):
+        encoding = _ENCODINGS.get(name, "")
+        if encoding is None:   # float: a packed repeated float
+            values = np.asarray(array, dtype=np.float32).tolist()
+        else:
+            dtype = array.dtype.newbyteorder("<") if encoding == "" else np.dtype(encoding)
+            values = [row.tobytes() for row in np.ascontiguousarray(array, dtype=dtype)]
+        for i in range(rows):
+            fields[i][name] = values[i]
+    return [embeddings_pb2.Embedding(**f) for f in fields]
