@@ -20,10 +20,11 @@ import logging
 import tempfile
 from pathlib import Path
 
-from embedserve.defaults.model_args import ModelSpec, model_specs_from_args
-from embedserve.entrypoint import configure_logging, run_event_loop, stop_on_signals
+from embedserve.defaults.model_args import ModelSpec, default_cache_dir, model_specs_from_args
+from embedserve.entrypoint import StartupError, configure_logging, run_event_loop, stop_on_signals
 from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http, served_models
 from embedserve.launch.commands import replica_env
+from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import add_engine_flags, cuda_flags, engine_flags
@@ -52,14 +53,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.replicas < 1:
-        raise SystemExit("--replicas must be at least 1")
+        raise StartupError(f"--replicas {args.replicas}: must be at least 1",
+                           "start one replica or more (--replicas 1)")
+    if args.calibration:   # the replicas write int8/uint8 calibration ranges there
+        check_cache_dir(args.cache_dir or default_cache_dir())
     specs = model_specs_from_args(args)
     for spec in specs:
         if spec.upstream is not None:
-            raise SystemExit(f"--model {spec.format()}: serve starts each model's replicas itself; "
-                             "upstream= is for embedserve gateway")
-    # Names are checked before any replica starts.
+            raise StartupError(f"--model {spec.format()}: serve starts each model's replicas "
+                               "itself", "drop :upstream= (it is for embedserve gateway)")
+    # Everything that can be known without a replica is checked before any starts.
     served_models(args, specs, [()] * len(specs))
+    for spec in specs:
+        assert spec.path is not None
+        check_model_dir(spec.path)
+    check_port_free(args.host, args.port)
     return run_event_loop(_serve_stack(args, specs))
 
 
@@ -94,10 +102,11 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
                 return 0
             models = served_models(args, specs, [s.addresses for s in group.supervisors])
             settings = gateway_settings(args, models, read_token_file(token_file))
-            return await serve_http(settings, stop)
+            status = await serve_http(settings, stop)
+            log.info("stopped")
+            return status
         finally:
             await group.stop()
-            log.info("stopped")
 
 
 def _label(spec: ModelSpec, model_count: int) -> str:

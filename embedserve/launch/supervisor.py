@@ -108,8 +108,10 @@ class ReplicaSupervisor:
                 if self._stopping:
                     return
                 replica.restarts += 1
-                log.warning("replica %s (pid %d) exited with %s; restarting on port %d",
-                            self._label(replica), replica.process.pid, code, replica.port)
+                error = await replica.process.error_after_exit()
+                log.warning("replica %s (pid %d) exited with %s%s; restarting on port %d",
+                            self._label(replica), replica.process.pid, code,
+                            f" ({error})" if error else "", replica.port)
                 await asyncio.sleep(min(5.0, 0.5 * replica.restarts))
                 try:
                     await self._spawn(replica)
