@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from embedserve.exit_errors import OneLineParser, run_reporting
+from embedserve.help_sections import order_help
 from embedserve.launch.processes import die_with_parent
 
 # Modules that contribute subcommands, in the order they appear in --help.
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         # leaves the global flag's value alone.
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help=_DEBUG_HELP)
+        order_help(command)
     return parser
 
 
