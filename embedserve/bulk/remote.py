@@ -42,21 +42,14 @@ class RemoteEmbedder:
     """prepare (tokenize locally) / compute (POST the texts) for ``run.run_job``."""
 
     def __init__(self, url: str, model_dir: Path, options: EmbedOptions, api_key: str | None = None,
-                 timeout_s: float = 300.0) -> None:
-        import httpx
-
+                 timeout_s: float = 300.0, served_model: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.options = options
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout_s
+        self.served_model = served_model
         self.info = read_model_info(Path(model_dir))
-        with httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout_s) as client:
-            reply = client.get("/info")
-        if reply.status_code != 200:
-            raise Unavailable(f"{self.url}/info answered {reply.status_code}: {reply.text[:200]}")
-        server = reply.json()
-        if server.get("model_type") != "embedding":
-            raise InvalidInput(f"{self.url} serves a {server.get('model_type')} model, not an embedding model")
+        server = self._served_info()
         if server["dimension"] != self.info.dimension:
             raise InvalidInput(f"{self.url} serves {server['dimension']}-dimensional vectors; the local "
                                f"model {model_dir} makes {self.info.dimension}: pass the served model as --model")
@@ -73,11 +66,40 @@ class RemoteEmbedder:
             check_overlap(self.tokenizer, self.limit, options.chunk_overlap)
         self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
 
+    def _served_info(self) -> dict[str, Any]:
+        """The gateway's /info for the model this job embeds with: ``served_model``, or the
+        only model it serves. InvalidInput listing the served models when one must be picked."""
+        import httpx
+
+        params = {"model": self.served_model} if self.served_model else {}
+        with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
+            reply = client.get("/info", params=params)
+            if reply.status_code == 404 and self.served_model:
+                raise InvalidInput(f"{self.url} serves no model named {self.served_model!r}; "
+                                   f"pick one of {_served_models(client.get('/info').json())} "
+                                   "with --served-model", field="served_model")
+        if reply.status_code == 401:
+            raise InvalidInput(f"{self.url} refused the API key ({reply.status_code}); pass the "
+                               "gateway's key as --api-key or EMBEDSERVE_API_KEY", field="api_key")
+        if reply.status_code != 200:
+            raise Unavailable(f"{self.url}/info answered {reply.status_code}: {reply.text[:200]}")
+        server = reply.json()
+        if "models" in server:   # several models and none picked
+            raise InvalidInput(f"{self.url} serves several models: {_served_models(server)}; pick "
+                               "the embedding model with --served-model NAME", field="served_model")
+        if server.get("model_type") != "embedding":
+            raise InvalidInput(f"{self.url} serves {server.get('model_id')!r}, a "
+                               f"{server.get('model_type')} model, not an embedding model; pick an "
+                               "embedding model with --served-model NAME", field="served_model")
+        return server
+
     def _ranges(self) -> np.ndarray:
         """int8/uint8: the gateway's calibration ranges, so local bucketing equals the server's."""
         import httpx
 
-        params = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        params: dict[str, Any] = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        if self.served_model:
+            params["model"] = self.served_model
         with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
             reply = client.get("/v1/quantization/ranges", params=params)
         if reply.status_code != 200:
@@ -129,6 +151,8 @@ class RemoteEmbedder:
         import httpx
 
         body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
+        if self.served_model:
+            body["model"] = self.served_model
         if self.options.long_inputs == "chunk":
             body["truncate"] = "chunk"
             body["chunk_overlap"] = self.options.chunk_overlap
@@ -163,6 +187,12 @@ class RemoteEmbedder:
         if len(data) != count:
             raise InvalidInput(f"the gateway answered {len(data)} vectors for {count} inputs")
         return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
+
+
+def _served_models(info: dict[str, Any]) -> str:
+    """``NAME (embedding), NAME (reranker)``: each model an /info answer lists, by its first name."""
+    answers = info.get("models", [info])
+    return ", ".join(f"{a['model_id']} ({a['model_type']})" for a in answers)
 
 
 def _retry_after(value: str | None) -> float | None:
