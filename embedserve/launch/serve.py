@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from embedserve.defaults.model_args import ModelSpec, default_cache_dir, model_specs_from_args
@@ -88,6 +89,8 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine,
                           args.calibration), *cuda_flags(args),
              "--replica-token-file", str(token_file),
+             # each replica's Prometheus endpoint, merged into the gateway's /metrics
+             "--metrics-port", "0",
              # where replicas keep the int8/uint8 calibration
              *(("--cache-dir", str(args.cache_dir)) if args.cache_dir else ()))
     group = SupervisorGroup([
@@ -101,7 +104,9 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
             if not await first_or_stop(asyncio.ensure_future(group.start()), stop):
                 return 0
             models = served_models(args, specs, [s.addresses for s in group.supervisors])
-            settings = gateway_settings(args, models, read_token_file(token_file))
+            settings = replace(gateway_settings(args, models, read_token_file(token_file)),
+                               replica_metrics_urls=tuple(url for s in group.supervisors
+                                                          for url in s.metrics_urls))
             status = await serve_http(settings, stop)
             log.info("stopped")
             return status
