@@ -46,7 +46,8 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="embedserve", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="embedserve", description="Serve embedding and reranking models, "
+                           "and embed corpora in bulk. docs/cli.md: commands, errors, exit codes.")
     parser.add_argument("--version", action="version", version=version())
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -33,7 +33,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CUDA only (ignored on CPU)", (
         "--cuda-graphs", "--cuda-attention", "--max-graphs", "--graph-memory",
         "--capture-at-start")),
-    ("internals (between the gateway and its replicas; logs)", (
+    ("internals and debugging", (
         "--replica-transport", "--replica-calls", "--replica-ping", "--chunk-sequences",
         "--chunk-tokens", "--unix-socket", "--frame-port", "--metrics-port",
         "--replica-token-file", "--log-level", "--debug")),

@@ -40,7 +40,7 @@ def test_help_lists_sections_in_order_and_every_flag_once(name: str) -> None:
     assert sorted(flag for _, flag in flags) == declared
     sections = [s for s, _ in flags if s in ORDER]
     assert sections == sorted(sections, key=ORDER.index)
-    section_of = dict((flag, section) for section, flag in flags)
+    section_of = {flag: section for section, flag in flags}
     assert section_of["--model"] == ORDER[0]
     for flag in ("--cuda-graphs", "--cuda-attention", "--capture-at-start"):
         if flag in section_of:

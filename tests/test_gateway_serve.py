@@ -193,7 +193,7 @@ def test_serve_over_tcp_when_asked(tiny_bert_dir):
                    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
                    if line and not line.startswith("#")}
         label = f'replica="{address}"'
-        assert metrics['embedserve_gateway_replicas{model="%s"}' % tiny_bert_dir.name] == 1
+        assert metrics[f'embedserve_gateway_replicas{{model="{tiny_bert_dir.name}"}}'] == 1
         steps = [v for k, v in metrics.items() if k.startswith("embedserve_engine_steps") and label in k]
         assert steps and steps[0] >= 1, sorted(metrics)
         batches = [v for k, v in metrics.items()

@@ -118,12 +118,13 @@ def nothing_embedded(totals: Totals, spec: InputSpec, paths: JobPaths) -> tuple[
     reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(totals.skipped.items()))
     if all(reason.startswith(MISSING) for reason in totals.skipped):   # "missing field 'text'"
         seen = field_names(spec)
-        return (f"none of the {skipped} rows has the field {spec.text_field!r} (the rows' "
-                f"fields: {', '.join(seen) or 'none'}); name the text's field with --text-field",
-                2)
+        message = (f"none of the {skipped} rows has the field {spec.text_field!r} (the rows' "
+                   f"fields: {', '.join(seen) or 'none'}); name the text's field with --text-field")
+        return message, 2
     if set(totals.skipped) == {TOO_LONG}:
-        return (f"every row is longer than the model takes ({skipped} rows); pass --long-inputs "
-                "truncate or chunk to embed them", 2)
+        message = (f"every row is longer than the model takes ({skipped} rows); pass --long-inputs "
+                   "truncate or chunk to embed them")
+        return message, 2
     return (f"no row could be embedded ({reasons}); each row's reason is in {paths.errors}", 1)
 
 
