@@ -73,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary is still printed)")
     p.add_argument("--url", default=None,
                    help="send the job through a running gateway (http://host:port) instead of "
-                        "loading the model here")
+                        "loading the model here; without --model the gateway also counts the "
+                        "tokens (/tokenize) and no model is needed here")
     p.add_argument("--served-model", default=None, metavar="NAME",
                    help="--url: which of the gateway's models embeds (a name GET /v1/models lists; "
                         "needed when it serves several; default: its only model)")
@@ -155,8 +156,10 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
     from embedserve.bulk.job import job_parameters, model_fingerprint
     from embedserve.bulk.run import refuse_before_loading, run_job
 
-    model_dir = model_dir_from_args(args)
-    model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
+    # --url without --model: the gateway tokenizes, no model is needed (or built) here.
+    model_dir = None if args.url and args.model is None else model_dir_from_args(args)
+    model = (f"{args.url}#{args.served_model or ''}" if model_dir is None
+             else f"{model_dir.resolve()}@{model_fingerprint(model_dir)}")
     refuse_before_loading(spec, paths, args.overwrite,
                           job_parameters(spec, model, options, args.part_size, output_format, engine={}))
     if args.ray:
@@ -166,6 +169,7 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
         engine = {"device": args.device, "dtype": args.dtype,
                   "dtype_probe_min_cosine": args.dtype_probe_min_cosine}
         job = job_parameters(spec, model, options, args.part_size, output_format, engine)
+        assert model_dir is not None
         totals = run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
                             actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
                             device=args.device, dtype=args.dtype,
@@ -179,6 +183,8 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
         embedder = RemoteEmbedder(args.url, model_dir, options, served_model=args.served_model,
                                   api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None)
         engine = {"url": args.url, **({"served_model": args.served_model} if args.served_model else {})}
+        if model_dir is None:   # the job is the gateway's model: resuming against another is refused
+            engine["model_id"] = embedder.model_id
     else:
         from embedserve.local.embedder import LocalEmbedder
 

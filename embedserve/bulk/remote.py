@@ -5,8 +5,9 @@ Owns the HTTP side of a bulk job: requests sized to the gateway's limits
 retries of 429 and 503 after the server's ``Retry-After`` (else exponential
 backoff). The vectors come back as base64 float32 from ``/v1/embeddings``.
 Token counts, truncation flags, the refuse decision and the windows of
-``chunk`` come from the local tokenizer of ``--model`` (the default model
-when absent); the gateway cuts and pools the same windows itself (asked with
+``chunk`` come from the local tokenizer of ``--model``, or without one from
+the gateway's own ``/tokenize`` (``gateway_tokenizer.py``); the gateway
+cuts and pools the same windows itself (asked with
 ``"truncate": "chunk"``). Every answer's ``usage`` is checked against the
 local counts, so a gateway serving another model is an error, not silently
 different numbers.
@@ -27,7 +28,8 @@ from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
-from embedserve.model.info import read_model_info
+from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
+from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
@@ -41,15 +43,28 @@ RETRY_STATUSES = (429, 502, 503, 504)
 class RemoteEmbedder:
     """prepare (tokenize locally) / compute (POST the texts) for ``run.run_job``."""
 
-    def __init__(self, url: str, model_dir: Path, options: EmbedOptions, api_key: str | None = None,
+    def __init__(self, url: str, model_dir: Path | None, options: EmbedOptions, api_key: str | None = None,
                  timeout_s: float = 300.0, served_model: str | None = None) -> None:
+        """``model_dir``: the served model's directory, whose tokenizer counts tokens here;
+        None: the gateway's ``/tokenize`` counts them (no model on this machine)."""
         self.url = url.rstrip("/")
         self.options = options
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout_s
         self.served_model = served_model
-        self.info = read_model_info(Path(model_dir))
         server = self._served_info()
+        self.model_id = str(server["model_id"])
+        if model_dir is None:
+            # What the job needs of the model, as the gateway describes it.
+            self.info = ModelInfo(model_id=self.model_id, architecture=str(server.get("architecture")),
+                                  vocab_size=0, pooling=str(server.get("pooling")),
+                                  task="embed", dimension=int(server["dimension"]),
+                                  max_positions=int(server["max_input_length"]),
+                                  normalize=bool(server["normalize"]),
+                                  prompts=dict(server.get("prompts") or {}),
+                                  default_prompt_name=server.get("default_prompt_name"))
+        else:
+            self.info = read_model_info(Path(model_dir))
         if server["dimension"] != self.info.dimension:
             raise InvalidInput(f"{self.url} serves {server['dimension']}-dimensional vectors; the local "
                                f"model {model_dir} makes {self.info.dimension}: pass the served model as --model")
@@ -61,7 +76,18 @@ class RemoteEmbedder:
         self.dimension = options.dimensions or self.info.dimension
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
-        self.tokenizer = load_tokenizer(model_dir)
+        if model_dir is None:
+            import httpx
+
+            self._tokenize_client = httpx.Client(base_url=self.url, headers=self._headers,
+                                                 timeout=timeout_s)
+            # The gateway adds the prompt itself (prompt_name), as /v1/embeddings does.
+            self.tokenizer = GatewayTokenizer(self._tokenize_client, options.input_type,
+                                              served_model)
+            self.prompt = ""
+        else:
+            self._tokenize_client = None
+            self.tokenizer = load_tokenizer(model_dir)
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, self.limit, options.chunk_overlap)
         self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
@@ -108,7 +134,8 @@ class RemoteEmbedder:
         return np.asarray(reply.json()["ranges"], dtype=np.float32)
 
     def close(self) -> None:
-        pass
+        if self._tokenize_client is not None:
+            self._tokenize_client.close()
 
     def prepare(self, texts: list[str]) -> tuple[list[str], EncodedTexts]:
         return texts, encode_texts(self.tokenizer, texts, self.prompt, self.limit, self.options.long_inputs,
