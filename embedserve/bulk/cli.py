@@ -160,8 +160,10 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
     model_dir = None if args.url and args.model is None else model_dir_from_args(args)
     model = (f"{args.url}#{args.served_model or ''}" if model_dir is None
              else f"{model_dir.resolve()}@{model_fingerprint(model_dir)}")
-    refuse_before_loading(spec, paths, args.overwrite,
-                          job_parameters(spec, model, options, args.part_size, output_format, engine={}))
+    asked = job_parameters(spec, model, options, args.part_size, output_format, engine={})
+    if args.ray:
+        asked["ray"] = True   # as run_on_ray records it: a Ray job resumes only on Ray
+    refuse_before_loading(spec, paths, args.overwrite, asked)
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 
