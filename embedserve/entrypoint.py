@@ -34,6 +34,29 @@ GATEWAY_LISTENING = re.compile(r"embedserve gateway listening on (http://\S+:\d+
 # before the HTTP line. Group 1: the address a gRPC channel is opened with.
 GATEWAY_GRPC_LISTENING = re.compile(r"embedserve gateway gRPC API listening on (\S+:\d+)")
 
+# ``embedserve: error: CAUSE; WHAT TO DO``: the one line on stderr of a command that
+# failed (exit status 2 for what the user can fix). Group 1: the cause and the fix.
+ERROR_PREFIX = "embedserve: error: "
+ERROR_LINE = re.compile(r"^embedserve: error: (.*)$")
+
+
+class StartupError(Exception):
+    """A failure the user can fix before anything serves: what went wrong and what to do.
+
+    The entry point prints it as one ``error_line`` and exits 2; raised by
+    launchers and entry-point helpers (flags, files, ports), never by a transport.
+    """
+
+    def __init__(self, cause: str, fix: str = "") -> None:
+        super().__init__(f"{cause}; {fix}" if fix else cause)
+        self.cause = cause
+        self.fix = fix
+
+
+def error_line(message: str) -> str:
+    """``message`` as the one line a failed command prints (newlines folded: one line)."""
+    return ERROR_PREFIX + " ".join(message.split())
+
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run a server process's ``main`` to completion on a uvloop event loop.

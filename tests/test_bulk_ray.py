@@ -67,6 +67,33 @@ def test_ray_job_writes_the_single_process_bytes(tmp_path, tiny_bert_dir, local_
     np.testing.assert_allclose(got, single[:64], rtol=0, atol=1e-6)
 
 
+def test_an_interrupted_ray_job_resumes_from_its_manifest(tmp_path, tiny_bert_dir, local_ray,
+                                                          monkeypatch, capsys):
+    from embedserve.bulk import ray_job
+
+    source = write_jsonl(tmp_path / "in.jsonl", documents(200))
+    common = ["--model", str(tiny_bert_dir), "--part-size", "64", "--no-progress"]
+    assert main(["embed", str(source), "-o", str(tmp_path / "single.parquet"), *common]) == 0
+    written = []
+    real_write_part = ray_job.write_part
+
+    def write_two_then_fail(paths, index, *rest):
+        if len(written) == 2:
+            raise RuntimeError("interrupted")
+        written.append(index)
+        real_write_part(paths, index, *rest)
+
+    monkeypatch.setattr(ray_job, "write_part", write_two_then_fail)
+    ray_command = ["embed", str(source), "-o", str(tmp_path / "ray.parquet"), "--ray", "local", *common]
+    assert main(ray_command) == 1 and written == [0, 1]
+    monkeypatch.setattr(ray_job, "write_part", real_write_part)
+    capsys.readouterr()
+    assert main(ray_command) == 0
+    summary = capsys.readouterr().err
+    assert "embedded 200 documents" in summary and "128 rows were already done" in summary
+    assert (tmp_path / "ray.parquet").read_bytes() == (tmp_path / "single.parquet").read_bytes()
+
+
 def test_ray_job_chunks_long_documents_like_the_single_process_run(tmp_path, tiny_bert_dir, local_ray):
     texts = documents(40)
     for i in (3, 17, 30):   # thousands of tokens: several windows of the model's 512

@@ -43,6 +43,31 @@ def test_url_gives_the_in_process_vectors(tmp_path, default_model_dir, gateway_u
         (tmp_path / "local.parquet.errors.jsonl").read_text()
 
 
+def test_url_without_a_model_here_counts_tokens_on_the_gateway(tmp_path, default_model_dir, gateway_url,
+                                                               monkeypatch):
+    # No --model and an empty model cache: nothing is built or read here; /tokenize gives
+    # the ids, and the output (tokens, truncation, chunking, errors) is the local run's.
+    monkeypatch.setenv("EMBEDSERVE_CACHE_DIR", str(tmp_path / "no-models-here"))
+    texts = documents(40)
+    texts[3] = ""
+    texts[9] = " ".join(documents(60))           # too long: refused, then cut, then chunked
+    source = write_jsonl(tmp_path / "in.jsonl", texts)
+    for policy in ("refuse", "truncate", "chunk"):
+        common = ("--part-size", 16, "--input-type", "query", "--long-inputs", policy)
+        assert embed(source, "-o", tmp_path / f"local-{policy}.parquet", "--model", default_model_dir,
+                     *common) == 0
+        assert embed(source, "-o", tmp_path / f"remote-{policy}.parquet", "--url", gateway_url, *common) == 0
+        local_ids, local, local_table = read_output(tmp_path / f"local-{policy}.parquet")
+        remote_ids, remote, remote_table = read_output(tmp_path / f"remote-{policy}.parquet")
+        assert remote_ids == local_ids
+        assert cosines(local, remote).min() >= 0.99999
+        for column in ("tokens", "truncated", "chunked"):
+            assert remote_table.column(column).equals(local_table.column(column)), (policy, column)
+        assert (tmp_path / f"remote-{policy}.parquet.errors.jsonl").read_text() == \
+            (tmp_path / f"local-{policy}.parquet.errors.jsonl").read_text()
+    assert not (tmp_path / "no-models-here").exists()
+
+
 def test_url_with_another_local_model_is_refused(tmp_path, tiny_bert_dir, gateway_url, capsys):
     source = write_jsonl(tmp_path / "in.jsonl", documents(3))
     assert embed(source, "-o", tmp_path / "x.parquet", "--url", gateway_url, "--model", tiny_bert_dir) == 2

@@ -290,9 +290,22 @@ def test_refuse_is_openai_shaped_413(refusing, reference, long_model_dir) -> Non
         ("invalid_request_error", "input_too_long", "input[1]")
     assert f"at most {MAX_POSITIONS}" in error["message"]
     assert explicit.status_code == 413 and explicit.json()["error"]["param"] == "inputs[0]"
+    # Each says how to be served instead: the request's field and the server's flag.
+    for message in (error["message"], explicit.json()["error"]["message"]):
+        assert '"truncate" to true' in message and "--auto-truncate" in message, message
     with pytest.raises(openai.APIStatusError) as raised:
         openai_client(refusing).embeddings.create(model=long_model_dir.name, input=text)
     assert raised.value.status_code == 413
+
+
+def test_too_many_inputs_is_a_413_naming_the_flag(refusing) -> None:
+    limit = refusing.settings.max_inputs
+    with refusing.client() as http:
+        reply = http.post("/embed", json={"inputs": ["a"] * (limit + 1)})
+    assert reply.status_code == 413, reply.text
+    assert reply.json()["error"]["param"] == "inputs"
+    assert f"at most {limit}" in reply.json()["error"]["message"]
+    assert "--max-inputs" in reply.json()["error"]["message"]
 
 
 def test_truncate_right_equals_sentence_transformers(refusing, reference, long_model_dir) -> None:

@@ -120,9 +120,10 @@ def test_serve_runs_restarts_and_stops_cleanly(default_model_dir):
         sockets = [Path(a[len("unix:"):]) for a in addresses]
         assert all(s.is_socket() for s in sockets) and len(set(sockets)) == 2
         assert stat.S_IMODE(sockets[0].parent.parent.stat().st_mode) == 0o700
-        # Called over the Unix socket's frames, a replica listens on TCP for gRPC alone
-        # (probes, reflection): no frame port nobody calls.
-        assert len(tcp_listening_ports(replicas[0])) == 1
+        # Called over the Unix socket's frames, a replica listens on TCP for gRPC (probes,
+        # reflection) and its Prometheus endpoint (merged into the gateway's /metrics)
+        # alone: no frame port nobody calls.
+        assert len(tcp_listening_ports(replicas[0])) == 2
         address = addresses[0]
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
@@ -187,3 +188,14 @@ def test_serve_over_tcp_when_asked(tiny_bert_dir):
         reply = httpx.post(url + "/v1/embeddings", json={"input": "over tcp"}, timeout=60)
         assert reply.status_code == 200
         assert abs(np.linalg.norm(reply.json()["data"][0]["embedding"]) - 1) < 1e-5
+        # The replica's scheduler and engine metrics, merged into the gateway's, by replica.
+        metrics = {line.split()[0]: float(line.split()[-1])
+                   for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+                   if line and not line.startswith("#")}
+        label = f'replica="{address}"'
+        assert metrics[f'embedserve_gateway_replicas{{model="{tiny_bert_dir.name}"}}'] == 1
+        steps = [v for k, v in metrics.items() if k.startswith("embedserve_engine_steps") and label in k]
+        assert steps and steps[0] >= 1, sorted(metrics)
+        batches = [v for k, v in metrics.items()
+                   if k.startswith("embedserve_scheduler_batch_sequences_count") and label in k]
+        assert batches and batches[0] >= 1, sorted(metrics)

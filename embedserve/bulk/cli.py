@@ -10,11 +10,19 @@ stderr and exit status 2; bad rows are not errors (they go to the errors file).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from embedserve.defaults.model_args import add_model_arguments, default_cache_dir, model_dir_from_args
-from embedserve.errors import EmbedServeError
+from embedserve.entrypoint import error_line
+
+if TYPE_CHECKING:
+    from embedserve.bulk.job import JobPaths
+    from embedserve.bulk.progress import Totals
+    from embedserve.bulk.reader import InputSpec
+    from embedserve.local.options import EmbedOptions
 
 DEFAULT_PART_SIZE = 10_000
 
@@ -65,8 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary is still printed)")
     p.add_argument("--url", default=None,
                    help="send the job through a running gateway (http://host:port) instead of "
-                        "loading the model here")
-    p.add_argument("--api-key", default=None, help="--url: the gateway's API key")
+                        "loading the model here; without --model the gateway also counts the "
+                        "tokens (/tokenize) and no model is needed here")
+    p.add_argument("--served-model", default=None, metavar="NAME",
+                   help="--url: which of the gateway's models embeds (a name GET /v1/models lists; "
+                        "needed when it serves several; default: its only model)")
+    p.add_argument("--api-key", default=None,
+                   help="--url: the gateway's API key (default: $EMBEDSERVE_API_KEY)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run on a Ray cluster: local, auto or ray://host:port")
     p.add_argument("--ray-actors", type=int, default=1, help="--ray: model copies (actors) (default: 1)")
@@ -77,19 +90,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    try:
-        totals = _run(args)
-    except EmbedServeError as exc:
-        print(f"embedserve embed: error: {exc.message}", file=sys.stderr)
-        return 2
+    """The job; its errors (bad flags, a different job in the way, a job in which no row
+    could be embedded) leave as ``EmbedServeError`` for the entry point's one line."""
+    totals, spec, paths = _run(args)
+    if totals.documents == 0 and totals.resumed_rows == 0 and totals.skipped:
+        message, status = nothing_embedded(totals, spec, paths)
+        print(error_line(message), file=sys.stderr, flush=True)
+        return status
     print(totals.summary(), file=sys.stderr, flush=True)
     return 0
 
 
-def _run(args: argparse.Namespace):
-    from embedserve.bulk.job import job_parameters, job_paths, model_fingerprint
+def nothing_embedded(totals: Totals, spec: InputSpec, paths: JobPaths) -> tuple[str, int]:
+    """What a job that finished with every row skipped says (the likely cause), and its
+    exit status: 2 when it is the flags' fault, else 1.
+
+    Every row lacking the text field is the wrong ``--text-field``: the message lists
+    the fields the rows have; every row too long is ``--long-inputs``. The empty output
+    is removed (a rerun with the right flag needs no --overwrite); the errors file
+    stays, with each row's reason.
+    """
+    from embedserve.bulk.reader import field_names
+    from embedserve.local.documents import MISSING, TOO_LONG
+
+    for path in (paths.output, *([paths.ids] if paths.format == "npy" else [])):
+        path.unlink(missing_ok=True)
+    skipped = sum(totals.skipped.values())
+    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(totals.skipped.items()))
+    if all(reason.startswith(MISSING) for reason in totals.skipped):   # "missing field 'text'"
+        seen = field_names(spec)
+        message = (f"none of the {skipped} rows has the field {spec.text_field!r} (the rows' "
+                   f"fields: {', '.join(seen) or 'none'}); name the text's field with --text-field")
+        return message, 2
+    if set(totals.skipped) == {TOO_LONG}:
+        message = (f"every row is longer than the model takes ({skipped} rows); pass --long-inputs "
+                   "truncate or chunk to embed them")
+        return message, 2
+    return (f"no row could be embedded ({reasons}); each row's reason is in {paths.errors}", 1)
+
+
+def _run(args: argparse.Namespace) -> tuple[Totals, InputSpec, JobPaths]:
+    from embedserve.bulk.job import job_paths
+    from embedserve.bulk.job_lock import output_lock
     from embedserve.bulk.reader import resolve_input
-    from embedserve.bulk.run import refuse_before_loading, run_job
     from embedserve.errors import InvalidInput
     from embedserve.local.options import EmbedOptions, bulk_token_budget
 
@@ -104,10 +147,23 @@ def _run(args: argparse.Namespace):
                            window=args.sort_window or args.part_size)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
-    model_dir = model_dir_from_args(args)
-    model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
-    refuse_before_loading(spec, paths, args.overwrite,
-                          job_parameters(spec, model, options, args.part_size, output_format, engine={}))
+    with output_lock(paths.lock):
+        return _run_locked(args, spec, options, paths, output_format)
+
+
+def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions, paths: JobPaths,
+                output_format: str) -> tuple[Totals, InputSpec, JobPaths]:
+    from embedserve.bulk.job import job_parameters, model_fingerprint
+    from embedserve.bulk.run import refuse_before_loading, run_job
+
+    # --url without --model: the gateway tokenizes, no model is needed (or built) here.
+    model_dir = None if args.url and args.model is None else model_dir_from_args(args)
+    model = (f"{args.url}#{args.served_model or ''}" if model_dir is None
+             else f"{model_dir.resolve()}@{model_fingerprint(model_dir)}")
+    asked = job_parameters(spec, model, options, args.part_size, output_format, engine={})
+    if args.ray:
+        asked["ray"] = True   # as run_on_ray records it: a Ray job resumes only on Ray
+    refuse_before_loading(spec, paths, args.overwrite, asked)
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 
@@ -115,17 +171,22 @@ def _run(args: argparse.Namespace):
         engine = {"device": args.device, "dtype": args.dtype,
                   "dtype_probe_min_cosine": args.dtype_probe_min_cosine}
         job = job_parameters(spec, model, options, args.part_size, output_format, engine)
-        return run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
-                          actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
-                          device=args.device, dtype=args.dtype,
-                          probe_min_cosine=args.dtype_probe_min_cosine,
-                          overwrite=args.overwrite, show_progress=not args.no_progress,
-                          cache_dir=args.cache_dir or default_cache_dir())
+        assert model_dir is not None
+        totals = run_on_ray(args.ray, spec, paths, model_dir, options, args.part_size, job,
+                            actors=args.ray_actors, cpus_per_actor=args.ray_cpus_per_actor,
+                            device=args.device, dtype=args.dtype,
+                            probe_min_cosine=args.dtype_probe_min_cosine,
+                            overwrite=args.overwrite, show_progress=not args.no_progress,
+                            cache_dir=args.cache_dir or default_cache_dir())
+        return totals, spec, paths
     if args.url:
         from embedserve.bulk.remote import RemoteEmbedder
 
-        embedder = RemoteEmbedder(args.url, model_dir, options, api_key=args.api_key)
-        engine = {"url": args.url}
+        embedder = RemoteEmbedder(args.url, model_dir, options, served_model=args.served_model,
+                                  api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None)
+        engine = {"url": args.url, **({"served_model": args.served_model} if args.served_model else {})}
+        if model_dir is None:   # the job is the gateway's model: resuming against another is refused
+            engine["model_id"] = embedder.model_id
     else:
         from embedserve.local.embedder import LocalEmbedder
 
@@ -137,7 +198,8 @@ def _run(args: argparse.Namespace):
         engine = {"device": args.device, "dtype": embedder.info.dtype}
     try:
         job = job_parameters(spec, model, options, args.part_size, output_format, engine)
-        return run_job(spec, paths, embedder, job, args.part_size, options.precision,
-                       overwrite=args.overwrite, show_progress=not args.no_progress)
+        totals = run_job(spec, paths, embedder, job, args.part_size, options.precision,
+                         overwrite=args.overwrite, show_progress=not args.no_progress)
     finally:
         embedder.close()
+    return totals, spec, paths

@@ -32,6 +32,11 @@ class JobPaths:
         return self.output.with_name(self.output.name + ".parts")
 
     @property
+    def lock(self) -> Path:
+        """Held by the one run writing this output (``job_lock.py``)."""
+        return self.output.with_name(self.output.name + ".lock")
+
+    @property
     def manifest(self) -> Path:
         return self.work_dir / "manifest.json"
 

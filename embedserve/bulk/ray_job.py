@@ -9,7 +9,10 @@ batch is one part of the single-process job, packed the same way, so the
 vectors match. Order is kept with ``preserve_order``; this driver streams
 the results back and writes them with the single-process writer (part
 files, then the output and the errors file), so the files have the same
-layout. A Ray job is not resumable: an interrupted one starts over.
+layout. An interrupted job resumes as the single-process one does: the
+driver records parts in input order, so the finished ones are always the
+first K; the rerun splits them off the repartitioned dataset (their rows
+are read, not embedded) and embeds the rest as parts K, K+1, ...
 
 Differences from the single-process reader: Ray's ``read_text`` splits lines
 at every Unicode line boundary (``str.splitlines``), not only at ``\\n``.
@@ -203,7 +206,7 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
     cpus_per_actor = cpus_per_actor_for(address, actors, cpus_per_actor)
 
     manifest = prepare_output(paths, dict(job, ray=True), overwrite)
-    manifest.parts.clear()  # a Ray job is not resumable: an interrupted one begins again
+    done = finished_prefix(manifest.parts)
     dimension = options.dimensions or read_model_info(model_dir).dimension
     started_here = not ray.is_initialized()
     if started_here:
@@ -217,6 +220,10 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
         context.enable_progress_bars = False  # the job draws its own
         text_field = "text" if spec.format == "text" else spec.text_field
         dataset = _read(ray, spec).repartition(target_num_rows_per_block=part_size, strict=True)
+        if done:
+            # Parts 0..done-1 are on disk: embed from the first row of part ``done`` on.
+            dataset = dataset.split_at_indices([done * part_size])[1].repartition(
+                target_num_rows_per_block=part_size, strict=True)
         embedded = dataset.map_batches(
             EmbedBatches, batch_size=part_size, batch_format="pyarrow", concurrency=actors,
             num_cpus=cpus_per_actor,
@@ -226,8 +233,10 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
                                        cache_dir=None if cache_dir is None else str(cache_dir),
                                        **vars(options)))
         totals = Totals()
-        index = 0
+        totals.resumed_rows = sum(manifest.parts[i].rows for i in range(done))
+        index = done
         with ProgressBar(count_rows(spec), show_progress) as bar:
+            bar.advance(totals.resumed_rows)
             for batch in embedded.iter_batches(batch_size=part_size, batch_format="pyarrow"):
                 out = _part_output(index, batch, spec, options, part_size, dimension)
                 write_part(paths, index, out.table, out.errors)
@@ -241,9 +250,22 @@ def run_on_ray(address: str, spec: InputSpec, paths: JobPaths, model_dir: Path, 
     finally:
         if started_here:
             ray.shutdown()
+    for i in range(done):   # the summary counts the whole job, as the single-process one does
+        totals.documents += manifest.parts[i].documents
+        totals.tokens += manifest.parts[i].tokens
+        totals.skipped.update(manifest.parts[i].skipped)
     assemble(paths, list(range(index)), options.precision)
     shutil.rmtree(paths.work_dir)
     return totals
+
+
+def finished_prefix(parts: dict[int, Any]) -> int:
+    """How many parts from the first are finished (the driver records them in order, so
+    after an interruption these are all of them; any beyond a gap are redone)."""
+    count = 0
+    while count in parts:
+        count += 1
+    return count
 
 
 def _part_output(index: int, batch: pa.Table, spec: InputSpec, options: EmbedOptions, part_size: int,

@@ -173,6 +173,26 @@ def _jsonl_blocks(path: Path, spec: InputSpec) -> Iterator[Block]:
         yield ids, values, problems
 
 
+def field_names(spec: InputSpec, rows: int = 100) -> list[str]:
+    """The field names of the input's first ``rows`` rows (first seen first): what a
+    user who named the wrong ``--text-field`` needs to see."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    names: dict[str, None] = {}
+    path = spec.paths[0]
+    if spec.format == "parquet":
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    if spec.format == "csv":
+        return list(pacsv.open_csv(path).schema.names)
+    if spec.format == "jsonl":
+        with open(path, "rb") as f:
+            for _, line in zip(range(rows), f):
+                record, _problem = parse_json_line(line)
+                names.update(dict.fromkeys(map(str, record or {})))
+    return list(names)
+
+
 def parse_json_line(line: bytes) -> tuple[dict | None, str | None]:
     if not line.strip():
         return None, EMPTY

@@ -5,8 +5,9 @@ Owns the HTTP side of a bulk job: requests sized to the gateway's limits
 retries of 429 and 503 after the server's ``Retry-After`` (else exponential
 backoff). The vectors come back as base64 float32 from ``/v1/embeddings``.
 Token counts, truncation flags, the refuse decision and the windows of
-``chunk`` come from the local tokenizer of ``--model`` (the default model
-when absent); the gateway cuts and pools the same windows itself (asked with
+``chunk`` come from the local tokenizer of ``--model``, or without one from
+the gateway's own ``/tokenize`` (``gateway_tokenizer.py``); the gateway
+cuts and pools the same windows itself (asked with
 ``"truncate": "chunk"``). Every answer's ``usage`` is checked against the
 local counts, so a gateway serving another model is an error, not silently
 different numbers.
@@ -27,7 +28,8 @@ from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
-from embedserve.model.info import read_model_info
+from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
+from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
@@ -41,22 +43,28 @@ RETRY_STATUSES = (429, 502, 503, 504)
 class RemoteEmbedder:
     """prepare (tokenize locally) / compute (POST the texts) for ``run.run_job``."""
 
-    def __init__(self, url: str, model_dir: Path, options: EmbedOptions, api_key: str | None = None,
-                 timeout_s: float = 300.0) -> None:
-        import httpx
-
+    def __init__(self, url: str, model_dir: Path | None, options: EmbedOptions, api_key: str | None = None,
+                 timeout_s: float = 300.0, served_model: str | None = None) -> None:
+        """``model_dir``: the served model's directory, whose tokenizer counts tokens here;
+        None: the gateway's ``/tokenize`` counts them (no model on this machine)."""
         self.url = url.rstrip("/")
         self.options = options
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout_s
-        self.info = read_model_info(Path(model_dir))
-        with httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout_s) as client:
-            reply = client.get("/info")
-        if reply.status_code != 200:
-            raise Unavailable(f"{self.url}/info answered {reply.status_code}: {reply.text[:200]}")
-        server = reply.json()
-        if server.get("model_type") != "embedding":
-            raise InvalidInput(f"{self.url} serves a {server.get('model_type')} model, not an embedding model")
+        self.served_model = served_model
+        server = self._served_info()
+        self.model_id = str(server["model_id"])
+        if model_dir is None:
+            # What the job needs of the model, as the gateway describes it.
+            self.info = ModelInfo(model_id=self.model_id, architecture=str(server.get("architecture")),
+                                  vocab_size=0, pooling=str(server.get("pooling")),
+                                  task="embed", dimension=int(server["dimension"]),
+                                  max_positions=int(server["max_input_length"]),
+                                  normalize=bool(server["normalize"]),
+                                  prompts=dict(server.get("prompts") or {}),
+                                  default_prompt_name=server.get("default_prompt_name"))
+        else:
+            self.info = read_model_info(Path(model_dir))
         if server["dimension"] != self.info.dimension:
             raise InvalidInput(f"{self.url} serves {server['dimension']}-dimensional vectors; the local "
                                f"model {model_dir} makes {self.info.dimension}: pass the served model as --model")
@@ -68,16 +76,56 @@ class RemoteEmbedder:
         self.dimension = options.dimensions or self.info.dimension
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
-        self.tokenizer = load_tokenizer(model_dir)
+        if model_dir is None:
+            import httpx
+
+            self._tokenize_client = httpx.Client(base_url=self.url, headers=self._headers,
+                                                 timeout=timeout_s)
+            # The gateway adds the prompt itself (prompt_name), as /v1/embeddings does.
+            self.tokenizer = GatewayTokenizer(self._tokenize_client, options.input_type,
+                                              served_model)
+            self.prompt = ""
+        else:
+            self._tokenize_client = None
+            self.tokenizer = load_tokenizer(model_dir)
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, self.limit, options.chunk_overlap)
         self.ranges = self._ranges() if options.precision in RANGED_PRECISIONS else None
+
+    def _served_info(self) -> dict[str, Any]:
+        """The gateway's /info for the model this job embeds with: ``served_model``, or the
+        only model it serves. InvalidInput listing the served models when one must be picked."""
+        import httpx
+
+        params = {"model": self.served_model} if self.served_model else {}
+        with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
+            reply = client.get("/info", params=params)
+            if reply.status_code == 404 and self.served_model:
+                raise InvalidInput(f"{self.url} serves no model named {self.served_model!r}; "
+                                   f"pick one of {_served_models(client.get('/info').json())} "
+                                   "with --served-model", field="served_model")
+        if reply.status_code == 401:
+            raise InvalidInput(f"{self.url} refused the API key ({reply.status_code}); pass the "
+                               "gateway's key as --api-key or EMBEDSERVE_API_KEY", field="api_key")
+        if reply.status_code != 200:
+            raise Unavailable(f"{self.url}/info answered {reply.status_code}: {reply.text[:200]}")
+        server = reply.json()
+        if "models" in server:   # several models and none picked
+            raise InvalidInput(f"{self.url} serves several models: {_served_models(server)}; pick "
+                               "the embedding model with --served-model NAME", field="served_model")
+        if server.get("model_type") != "embedding":
+            raise InvalidInput(f"{self.url} serves {server.get('model_id')!r}, a "
+                               f"{server.get('model_type')} model, not an embedding model; pick an "
+                               "embedding model with --served-model NAME", field="served_model")
+        return server
 
     def _ranges(self) -> np.ndarray:
         """int8/uint8: the gateway's calibration ranges, so local bucketing equals the server's."""
         import httpx
 
-        params = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        params: dict[str, Any] = {} if self.options.dimensions is None else {"dimensions": self.options.dimensions}
+        if self.served_model:
+            params["model"] = self.served_model
         with httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout) as client:
             reply = client.get("/v1/quantization/ranges", params=params)
         if reply.status_code != 200:
@@ -86,7 +134,8 @@ class RemoteEmbedder:
         return np.asarray(reply.json()["ranges"], dtype=np.float32)
 
     def close(self) -> None:
-        pass
+        if self._tokenize_client is not None:
+            self._tokenize_client.close()
 
     def prepare(self, texts: list[str]) -> tuple[list[str], EncodedTexts]:
         return texts, encode_texts(self.tokenizer, texts, self.prompt, self.limit, self.options.long_inputs,
@@ -129,6 +178,8 @@ class RemoteEmbedder:
         import httpx
 
         body: dict[str, Any] = {"input": texts, "encoding_format": "base64"}
+        if self.served_model:
+            body["model"] = self.served_model
         if self.options.long_inputs == "chunk":
             body["truncate"] = "chunk"
             body["chunk_overlap"] = self.options.chunk_overlap
@@ -163,6 +214,12 @@ class RemoteEmbedder:
         if len(data) != count:
             raise InvalidInput(f"the gateway answered {len(data)} vectors for {count} inputs")
         return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
+
+
+def _served_models(info: dict[str, Any]) -> str:
+    """``NAME (embedding), NAME (reranker)``: each model an /info answer lists, by its first name."""
+    answers = info.get("models", [info])
+    return ", ".join(f"{a['model_id']} ({a['model_type']})" for a in answers)
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -28,7 +28,8 @@ class TokenBudget:
         """
         if tokens > self.capacity:
             raise InputTooLong(f"the request has {tokens} tokens, more than the gateway's in-flight "
-                               f"budget of {self.capacity}; send fewer inputs per request",
+                               f"budget of {self.capacity}; send fewer inputs per request, or start "
+                               "the server with a larger --max-inflight-tokens",
                                length=tokens, limit=self.capacity, field="input")
         if self.in_use + tokens > self.capacity:
             raise Overloaded(f"the gateway is busy ({self.in_use} of {self.capacity} tokens in flight); "

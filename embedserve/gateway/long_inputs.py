@@ -7,15 +7,18 @@ Cohere's ``NONE``/``START``/``END``, or ``chunk``), ``truncation_direction``
 tokenizer's and validate's work (``preprocess.py``); cutting windows and
 pooling them are ``model/windows.py``'s (shared with bulk jobs);
 normalizing and Matryoshka dimensions are ``model/postprocess.py``'s,
-applied after pooling. Knows nothing about HTTP or replicas.
+applied after pooling. Also owns what a refusal tells the client to do
+instead (``says_how_to_fix``). Knows nothing about HTTP or replicas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from embedserve.errors import InvalidInput
+from embedserve.errors import InputTooLong, InvalidInput
 
 Mode = Literal["refuse", "truncate", "chunk"]
 Direction = Literal["right", "left"]
@@ -88,3 +91,26 @@ def resolve_policy(default: LongInputPolicy, truncate: bool | str | None, direct
                            f"is {direction!r}", field="truncation_direction")
     chosen: Direction = fixed or asked or (default.direction if default.mode == "truncate" else "right")
     return LongInputPolicy(mode, chosen, default.overlap if overlap is None else overlap)
+
+
+# What a 413 for an input longer than the model's window says to do, per kind of
+# route. The embedding routes (TEI's /embed, the OpenAI-style /v1/embeddings, whose
+# extension field has the same name) follow --auto-truncate; the rerank routes take
+# only the request's own boolean.
+EMBED_TOO_LONG_FIX = ("set the request's \"truncate\" to true to cut it to the window (\"left\" "
+                      "keeps its end, \"chunk\" embeds every window and pools them), or start "
+                      "the server with --auto-truncate (right, left or chunk) to do so by default")
+RERANK_TOO_LONG_FIX = "set the request's \"truncate\" to true to cut each pair to the window"
+
+
+@contextmanager
+def says_how_to_fix(fix: str) -> Iterator[None]:
+    """Within the block, an ``InputTooLong`` for one sequence (one that names its index)
+    leaves with ``fix`` appended: what the client can change to be served."""
+    try:
+        yield
+    except InputTooLong as exc:
+        if exc.index is None:
+            raise
+        raise InputTooLong(f"{exc.message}; {fix}", index=exc.index, length=exc.length,
+                           limit=exc.limit, field=exc.field) from None

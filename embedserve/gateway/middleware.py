@@ -113,7 +113,9 @@ class GatewayMiddleware:
         return None
 
     def _too_large(self) -> tuple[int, str, str]:
-        return 413, f"request body larger than {self.max_body_bytes} bytes", "body_too_large"
+        return (413, f"request body larger than {self.max_body_bytes} bytes; send fewer inputs "
+                     "per request, or start the server with a larger --max-body-bytes",
+                "body_too_large")
 
 
 def since_start(scope: Scope, phase: str) -> None:

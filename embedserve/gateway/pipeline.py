@@ -101,7 +101,8 @@ class Gateway:
     def check_count(self, count: int, field: str) -> None:
         if count > self.settings.max_inputs:
             raise InputTooLong(f"{field} has {count} inputs; at most {self.settings.max_inputs} "
-                               "are accepted per request", length=count,
+                               "are accepted per request: send them in several requests, or "
+                               "start the server with a larger --max-inputs", length=count,
                                limit=self.settings.max_inputs, field=field)
 
     def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> int:

@@ -109,6 +109,10 @@ class GatewaySettings:
     # (scheduler/auth.py); None: replicas that require one refuse the
     # gateway. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
+    # (replica label, http://HOST:PORT/metrics) of replicas whose Prometheus
+    # metrics /metrics merges into its own, each sample labelled replica=LABEL:
+    # ``embedserve serve``'s local replicas (elsewhere each is scraped itself).
+    replica_metrics_urls: tuple[tuple[str, str], ...] = ()
 
     @property
     def models(self) -> tuple[ServedModel, ...]:

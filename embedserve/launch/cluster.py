@@ -24,12 +24,15 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
-from embedserve.entrypoint import GATEWAY_LISTENING, configure_logging, run_event_loop, stop_on_signals
+from embedserve.defaults.model_args import (ModelSpec, add_model_spec_arguments, default_cache_dir,
+                                            model_specs_from_args)
+from embedserve.entrypoint import (GATEWAY_LISTENING, StartupError, configure_logging, run_event_loop,
+                                   stop_on_signals)
 from embedserve.gateway.cli import add_grpc_port_flag, add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
 from embedserve.launch.commands import models_gateway_command, replica_env
+from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
@@ -88,22 +91,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging()
     if args.replicas < 1:
-        print("embedserve cluster: --replicas must be at least 1", file=sys.stderr)
-        return 2
+        raise StartupError(f"--replicas {args.replicas}: must be at least 1",
+                           "start one replica or more (--replicas 1)")
     gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args),
                     *(("--grpc-port", str(args.grpc_port)) if args.grpc_port is not None else ()))
+    if args.calibration:   # the replicas write int8/uint8 calibration ranges there
+        check_cache_dir(args.cache_dir or default_cache_dir())
     specs = model_specs_from_args(args)
     for spec in specs:
         if spec.upstream is not None:
-            print(f"embedserve cluster: --model {spec.format()}: the cluster starts each model's "
-                  "replicas itself; upstream= is for embedserve gateway", file=sys.stderr)
-            return 2
+            raise StartupError(f"--model {spec.format()}: the cluster starts each model's "
+                               "replicas itself", "drop :upstream= (it is for embedserve gateway)")
     try:
         check_distinct_names([spec.served_names or (spec.path.resolve().name,)
                               for spec in specs])
     except ValueError as exc:
-        print(f"embedserve cluster: {exc}", file=sys.stderr)
-        return 2
+        raise StartupError(str(exc)) from None
+    for spec in specs:
+        check_model_dir(spec.path)
+    check_port_free(args.host, args.port)
     settings = ClusterSettings(models=tuple(specs), replicas=args.replicas,
                                device=args.device, dtype=args.dtype,
                                dtype_probe_min_cosine=args.dtype_probe_min_cosine,

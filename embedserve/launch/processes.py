@@ -3,7 +3,8 @@
 Owns the mechanics every launcher shares: a port free right now, starting a
 child that dies with its parent (Linux parent-death signal) in its own
 process group, reading the line it prints once it listens (forwarding its
-output to ours), stopping it with SIGTERM and then SIGKILL after a grace
+output to ours), keeping the one error line a failed child prints (instead of
+forwarding it, so that the launcher reports it once, as its own), stopping it with SIGTERM and then SIGKILL after a grace
 period, and "wait for this or for a stop signal, whichever comes first".
 Knows nothing about which command a child runs (``commands.py``) or what it
 serves.
@@ -24,14 +25,20 @@ import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TypeVar
 
+from embedserve.entrypoint import ERROR_LINE, StartupError
+
 T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
 PARENT_PID_VARIABLE = "EMBEDSERVE_PARENT_PID"
 
 
-class ChildFailed(RuntimeError):
-    """A child exited, or stayed silent too long, before printing that it listens."""
+class ChildFailed(StartupError):
+    """A child exited, or stayed silent too long, before printing that it listens.
+
+    Its message is the child's own error line when it printed one (the cause and
+    the fix, from the child's entry point), prefixed with which child it was.
+    """
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,10 +88,14 @@ class Child:
     thread waits per child where Linux has them.
     """
 
-    def __init__(self, popen: subprocess.Popen, stdout: asyncio.StreamReader) -> None:
+    def __init__(self, popen: subprocess.Popen, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader) -> None:
         self._popen = popen
         self.pid = popen.pid
         self.stdout = stdout
+        # The message of the last ``embedserve: error:`` line the child printed.
+        self.last_error: str | None = None
+        self._stderr = asyncio.ensure_future(self._forward_stderr(stderr))
         self._exited: asyncio.Future[int]
         try:
             pidfd = os.pidfd_open(popen.pid)
@@ -97,14 +108,32 @@ class Child:
 
     @classmethod
     async def start(cls, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
-        """``argv`` in its own session, its stdout a pipe read here, stderr ours."""
-        popen = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=None, env=child_environment(env),
-                                 start_new_session=True)
-        assert popen.stdout is not None
-        stdout = asyncio.StreamReader()
-        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout),
-                                                           popen.stdout)
-        return cls(popen, stdout)
+        """``argv`` in its own session, its stdout a pipe read here, its stderr a pipe
+        forwarded to ours line by line (its error line kept, not forwarded)."""
+        popen = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=child_environment(env), start_new_session=True)
+        assert popen.stdout is not None and popen.stderr is not None
+        loop = asyncio.get_running_loop()
+        stdout, stderr = asyncio.StreamReader(), asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), popen.stderr)
+        return cls(popen, stdout, stderr)
+
+    async def _forward_stderr(self, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
+            match = ERROR_LINE.match(line.decode(errors="replace").rstrip("\n"))
+            if match:
+                self.last_error = match.group(1)
+            else:
+                sys.stderr.buffer.write(line)
+                sys.stderr.flush()
+
+    async def error_after_exit(self, grace_s: float = 2.0) -> str | None:
+        """Once the child has exited: its error line's message, after reading what it
+        wrote to stderr (up to ``grace_s``: a grandchild may hold the pipe open)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._stderr), grace_s)
+        return self.last_error
 
     def _on_exit(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         loop.remove_reader(pidfd)
@@ -142,14 +171,25 @@ async def start_child(argv: Sequence[str], listening: re.Pattern[str], *, name: 
         match = await asyncio.wait_for(_read_until(process.stdout, listening), timeout_s)
     except TimeoutError:
         await stop_child(process, grace_s=0)
-        raise ChildFailed(f"{name} did not start within {timeout_s:.0f} s") from None
+        raise ChildFailed(f"{name} did not start within {timeout_s:.0f} s",
+                          "its log lines above say where it stopped") from None
     except BaseException:
         await stop_child(process, grace_s=0)
         raise
     if match is None:
         code = await process.wait()
-        raise ChildFailed(f"{name} exited with status {code} before listening")
+        raise child_failed(name, code, await process.error_after_exit())
     return process, match, asyncio.create_task(_forward(process.stdout))
+
+
+def child_failed(name: str, code: int, error: str | None) -> ChildFailed:
+    """The ``ChildFailed`` of a child that exited with ``code`` before listening, saying
+    why in the child's own words when it printed its error line."""
+    if error is not None:
+        return ChildFailed(f"{name}: {error}")
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return ChildFailed(f"{name} {how} before listening",
+                       "its log lines above say why; rerun with --debug for its traceback")
 
 
 async def _read_until(stdout: asyncio.StreamReader, pattern: re.Pattern[str]) -> re.Match[str] | None:

@@ -18,12 +18,14 @@ import argparse
 import asyncio
 import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from embedserve.defaults.model_args import ModelSpec, model_specs_from_args
-from embedserve.entrypoint import configure_logging, run_event_loop, stop_on_signals
+from embedserve.defaults.model_args import ModelSpec, default_cache_dir, model_specs_from_args
+from embedserve.entrypoint import StartupError, configure_logging, run_event_loop, stop_on_signals
 from embedserve.gateway.cli import add_gateway_flags, gateway_settings, serve_http, served_models
 from embedserve.launch.commands import replica_env
+from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import add_engine_flags, cuda_flags, engine_flags
@@ -52,14 +54,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.replicas < 1:
-        raise SystemExit("--replicas must be at least 1")
+        raise StartupError(f"--replicas {args.replicas}: must be at least 1",
+                           "start one replica or more (--replicas 1)")
+    if args.calibration:   # the replicas write int8/uint8 calibration ranges there
+        check_cache_dir(args.cache_dir or default_cache_dir())
     specs = model_specs_from_args(args)
     for spec in specs:
         if spec.upstream is not None:
-            raise SystemExit(f"--model {spec.format()}: serve starts each model's replicas itself; "
-                             "upstream= is for embedserve gateway")
-    # Names are checked before any replica starts.
+            raise StartupError(f"--model {spec.format()}: serve starts each model's replicas "
+                               "itself", "drop :upstream= (it is for embedserve gateway)")
+    # Everything that can be known without a replica is checked before any starts.
     served_models(args, specs, [()] * len(specs))
+    for spec in specs:
+        assert spec.path is not None
+        check_model_dir(spec.path)
+    check_port_free(args.host, args.port)
     return run_event_loop(_serve_stack(args, specs))
 
 
@@ -80,6 +89,8 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine,
                           args.calibration), *cuda_flags(args),
              "--replica-token-file", str(token_file),
+             # each replica's Prometheus endpoint, merged into the gateway's /metrics
+             "--metrics-port", "0",
              # where replicas keep the int8/uint8 calibration
              *(("--cache-dir", str(args.cache_dir)) if args.cache_dir else ()))
     group = SupervisorGroup([
@@ -93,11 +104,14 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
             if not await first_or_stop(asyncio.ensure_future(group.start()), stop):
                 return 0
             models = served_models(args, specs, [s.addresses for s in group.supervisors])
-            settings = gateway_settings(args, models, read_token_file(token_file))
-            return await serve_http(settings, stop)
+            settings = replace(gateway_settings(args, models, read_token_file(token_file)),
+                               replica_metrics_urls=tuple(url for s in group.supervisors
+                                                          for url in s.metrics_urls))
+            status = await serve_http(settings, stop)
+            log.info("stopped")
+            return status
         finally:
             await group.stop()
-            log.info("stopped")
 
 
 def _label(spec: ModelSpec, model_count: int) -> str:

@@ -36,6 +36,8 @@ class ReplicaProcess:
     port: int = 0
     process: Child | None = None
     address: str = ""
+    # HOST:PORT of its Prometheus endpoint ("" when it runs without one); a restart keeps it.
+    metrics_address: str = ""
     restarts: int = 0
     output: asyncio.Task | None = field(default=None, repr=False)
 
@@ -63,6 +65,12 @@ class ReplicaSupervisor:
     def addresses(self) -> tuple[str, ...]:
         return tuple(r.address for r in self.replicas)
 
+    @property
+    def metrics_urls(self) -> tuple[tuple[str, str], ...]:
+        """(address, http://HOST:PORT/metrics) of each replica that serves metrics."""
+        return tuple((r.address, f"http://{r.metrics_address}/metrics") for r in self.replicas
+                     if r.metrics_address)
+
     def _label(self, replica: ReplicaProcess) -> str:
         return f"{self._label_prefix}{replica.index}"
 
@@ -86,13 +94,17 @@ class ReplicaSupervisor:
         socket_path = self._unix_socket(replica)
         # Its frames go over the Unix socket then: no TCP frame port for nobody to call.
         local = ("--unix-socket", str(socket_path), "--frame-port", "off") if socket_path else ()
-        extra = (*self._extra_args, *local)
+        # A restart serves its metrics where the first start did (a scraper keeps its URL).
+        metrics = (("--metrics-port", replica.metrics_address.rsplit(":", 1)[1])
+                   if replica.metrics_address else ())
+        extra = (*self._extra_args, *local, *metrics)
         argv = scheduler_command(self._model_dir, self._host, replica.port, device=self._device,
                                  extra=extra)
         replica.process, match, replica.output = await start_child(
             argv, SCHEDULER_LISTENING, name=f"replica {self._label(replica)}", env=self._env,
             timeout_s=self._start_timeout_s)
         tcp_address = match.group(1)
+        replica.metrics_address = "" if match.group(2) == "off" else match.group(2)
         replica.port = int(tcp_address.rsplit(":", 1)[1])
         # A restart binds the same socket path (gRPC replaces a stale socket file).
         replica.address = f"unix:{socket_path}" if socket_path else tcp_address
@@ -108,8 +120,10 @@ class ReplicaSupervisor:
                 if self._stopping:
                     return
                 replica.restarts += 1
-                log.warning("replica %s (pid %d) exited with %s; restarting on port %d",
-                            self._label(replica), replica.process.pid, code, replica.port)
+                error = await replica.process.error_after_exit()
+                log.warning("replica %s (pid %d) exited with %s%s; restarting on port %d",
+                            self._label(replica), replica.process.pid, code,
+                            f" ({error})" if error else "", replica.port)
                 await asyncio.sleep(min(5.0, 0.5 * replica.restarts))
                 try:
                     await self._spawn(replica)

@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from embedserve import wire
 from embedserve.errors import InvalidInput
 from embedserve.gateway import embedding_types
-from embedserve.gateway.long_inputs import LongInputPolicy
+from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, says_how_to_fix
 from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
@@ -54,14 +54,16 @@ async def _pack(gateway: Gateway, request: Request, raw, field: str, prompt_name
     refuse = policy.mode == "refuse"
     if isinstance(raw[0], str):
         prompt = gateway.model.prompt(prompt_name, "input_type" if field == "input" else "prompt_name")
-        return await timed(request, "tokenize", gateway.preprocessor.encode_texts(
-            raw, prompt, truncate, policy.direction, field, check_length=refuse))
+        with says_how_to_fix(EMBED_TOO_LONG_FIX):
+            return await timed(request, "tokenize", gateway.preprocessor.encode_texts(
+                raw, prompt, truncate, policy.direction, field, check_length=refuse))
     if prompt_name is not None:
         raise InvalidInput("a prompt cannot be applied to token ids; send text instead",
                            field="input_type" if field == "input" else "prompt_name")
     sequences = [raw] if isinstance(raw[0], int) else raw
-    return gateway.preprocessor.pack_ids(sequences, truncate, policy.direction, field,
-                                         check_length=refuse)
+    with says_how_to_fix(EMBED_TOO_LONG_FIX):
+        return gateway.preprocessor.pack_ids(sequences, truncate, policy.direction, field,
+                                             check_length=refuse)
 
 
 async def _embed(gateway: Gateway, request: Request, packed: RaggedBatch, policy: LongInputPolicy,

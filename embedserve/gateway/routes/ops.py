@@ -114,4 +114,10 @@ async def metrics(request: Request) -> Response:
     for gateway in models.gateways:
         gateway_metrics.replicas_healthy.labels(gateway.model_id).set(len(gateway.pool.healthy()))
         gateway_metrics.replicas_known.labels(gateway.model_id).set(len(gateway.pool.replicas))
-    return Response(gateway_metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    text = gateway_metrics.render()
+    replicas = models.gateways[0].settings.replica_metrics_urls
+    if replicas:   # embedserve serve's local replicas: their scheduler and engine metrics too
+        from embedserve.gateway import replica_metrics   # httpx: only where it is used
+
+        text += await replica_metrics.scrape(replicas)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from embedserve.gateway.long_inputs import RERANK_TOO_LONG_FIX, says_how_to_fix
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.schemas import CohereRerankRequest, CohereRerankResponse, RankedText, RerankRequest
 from embedserve.gateway.pipeline import Gateway, timed
@@ -22,8 +23,9 @@ router = APIRouter()
 async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str], field: str,
                   truncate: bool, direction: str, sigmoid: bool, route: str):
     gateway.check_count(len(docs), field)
-    packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
-        query, docs, truncate, direction, field))
+    with says_how_to_fix(RERANK_TOO_LONG_FIX):
+        packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
+            query, docs, truncate, direction, field))
     scores = await gateway.score(request, packed, sigmoid, route)
     return scores, packed.num_tokens
 
