@@ -17,8 +17,8 @@ import argparse
 # (section title, flags in the order shown). Flags a command lacks are skipped.
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("what to serve and where", (
-        "--model", "--served-model-name", "--url", "--served-model", "--upstream", "--host",
-        "--port", "--api-key", "--replicas", "--device", "--dtype")),
+        "--model", "--revision", "--served-model-name", "--url", "--served-model", "--upstream", "--host",
+        "--port", "--grpc-port", "--api-key", "--replicas", "--device", "--dtype")),
     ("what to embed (embedserve embed)", (
         "--output", "--input-format", "--text-field", "--id-field", "--input-type", "--dimensions",
         "--precision", "--format", "--errors", "--long-inputs", "--overwrite", "--no-progress")),

@@ -143,8 +143,10 @@ def test_serve_refuses_an_uncached_id_offline_in_one_line(hub_cache: Path) -> No
     expected = (f"BAAI/bge-small-en-v1.5 is not in the Hugging Face cache ({hub_cache}) and "
                 "HF_HUB_OFFLINE=1: run `embedserve model pull BAAI/bge-small-en-v1.5` where the "
                 "Hub is reachable, or pass a model directory")
-    assert result.returncode != 0
-    assert expected in result.stderr.splitlines()[-1], result.stderr
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"embedserve: error: {expected}"), result.stderr
+    assert "Traceback" not in result.stderr
     assert "listening" not in result.stdout + result.stderr   # refused before any replica started
 
 
