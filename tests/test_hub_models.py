@@ -141,7 +141,7 @@ def test_serve_refuses_an_uncached_id_offline_in_one_line(hub_cache: Path) -> No
     result = _embedserve("serve", "--port", "0", "--model", "BAAI/bge-small-en-v1.5",
                          env=_env(hub_cache, HF_HUB_OFFLINE="1"))
     expected = (f"BAAI/bge-small-en-v1.5 is not in the Hugging Face cache ({hub_cache}) and "
-                "HF_HUB_OFFLINE=1: run `embedserve model pull BAAI/bge-small-en-v1.5` where the "
+                "HF_HUB_OFFLINE=1; run `embedserve model pull BAAI/bge-small-en-v1.5` where the "
                 "Hub is reachable, or pass a model directory")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -219,11 +219,11 @@ def test_hub_failures_are_one_line_naming_cause_and_fix(tmp_path: Path, minilm_d
     messages["unreachable"] = _pull_error(REPO, _env(tmp_path / "unreachable" / "hub",
                                                      HF_ENDPOINT=unreachable))
     assert all("\n" not in message for message in messages.values()), messages
-    assert messages["gated"].startswith("org/gated is gated on the Hugging Face Hub: accept its terms")
+    assert messages["gated"].startswith("org/gated is gated on the Hugging Face Hub; accept its terms")
     assert "set HF_TOKEN" in messages["gated"]
     assert messages["missing"].startswith("org/private-or-missing is not on the Hugging Face Hub, "
                                           "or is private and HF_TOKEN is unset")
-    assert messages["revision"].startswith(f"{REPO} has no revision 'v9' on the Hugging Face Hub: "
+    assert messages["revision"].startswith(f"{REPO} has no revision 'v9' on the Hugging Face Hub; "
                                            "give a branch, tag or commit it has")
     assert messages["no-safetensors"].startswith("org/bin-only has no safetensors weights "
                                                  "(model.safetensors): embedserve loads safetensors only")

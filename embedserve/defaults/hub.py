@@ -106,7 +106,7 @@ def cached_snapshot(model: HubModel, cache_dir: Path | None = None) -> Path | No
     except LocalEntryNotFoundError:   # IncompleteSnapshotError included: not usable as it is
         return None
     except ValueError as exc:         # HFValidationError: not a valid repo id
-        raise ModelLoadError(f"{model}: not a valid Hugging Face Hub id ({exc}): give org/name "
+        raise ModelLoadError(f"{model}: not a valid Hugging Face Hub id ({exc}); give org/name "
                              "or a model directory") from None
 
 
@@ -130,7 +130,7 @@ def pull_hub_model(model: HubModel, cache_dir: Path | None = None,
         if offline:
             raise ModelLoadError(
                 f"the cached snapshot of {model} in {cache_location(cache_dir)} has no {missing} and "
-                f"HF_HUB_OFFLINE=1: run `embedserve model pull {model}` where the Hub is reachable")
+                f"HF_HUB_OFFLINE=1; run `embedserve model pull {model}` where the Hub is reachable")
         raise ModelLoadError(_NOT_SERVABLE[missing].format(model=model))
     return path
 
@@ -164,39 +164,39 @@ def hub_error(model: HubModel, exc: Exception, cache_dir: Path | None) -> ModelL
     pull = f"run `embedserve model pull {model}` where the Hub is reachable"
     if isinstance(exc, RevisionNotFoundError):
         return ModelLoadError(f"{model.repo_id} has no revision {model.revision!r} on the Hugging "
-                              "Face Hub: give a branch, tag or commit it has "
+                              "Face Hub; give a branch, tag or commit it has "
                               f"({model.repo_id}@REVISION or --revision)")
     if isinstance(exc, GatedRepoError):
-        return ModelLoadError(f"{model.repo_id} is gated on the Hugging Face Hub: accept its terms on "
+        return ModelLoadError(f"{model.repo_id} is gated on the Hugging Face Hub; accept its terms on "
                               f"https://huggingface.co/{model.repo_id} and set HF_TOKEN to a token "
                               "of that account (or run `hf auth login`)")
     if isinstance(exc, RepositoryNotFoundError) or (
             isinstance(exc, HfHubHTTPError) and exc.response is not None
             and exc.response.status_code == 401):
         return ModelLoadError(f"{model.repo_id} is not on the Hugging Face Hub, or is private and "
-                              "HF_TOKEN is unset or lacks access to it: check the id, or set "
+                              "HF_TOKEN is unset or lacks access to it; check the id, or set "
                               "HF_TOKEN (or run `hf auth login`)")
     if isinstance(exc, LocalEntryNotFoundError):
         if isinstance(exc.__cause__, OfflineModeIsEnabled):
             return ModelLoadError(f"{model} is not in the Hugging Face cache ({cache}) and "
-                                  f"HF_HUB_OFFLINE=1: {pull}, or pass a model directory")
+                                  f"HF_HUB_OFFLINE=1; {pull}, or pass a model directory")
         if isinstance(exc, IncompleteSnapshotError):   # some of the files, and no network
             return ModelLoadError(f"the cached snapshot of {model} in {cache} is incomplete and the "
-                                  f"Hugging Face Hub cannot be reached: {pull}")
+                                  f"Hugging Face Hub cannot be reached; {pull}")
         cause = exc.__cause__ or exc
         return ModelLoadError(f"cannot reach the Hugging Face Hub to download {model} "
                               f"({type(cause).__name__}: {_first_line(cause)}) and it is not in "
-                              f"the cache ({cache}): check the network (HF_ENDPOINT, proxies), or "
+                              f"the cache ({cache}); check the network (HF_ENDPOINT, proxies), or "
                               f"{pull} and share the cache (HF_HOME)")
     if isinstance(exc, HfHubHTTPError):
-        return ModelLoadError(f"the Hugging Face Hub refused {model} ({_first_line(exc)}): "
+        return ModelLoadError(f"the Hugging Face Hub refused {model} ({_first_line(exc)}); "
                               f"retry later, or {pull}")
     if isinstance(exc, ValueError):   # HFValidationError: not a valid repo id
         return ModelLoadError(f"{model}: not a valid Hugging Face Hub id ({_first_line(exc)}): "
                               "give org/name or a model directory")
     if isinstance(exc, OSError):      # disk full, unwritable cache, a connection cut mid-file
         return ModelLoadError(f"downloading {model} into {cache} failed "
-                              f"({type(exc).__name__}: {_first_line(exc)}): check free space and "
+                              f"({type(exc).__name__}: {_first_line(exc)}); check free space and "
                               "that the cache is writable (HF_HOME, HF_HUB_CACHE), then retry")
     return ModelLoadError(f"getting {model} from the Hugging Face Hub failed "
                           f"({type(exc).__name__}: {_first_line(exc)})")
