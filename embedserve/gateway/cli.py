@@ -22,6 +22,7 @@ import os
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -30,6 +31,9 @@ from embedserve.entrypoint import configure_logging, gateway_banner, run_event_l
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+
+if TYPE_CHECKING:
+    from embedserve.gateway.startup import PreparedModel
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -198,8 +202,11 @@ def _upstreams(spec: ModelSpec, upstream_flag: str | None, model_count: int) -> 
     return upstreams
 
 
-async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
+async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None,
+                     prepared: dict[Path, PreparedModel] | None = None) -> int:
     """Serve the gateway until ``stop`` is set (or SIGINT/SIGTERM when None), then drain.
+
+    ``prepared``: models read and tokenizers warmed beforehand (``startup.prepare_models``).
 
     Draining keeps the socket open and the server running, so requests
     admitted before the stop are answered and later ones get a clean 503;
@@ -208,7 +215,7 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
     """
     from embedserve.gateway.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, prepared=prepared)
     sock = listening_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     # httptools, named rather than left to "auto": h11's pure-Python parser cost
