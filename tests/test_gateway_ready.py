@@ -47,7 +47,7 @@ LONG = "a rather long sentence that the window cuts " * 80   # > 514 tokens: sev
 # 5 s tells the two apart even on a loaded machine; the counter below is the exact check.
 NO_COMPILE_S = 5.0
 _SERVING_FIRST_CALLS = re.compile(
-    r'^embedserve_gateway_tokenizer_kernel_first_calls_total\{when="serving"\} (\S+)$', re.M)
+    r'^embedserve_gateway_tokenizer_kernel_first_calls_total\{when="serving"\} (\S+)$', re.MULTILINE)
 
 
 def serving_first_calls(url: str) -> float:

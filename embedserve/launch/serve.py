@@ -19,7 +19,7 @@ import asyncio
 import logging
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,7 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
             # The gateway reads its models and warms their tokenizers while the replicas
             # start: both take seconds, mostly on one core each (docs/startup.md).
             preparing = _in_daemon_thread(_prepare_models, [spec.path for spec in specs])
-            starting = asyncio.gather(group.start(), preparing)
-            if not await first_or_stop(starting, stop):
+            if not await first_or_stop(asyncio.ensure_future(_both(group.start(), preparing)), stop):
                 return 0
             models = served_models(args, specs, [s.addresses for s in group.supervisors])
             settings = gateway_settings(args, models, read_token_file(token_file))
@@ -105,6 +104,19 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
         finally:
             await group.stop()
             log.info("stopped")
+
+
+async def _both(starting: Coroutine[Any, Any, Any], preparing: asyncio.Future) -> None:
+    """Await both; when one fails, the other is cancelled (and awaited) before the error
+    propagates, so no replica goes on starting behind a failed gateway."""
+    started = asyncio.ensure_future(starting)
+    try:
+        await asyncio.gather(started, preparing)
+    except BaseException:
+        for pending in (started, preparing):
+            pending.cancel()
+        await asyncio.gather(started, preparing, return_exceptions=True)
+        raise
 
 
 def _prepare_models(model_dirs: list[Path]) -> dict:
