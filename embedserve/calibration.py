@@ -125,10 +125,14 @@ def calibration_batches(model_dir: Path, info: ModelInfo, max_tokens: int,
     prompts, cut to fit ``max_tokens``), in batches of at most ``max_tokens`` tokens and
     ``max_sequences`` sequences."""
     # Here, not at the top: a replica imports this module at every start but tokenizes
-    # (Numba and its kernels) only the one time it computes a calibration.
-    from embedserve.tokenizer import load_tokenizer
+    # only the one time it computes a calibration. A tokenizer.json is read by the
+    # tokenizers library, whose ids the native encoder's equal (its parity reference):
+    # the native encoder would compile its Numba kernels first on a fresh install, tens
+    # of seconds of the replica's start (docs/startup.md).
+    from embedserve.tokenizer import HfTokenizer, load_tokenizer
 
-    tokenizer = load_tokenizer(model_dir)
+    json_path = Path(model_dir) / "tokenizer.json"
+    tokenizer = HfTokenizer.from_file(json_path) if json_path.is_file() else load_tokenizer(model_dir)
     prompts = [info.prompts[name] for name in sorted(info.prompts)] or [""]
     texts = [prompt + text for prompt in prompts for text in CALIBRATION_TEXTS]
     encoded = tokenizer.encode_batch(texts, max_length=min(info.max_positions, max_tokens),

@@ -34,6 +34,18 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> dict:
         time.sleep(0.1)
 
 
+def native_tokenizer_backend(url: str, timeout_s: float = 540.0) -> str:
+    """``/info``'s tokenizer backend once it is not the ``tokenizers`` library's: a gateway
+    whose native kernels were not compiled yet serves with the library meanwhile
+    (gateway/startup.py), as in a fresh checkout's first tests."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        backend = httpx.get(url + "/info", timeout=10).json()["tokenizer_backend"]
+        if backend != "tokenizers" or time.monotonic() > deadline:
+            return backend
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def served(*args: str, stop_grace_s: float = 60.0,
            env: Mapping[str, str] | None = None) -> Iterator[str]:

@@ -134,7 +134,7 @@ def test_tokenizer_warm_up_compiles_the_installed_package() -> None:
             workdir = rest
         elif kind == "COPY" and rest.split()[0] == "embedserve":
             source_dir = workdir
-        elif kind == "RUN" and "Tokenizer.from_model_dir" in rest:
+        elif kind == "RUN" and "embedserve.tokenizer.warm import load_warm" in rest:
             warm_up_dir = workdir
     assert source_dir is not None and warm_up_dir is not None
     assert warm_up_dir != source_dir

@@ -94,6 +94,24 @@ while not (here / "release").exists():
     time.sleep(0.01)
 '''
 
+# A warm-up that may not compile: run(1) under warming_up(compile=False), then run(1.5)
+# (another signature) outside any warm-up; the value (None: KernelNotCached) and the
+# first calls announced.
+WARM_UP_REPORT = '''
+import json
+from kpkg.caller import run
+from kpkg.kernel_cache import KernelNotCached, on_first_call, warming_up
+calls = []
+with on_first_call(calls.append):
+    try:
+        with warming_up(compile=False):
+            value = int(run(1))
+    except KernelNotCached:
+        value = None
+    run(1.5)
+print(json.dumps({"value": value, "calls": [dict(c) for c in calls]}))
+'''
+
 # Environment that would change where or whether Numba caches.
 _NUMBA_CACHE_ENV = ("NUMBA_CACHE_DIR", "NUMBA_CACHE_LOCATOR_CLASSES", "NUMBA_DISABLE_JIT")
 
@@ -166,6 +184,25 @@ def test_a_second_process_loads_the_kernel_from_disk(package, cache_parent):
     second = run_kernel(package, cache_parent)
     assert (first["value"], first["misses"], first["hits"]) == (4, 1, 0)
     assert (second["value"], second["misses"], second["hits"]) == (4, 0, 1)
+
+
+def test_a_warm_up_that_may_not_compile_loads_from_disk_or_raises_and_first_calls_are_announced(
+        package, tmp_path):
+    cache = tmp_path / "numba-cache"
+
+    def report() -> dict:
+        done = subprocess.run([sys.executable, "-c", WARM_UP_REPORT], env=kernel_env(package, cache),
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    float_compile = {"kernel": "run", "warm_up": False, "from_disk": False}
+    cold = report()   # nothing on disk: refused, compiling nothing; run(1.5) compiles (and saves)
+    assert cold == {"value": None, "calls": [float_compile]}
+    assert run_kernel(package, cache)["misses"] == 1   # run(1) was indeed not saved by the refusal
+    warm = report()
+    assert warm == {"value": 4, "calls": [{"kernel": "run", "warm_up": True, "from_disk": True},
+                                          {"kernel": "run", "warm_up": False, "from_disk": True}]}
 
 
 def test_two_processes_that_need_a_kernel_at_once_compile_it_once(package, tmp_path):

@@ -1,7 +1,8 @@
 """The gateway app factory: ``create_app(settings) -> FastAPI``.
 
 Wires the pieces built elsewhere: reads each served model's directory
-(tokenizer, prompts; a directory served twice is read once), gives each
+(tokenizer, prompts; a directory served twice is read once; startup.py warms the
+tokenizer, and swaps in the native one later where the library serves first), gives each
 model its own replica pool (started with its health watches in the app's
 lifespan), token budget and names, and puts them behind one
 ``ModelRouter`` (``app.state.router``); installs the middleware
@@ -11,6 +12,7 @@ error handlers once, and mounts the routers. Nothing here handles a request itse
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -35,8 +37,9 @@ from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
-from embedserve.model.info import ModelInfo, read_model_info
-from embedserve.tokenizer import load_tokenizer
+from embedserve.gateway.startup import NativeSwitch, PreparedModel, prepare_models
+from embedserve.model.info import ModelInfo
+from embedserve.tokenizer.kernel_cache import on_first_call
 
 log = logging.getLogger(__name__)
 
@@ -62,27 +65,37 @@ class GatewayApp(FastAPI):
         await self._entry(scope, receive, send)
 
 
-def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -> FastAPI:
+def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
+               prepared: dict[Path, PreparedModel] | None = None) -> FastAPI:
     """An app serving ``settings.models``, each over its own replicas.
 
     ``source`` (tests) replaces the first model's replicas; otherwise each
     model's come from its ``upstreams``: fixed ``host:port`` entries, or
-    ``dns:NAME:PORT`` (``discovery.py``). Tokenizers load here, so a bad
-    model directory fails at start-up (``ModelLoadError``), not on a request;
-    so do two models answering to one name (``ValueError``).
+    ``dns:NAME:PORT`` (``discovery.py``). Tokenizers load and warm up here
+    (those not in ``prepared``: ``startup.prepare_models``' answer, by resolved
+    directory), so a bad model directory fails at start-up (``ModelLoadError``),
+    not on a request; so do two models answering to one name (``ValueError``).
     """
     # One thread for every model's tokenizer: the Numba encoder already runs
     # in parallel inside a call, and its threading layer must not be entered
     # from two threads at once (settings.tokenizer_threads).
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
     metrics = GatewayMetrics()
+    # Tokenizers warmed: no request waits for a tokenizer kernel (gateway/startup.py).
+    prepared = dict(prepared or {})
+    prepared.update(prepare_models(served.model_dir for served in settings.models
+                                   if served.model_dir.resolve() not in prepared))
     read: dict[Path, tuple[ModelInfo, Preprocessor]] = {}
+    switches: list[NativeSwitch] = []
     for served in settings.models:
         key = served.model_dir.resolve()
         if key not in read:
-            model = read_model_info(served.model_dir)
-            read[key] = model, Preprocessor(load_tokenizer(served.model_dir), model, executor,
-                                            settings.auto_truncate, settings.chunk_overlap)
+            model, tokenizer, switch_later = prepared[key]
+            preprocessor = Preprocessor(tokenizer, model, executor, settings.auto_truncate,
+                                        settings.chunk_overlap)
+            read[key] = model, preprocessor
+            if switch_later:
+                switches.append(NativeSwitch(served.model_dir, preprocessor))
     sources = [source if i == 0 and source is not None else source_for(served.upstreams)
                for i, served in enumerate(settings.models)]
     check_distinct_names([served.names for served in settings.models])
@@ -103,9 +116,14 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
         app.state.router = router
         for gateway in router.gateways:
             await gateway.pool.start()
+        switching = [asyncio.create_task(switch.run()) for switch in switches]
         try:
-            yield
+            with on_first_call(metrics.count_kernel_first_call):
+                yield
         finally:
+            for task in switching:
+                task.cancel()
+            await asyncio.gather(*switching, return_exceptions=True)
             for gateway in router.gateways:
                 await gateway.pool.close()
             executor.shutdown(wait=False, cancel_futures=True)

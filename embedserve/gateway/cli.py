@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from embedserve.gateway.grpc_server import GrpcApiServer
+    from embedserve.gateway.startup import PreparedModel
 
 log = logging.getLogger("embedserve.gateway")
 _DEFAULTS = GatewaySettings(model_dir=Path("."), upstreams=())
@@ -217,8 +218,11 @@ def _upstreams(spec: ModelSpec, upstream_flag: str | None, model_count: int) -> 
     return upstreams
 
 
-async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None) -> int:
+async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = None,
+                     prepared: dict[Path, PreparedModel] | None = None) -> int:
     """Serve the gateway until ``stop`` is set (or SIGINT/SIGTERM when None), then drain.
+
+    ``prepared``: models read and tokenizers warmed beforehand (``startup.prepare_models``).
 
     Draining keeps the socket open and the server running, so requests
     admitted before the stop are answered and later ones get a clean 503;
@@ -227,7 +231,7 @@ async def serve_http(settings: GatewaySettings, stop: asyncio.Event | None = Non
     """
     from embedserve.gateway.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, prepared=prepared)
     sock = listening_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     # httptools, named rather than left to "auto": h11's pure-Python parser cost

@@ -40,6 +40,14 @@ class GatewayMetrics:
                                       ["model"], registry=r)
         self.replicas_known = Gauge("embedserve_gateway_replicas", "Replicas configured", ["model"],
                                     registry=r)
+        # A kernel's first call for an argument signature (a compile, or a load from the
+        # disk cache) by whether it happened in a warm-up or in a request: a tokenizer
+        # serves only once warmed up, so "serving" stays 0 unless a request waited for one.
+        self.kernel_first_calls = Counter("embedserve_gateway_tokenizer_kernel_first_calls",
+                                          "Tokenizer kernel signatures compiled or loaded, by when",
+                                          ["when"], registry=r)
+        for when in ("warm_up", "serving"):
+            self.kernel_first_calls.labels(when)
         # The children of the per-request label sets, each looked up once: ``labels()``
         # validates and locks on every call. Routes, statuses and models are few.
         self._request_children: dict[tuple[str, int | str], tuple] = {}
@@ -63,6 +71,10 @@ class GatewayMetrics:
                 self.inputs.labels(route, model), self.tokens.labels(route, model))
         children[0].inc(inputs)
         children[1].inc(tokens)
+
+    def count_kernel_first_call(self, call: dict) -> None:
+        """A tokenizer kernel's first call (kernel_cache.FirstCall), from any thread."""
+        self.kernel_first_calls.labels("warm_up" if call["warm_up"] else "serving").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -18,8 +18,11 @@ import argparse
 import asyncio
 import logging
 import tempfile
+import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from embedserve.defaults.model_args import ModelSpec, default_cache_dir, model_specs_from_args
 from embedserve.entrypoint import StartupError, configure_logging, run_event_loop, stop_on_signals
@@ -101,17 +104,68 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     stop = asyncio.Event()
     with stop_on_signals(stop.set):
         try:
-            if not await first_or_stop(asyncio.ensure_future(group.start()), stop):
+            # The gateway reads its models and warms their tokenizers while the replicas
+            # start: both take seconds, mostly on one core each (docs/startup.md).
+            preparing = _in_daemon_thread(_prepare_models, [spec.path for spec in specs])
+            if not await first_or_stop(asyncio.ensure_future(_both(group.start(), preparing)), stop):
                 return 0
             models = served_models(args, specs, [s.addresses for s in group.supervisors])
             settings = replace(gateway_settings(args, models, read_token_file(token_file)),
                                replica_metrics_urls=tuple(url for s in group.supervisors
                                                           for url in s.metrics_urls))
-            status = await serve_http(settings, stop)
+            status = await serve_http(settings, stop, preparing.result())
             log.info("stopped")
             return status
         finally:
             await group.stop()
+
+
+async def _both(starting: Coroutine[Any, Any, Any], preparing: asyncio.Future) -> None:
+    """Await both; when one fails, the other is cancelled (and awaited) before the error
+    propagates, so no replica goes on starting behind a failed gateway."""
+    started = asyncio.ensure_future(starting)
+    try:
+        await asyncio.gather(started, preparing)
+    except BaseException:
+        for pending in (started, preparing):
+            pending.cancel()
+        await asyncio.gather(started, preparing, return_exceptions=True)
+        raise
+
+
+def _prepare_models(model_dirs: list[Path]) -> dict:
+    from embedserve.gateway.startup import prepare_models  # the gateway's imports, on this thread too
+
+    return prepare_models(model_dirs)
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """``fn(*args)`` on a daemon thread, as a future of this loop: a stop during start-up
+    neither waits for it (a first start may compile tokenizer kernels for a minute) nor
+    is kept from exiting by it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: nobody waits
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop has closed: the process is exiting
+            pass
+
+    threading.Thread(target=run, name="prepare-models", daemon=True).start()
+    return future
 
 
 def _label(spec: ModelSpec, model_count: int) -> str:

@@ -30,6 +30,13 @@ read-modify-write is serialized, under the kernel's own lock. Compile locks are 
 caller first, callee second, in call-graph order, and the index lock is taken with no
 other lock taken after it, so two processes can never hold each other's.
 
+A kernel's first call for a signature (loaded from disk or compiled) is announced as a
+Numba event (``FIRST_CALL_EVENT``; ``on_first_call`` listens), tagged with whether it
+ran inside ``warming_up()``: a server counts first calls outside its warm-up, which
+are compiles or loads a request waited for. ``warming_up(compile=False)`` turns a
+compile into ``KernelNotCached``: a server learns whether the cache holds what it needs
+in the time a load takes, and compiles elsewhere when it does not.
+
 This module owns where kernel caches live, when they are stale and which argument
 types a kernel is compiled for, not what is compiled. It imports nothing from
 embedserve (a test runs it from a copied package).
@@ -42,10 +49,11 @@ import fcntl
 import functools
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from numba.core import config, sigutils, types
+from numba.core import config, event, sigutils, types
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
@@ -53,6 +61,65 @@ from numba.misc.appdirs import AppDirs
 
 SOURCE_ROOT = Path(__file__).resolve().parent  # every module a kernel may call lives under here
 _HASH_CHARS_IN_NAME = 16  # 64 bits of the hash name the directory; the index holds all of it
+# The Numba event a kernel's first call for a signature triggers; its data is a FirstCall.
+FIRST_CALL_EVENT = "embedserve:kernel_first_call"
+
+
+class KernelNotCached(RuntimeError):
+    """A kernel would compile inside ``warming_up(compile=False)``: the disk cache lacks it."""
+
+
+class FirstCall(dict):
+    """What a first call's event carries: ``kernel`` (its name), ``warm_up`` (inside
+    ``warming_up()``), ``from_disk`` (loaded, not compiled)."""
+
+
+class _WarmUpState(threading.local):
+    """This thread's ``warming_up()`` block, if any. Per thread, as the caller's scope
+    is: a request on another thread meanwhile is not warming up. (Module state
+    because Numba's dispatchers, which read it, are module-level objects too.)"""
+
+    active = False
+    compile = True
+
+
+_warm_up_state = _WarmUpState()
+
+
+@contextlib.contextmanager
+def warming_up(compile: bool = True) -> Iterator[None]:
+    """Tag this thread's kernel first calls as warm-up; ``compile=False``: raise
+    ``KernelNotCached`` instead of compiling a kernel the disk cache lacks."""
+    state = _warm_up_state
+    before = state.active, state.compile
+    state.active, state.compile = True, compile and state.compile
+    try:
+        yield
+    finally:
+        state.active, state.compile = before
+
+
+@contextlib.contextmanager
+def on_first_call(listener: Callable[[FirstCall], None]) -> Iterator[None]:
+    """Call ``listener`` after each kernel first call (any thread) while the block runs."""
+    numba_listener = _FirstCallListener(listener)
+    event.register(FIRST_CALL_EVENT, numba_listener)
+    try:
+        yield
+    finally:
+        event.unregister(FIRST_CALL_EVENT, numba_listener)
+
+
+class _FirstCallListener(event.Listener):
+    def __init__(self, listener: Callable[[FirstCall], None]) -> None:
+        self._listener = listener
+
+    def on_start(self, ev: event.Event) -> None:
+        pass
+
+    def on_end(self, ev: event.Event) -> None:
+        # Failed compiles too: they took the time. (Numba's Event.is_failed reads inverted.)
+        self._listener(ev.data)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,19 +256,30 @@ class KernelDispatcher(CPUDispatcher):
         args, _ = sigutils.normalize_signature(sig)
         args = tuple(args)
         cache = self._cache
-        # A dispatcher rebuilt from a pickle has Numba's own cache, without lock files.
-        if args in self.overloads or self._holds_compile_lock or not isinstance(cache, SourceTreeCache):
+        if args in self.overloads:
             return super().compile(sig)
+        # A dispatcher rebuilt from a pickle has Numba's own cache, without lock files.
+        if self._holds_compile_lock or not isinstance(cache, SourceTreeCache):
+            with self._first_call(False):
+                return super().compile(sig)
         # Numba's lock first: this process's threads queue on it, never on the file.
         with global_compiler_lock:
             if cache.holds(sig, self.targetctx.codegen()):
-                return super().compile(sig)  # a load from disk, keyed by ``sig`` as Numba's is
-            with _locked(cache.compile_lock_path(args)):
+                with self._first_call(True):
+                    return super().compile(sig)  # a load from disk, keyed by ``sig`` as Numba's is
+            if not _warm_up_state.compile:
+                raise KernelNotCached(f"{self.py_func.__qualname__}{args}: not in the disk cache")
+            with _locked(cache.compile_lock_path(args)), self._first_call(False):
                 self._holds_compile_lock = True
                 try:
                     return super().compile(sig)
                 finally:
                     self._holds_compile_lock = False
+
+    def _first_call(self, from_disk: bool):
+        """The first-call event around a load or compile of this kernel."""
+        return event.trigger_event(FIRST_CALL_EVENT, data=FirstCall(
+            kernel=self.py_func.__qualname__, warm_up=_warm_up_state.active, from_disk=from_disk))
 
 
 def cached_njit(**options) -> Callable:

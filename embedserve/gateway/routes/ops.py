@@ -1,8 +1,11 @@
 """Operational routes: health, readiness, model info, model list, metrics.
 
 ``/health`` answers while the process is alive; ``/ready`` only once the
-tokenizers are loaded and every served model has a replica whose health
-watch says SERVING (load balancers route on it). ``/info`` merges a model
+tokenizers are loaded and warmed up (the app is built only then: every kernel a
+route runs has been called once, so no request waits for a compile;
+gateway/startup.py) and every served model has a replica whose health watch
+says SERVING (a replica says so after its engine's warm-up step). Load
+balancers route on it. ``/info`` merges a model
 directory's facts with what its replicas report: one model's answer when
 one model is served (or ``?model=NAME`` picks one), else every model's.
 """
@@ -28,7 +31,7 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/ready", tags=["ops"], summary="Tokenizers loaded and every model has a replica serving")
+@router.get("/ready", tags=["ops"], summary="Tokenizers warmed up and every model has a replica serving")
 async def ready(request: Request) -> Response:
     models: ModelRouter = request.app.state.router
     healthy = {g.model_id: len(g.pool.healthy()) for g in models.gateways}
