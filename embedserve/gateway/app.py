@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve import __version__
 from embedserve import wire
-from embedserve.gateway.routes import embed, ops, rerank, tokenize
+from embedserve.gateway.routes import classify, embed, ops, rerank, sparse, tokenize
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
@@ -118,7 +118,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None) -
     # subclass that adds only methods, so the object itself can take it.
     app.__class__ = GatewayApp
     install_error_handlers(app)
-    routers = [module.router for module in (embed, rerank, tokenize, ops)]
+    routers = [module.router for module in (embed, rerank, tokenize, ops, classify, sparse)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     drain = Drain(metrics.registry, settings.retry_after_s)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import modernbert_config
+from embedserve.model import modernbert_config, tasks
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
 Family = Literal["bert", "xlm-roberta"]
@@ -32,6 +32,8 @@ ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
     "XLMRobertaModel": ("xlm-roberta", "embed"),
     "BertForSequenceClassification": ("bert", "score"),
     "XLMRobertaForSequenceClassification": ("xlm-roberta", "score"),
+    # A masked LM is served as a SPLADE sparse encoder (model/tasks.py).
+    "BertForMaskedLM": ("bert", "sparse"),
 }
 
 
@@ -56,7 +58,7 @@ class EncoderConfig:
 
     architecture: str
     family: Family
-    task: str                      # "embed" or "score"
+    task: str                      # model/tasks.py: "embed", "score", "classify" or "sparse"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -68,6 +70,10 @@ class EncoderConfig:
     hidden_act: str
     position_offset: int           # first position id: 0 for BERT, padding_idx + 1 for XLM-R
     num_labels: int = 1
+    # A classifier's (task "classify") label names, by class index, and how its logits
+    # become probabilities (model/tasks.py: "softmax" or "sigmoid").
+    labels: tuple[str, ...] = ()
+    activation: str = ""
 
     @property
     def head_dim(self) -> int:
@@ -106,8 +112,13 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
     if hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
         raise ModelLoadError(f"unsupported hidden_act {hidden_act!r}")
     num_labels = len(raw["id2label"]) if "id2label" in raw else int(raw.get("num_labels", 1))
+    labels: tuple[str, ...] = ()
+    activation = ""
     if task == "score" and num_labels != 1:
-        raise ModelLoadError(f"a reranker needs exactly one label; config has {num_labels}")
+        # More than one label: a classifier, not a reranker (one label: a cross-encoder).
+        task = "classify"
+        labels = tasks.label_names(raw, num_labels)
+        activation = tasks.classifier_activation(raw.get("problem_type"))
     try:
         config = EncoderConfig(
             architecture=architecture, family=family, task=task,
@@ -120,7 +131,7 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
             hidden_act=hidden_act,
             # RoBERTa-style position ids count from padding_idx + 1 (2 for XLM-R).
             position_offset=int(raw.get("pad_token_id", 1)) + 1 if family == "xlm-roberta" else 0,
-            num_labels=num_labels,
+            num_labels=num_labels, labels=labels, activation=activation,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
@@ -175,13 +186,18 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
     (sentence-transformers' own default for a bare transformers directory).
     """
     pooling, normalize = "mean", False
-    if config.task == "score":
+    if config.task in ("score", "classify"):
         pooling = "cls"
+    if config.task == "sparse":
+        pooling = tasks.SPLADE_DEFAULT   # what SparseEncoder builds for a bare fill-mask model
     modules_path = model_dir / "modules.json"
     if modules_path.exists():
         for module in read_json(modules_path):
             kind = str(module.get("type", ""))
-            if kind.endswith("Pooling"):
+            if kind.endswith("SpladePooling"):
+                path = model_dir / module.get("path", "1_SpladePooling") / "config.json"
+                pooling = tasks.splade_pooling(read_json(path), path)
+            elif kind.endswith("Pooling"):
                 pooling = _read_pooling(model_dir / module.get("path", "1_Pooling") / "config.json")
             elif kind.endswith("Normalize"):
                 normalize = True
