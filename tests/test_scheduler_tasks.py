@@ -89,3 +89,40 @@ def test_embed_sparse_sends_only_nonzeros(tmp_path: Path, minilm_dir: Path) -> N
     top_indices = wire.tensor_to_array(top.indices).reshape(3, 4)
     for row, kept in zip(reference, top_indices):
         assert kept.tolist() == np.sort(np.argsort(-row, kind="stable")[:4]).tolist()
+
+
+def test_bulk_embed_writes_sparse_list_columns(tmp_path: Path, minilm_dir: Path) -> None:
+    """``embedserve embed --top-k 3`` on a SPLADE model: Parquet ``indices``/``values`` list
+    columns, against SparseEncoder's top 3; a .npy output is refused before the model loads."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+    from sentence_transformers import SparseEncoder
+
+    model_dir = build_splade(tmp_path / "splade", minilm_dir, seed=2)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    reference = SparseEncoder(str(model_dir), device="cpu").encode(
+        TEXTS, convert_to_tensor=True, convert_to_sparse_tensor=False).numpy()
+    root = Path(__file__).resolve().parents[1]
+
+    def embed(output: Path) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "embedserve.cli", "embed", str(corpus), "-o", str(output),
+                "--model", str(model_dir), "--dtype", "float32", "--no-progress", "--top-k", "3"]
+        return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+
+    done = embed(tmp_path / "out.parquet")
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column_names == ["id", "indices", "values", "tokens", "truncated", "chunked"]
+    for row, indices, values in zip(reference, table.column("indices").to_pylist(),
+                                    table.column("values").to_pylist()):
+        expected = np.sort(np.argsort(-row, kind="stable")[:3])
+        assert indices == expected.tolist()
+        np.testing.assert_allclose(values, row[expected], atol=1e-4, rtol=0)
+    refused = embed(tmp_path / "out.npy")
+    assert refused.returncode == 2 and "Parquet list columns" in refused.stderr

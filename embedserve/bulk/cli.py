@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model's prompt to prepend (e5: passage or query; default: the model's default)")
     p.add_argument("--dimensions", type=int, default=None, help="Matryoshka: keep the first N dimensions")
     p.add_argument("--precision", choices=PRECISIONS, default="float32", help="stored precision (default: float32)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="a sparse (SPLADE) model: keep each document's top K weights (default: all "
+                        "nonzeros); its output has indices and values list columns (docs/tasks.md)")
     add_dtype_flags(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=None,
@@ -101,11 +104,12 @@ def _run(args: argparse.Namespace):
                            chunk_overlap=args.chunk_overlap,
                            token_budget=args.batch_tokens or bulk_token_budget(args.device),
                            max_sequences=args.batch_sequences,
-                           window=args.sort_window or args.part_size)
+                           window=args.sort_window or args.part_size, top_k=args.top_k)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
     model_dir = model_dir_from_args(args)
     model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
+    _check_sparse_job(model_dir, args, output_format)
     refuse_before_loading(spec, paths, args.overwrite,
                           job_parameters(spec, model, options, args.part_size, output_format, engine={}))
     if args.ray:
@@ -141,3 +145,17 @@ def _run(args: argparse.Namespace):
                        overwrite=args.overwrite, show_progress=not args.no_progress)
     finally:
         embedder.close()
+
+
+def _check_sparse_job(model_dir: Path, args: argparse.Namespace, output_format: str) -> None:
+    """A sparse model's job runs here (not --url, not --ray) into Parquet list columns."""
+    from embedserve.errors import InvalidInput
+    from embedserve.model.info import read_model_info
+
+    if read_model_info(model_dir).task != "sparse":
+        return
+    if args.url or args.ray:
+        raise InvalidInput("a sparse model's job runs in this process; drop --url and --ray")
+    if output_format != "parquet":
+        raise InvalidInput("a sparse model's vectors are written as Parquet list columns "
+                           "(indices, values); use a .parquet output")
