@@ -145,10 +145,15 @@ class QuantizationRanges(BaseModel):
                                       "(float32 values), as quantize_embeddings(ranges=...) takes")
 
 
+_INSTRUCTION_DOC = ("embedserve extension, for an LLM reranker (Qwen3-Reranker): the task "
+                    "instruction in its prompt; omitted: the model card's default (docs/tasks.md).")
+
+
 class RerankRequest(_Request):
     query: StrictStr
     model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     texts: list[StrictStr]
+    instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     truncate: StrictBool = False
@@ -188,6 +193,7 @@ class CohereRerankRequest(_Request):
     documents: list[Union[StrictStr, DocumentText]]
     model: StrictStr | None = None
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)
     return_documents: StrictBool = False
     truncate: StrictBool = True
 

@@ -14,6 +14,7 @@ its own module and joins with one line in ``ARCHITECTURES`` (and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import modernbert_config, tasks
+from embedserve.model import llm_reranker, modernbert_config, tasks
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
 Family = Literal["bert", "xlm-roberta"]
@@ -170,7 +171,12 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: "
                              f"{', '.join(sorted(ARCHITECTURES))}")
     try:
-        return ARCHITECTURES[architecture](raw, architecture)
+        config = ARCHITECTURES[architecture](raw, architecture)
+        if architecture == "Qwen3ForCausalLM" and llm_reranker.is_reranker_dir(model_dir):
+            # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
+            config = dataclasses.replace(config, task="score",
+                                         score_tokens=llm_reranker.yes_no_ids(model_dir))
+        return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None
 
@@ -187,7 +193,8 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
     """
     pooling, normalize = "mean", False
     if config.task in ("score", "classify"):
-        pooling = "cls"
+        # A decoder reranker reads its last token (the only one that sees the whole pair).
+        pooling = "lasttoken" if getattr(config, "pair_template", "") else "cls"
     if config.task == "sparse":
         pooling = tasks.SPLADE_DEFAULT   # what SparseEncoder builds for a bare fill-mask model
     modules_path = model_dir / "modules.json"

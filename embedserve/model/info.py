@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedserve.errors import InvalidInput
+from embedserve.model import llm_reranker
 from embedserve.model.config import load_model_config, load_sentence_transformer_meta
 
 
@@ -45,6 +46,11 @@ class ModelInfo:
     # A classifier's label names by class index, and "softmax" or "sigmoid" (model/tasks.py).
     labels: tuple[str, ...] = ()
     activation: str = ""
+    # How a reranker's pairs become tokens: "" (the tokenizer's pair template) or
+    # "qwen3_reranker" (an LLM reranker's prompt, model/llm_reranker.py).
+    pair_template: str = ""
+    # That prompt's chat markers the tokenizer has as added tokens: (marker, id) pairs.
+    prompt_markers: tuple[tuple[str, int], ...] = ()
 
     def prompt(self, name: str | None, field_name: str) -> str:
         """The prefix for prompt ``name`` (None: the model's default, if any)."""
@@ -73,7 +79,9 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
         max_positions=config.max_positions, vocab_size=config.vocab_size,
         pooling=meta.pooling, normalize=meta.normalize, prompts=dict(meta.prompts),
         default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size,
-        labels=tuple(getattr(config, "labels", ())), activation=getattr(config, "activation", ""))
+        labels=tuple(getattr(config, "labels", ())), activation=getattr(config, "activation", ""),
+        pair_template=getattr(config, "pair_template", ""),
+        prompt_markers=llm_reranker.marker_ids(model_dir) if getattr(config, "pair_template", "") else ())
 
 
 def _dimension(config) -> int:

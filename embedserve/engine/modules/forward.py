@@ -30,7 +30,9 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
     hidden = model(token_ids, position_ids, token_type_ids, attend)      # [T, hidden]
     rows = lengths.shape[0]
     if model.head is not None:
-        return model.score(hidden[starts]).float()                       # [R] or [R, labels]
+        # Encoders score their first token; decoder rerankers ("lasttoken") their last.
+        rows_at = (starts + lengths - 1).clamp(min=0) if pooling == "lasttoken" else starts
+        return model.score(hidden[rows_at]).float()                      # [R] or [R, labels]
     mlm = getattr(model, "mlm", None)
     if mlm is not None:
         return splade_pool(mlm, hidden, seq_ids, rows, pooling)          # [R, vocab]
