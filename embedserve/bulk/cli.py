@@ -109,9 +109,9 @@ def _run(args: argparse.Namespace):
     paths = job_paths(args.output, args.errors, output_format)
     model_dir = model_dir_from_args(args)
     model = f"{model_dir.resolve()}@{model_fingerprint(model_dir)}"
-    _check_sparse_job(model_dir, args, output_format)
     refuse_before_loading(spec, paths, args.overwrite,
                           job_parameters(spec, model, options, args.part_size, output_format, engine={}))
+    _check_sparse_job(model_dir, args, output_format)
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 

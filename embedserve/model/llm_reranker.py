@@ -3,7 +3,8 @@
 Owns two things, both torch-free:
 
 - which causal-LM directories are rerankers: a ``Qwen3ForCausalLM`` whose folder
-  has no sentence-transformers ``modules.json`` (as Qwen/Qwen3-Reranker-* ship), or
+  has a tokenizer.json and no sentence-transformers ``modules.json`` (as
+  Qwen/Qwen3-Reranker-* ship), or
   whose ``modules.json`` ends in a ``LogitScore`` module, or whose
   ``config_sentence_transformers.json`` says ``"model_type": "CrossEncoder"``
   (a Qwen3-Embedding folder has modules.json with a Pooling module: an embedder);
@@ -71,8 +72,12 @@ def _logit_score_config(model_dir: Path) -> dict[str, Any] | None:
 
 def is_reranker_dir(model_dir: Path) -> bool:
     """Whether a causal-LM directory is a yes/no reranker (see the module docstring)."""
-    if not (model_dir / "modules.json").exists() or _logit_score_config(model_dir) is not None:
+    if _logit_score_config(model_dir) is not None:
         return True
+    if not (model_dir / "modules.json").exists():
+        # Without a tokenizer it cannot be served as a reranker; parsed alone, it stays
+        # what it was before rerankers existed (an embedder).
+        return (model_dir / "tokenizer.json").exists()
     st_config = model_dir / "config_sentence_transformers.json"
     return st_config.exists() and _json(st_config).get("model_type") == "CrossEncoder"
 
