@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from llm_reranker_models import INSTRUCTION, build_llm_reranker, model_card_scores
+from llm_reranker_models import build_llm_reranker, model_card_scores
 from serve_harness import served
 
 QUERY = "What is the capital of France?"
