@@ -77,3 +77,32 @@ def test_rerank_routes_answer_the_model_card_scores(reranker_dir: Path) -> None:
     logits = np.array([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])])
     np.testing.assert_allclose(1 / (1 + np.exp(-logits)), expected, atol=1e-5, rtol=0)   # logit(yes) - logit(no)
     assert (info["task"], info["model_type"]) == ("score", "reranker")
+
+
+def test_grpc_score_of_prompted_pairs(tmp_path: Path) -> None:
+    """gRPC Score on a replica takes the pairs already in the model card's prompt."""
+    import transformers
+    from scheduler_harness import ThreadedScheduler
+
+    from embedserve import ragged, wire
+    from embedserve.engine import Engine
+    from embedserve.model import llm_reranker
+    from embedserve.protos import inference_pb2
+    from embedserve.scheduler.settings import SchedulerSettings
+
+    directory = build_llm_reranker(tmp_path / "reranker", "Qwen3ForCausalLM", seed=9)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    prefix = tokenizer.encode(llm_reranker.PREFIX, add_special_tokens=False)
+    suffix = tokenizer.encode(llm_reranker.SUFFIX, add_special_tokens=False)
+    pairs = [prefix + tokenizer(llm_reranker.format_pair(QUERY, d), add_special_tokens=False)["input_ids"]
+             + suffix for d in DOCS]
+    settings = SchedulerSettings(model_dir=directory, max_batch_tokens=4096, metrics_port=0)
+    with Engine.load(directory) as engine:
+        server = ThreadedScheduler(settings, engine)
+        try:
+            reply = server.stub.Score(inference_pb2.ScoreRequest(
+                pairs=wire.pack_tokens(ragged.from_sequences(pairs)), sigmoid=True), timeout=60)
+        finally:
+            server.close()
+    np.testing.assert_allclose(wire.tensor_to_array(reply.scores), model_card_scores(directory, QUERY, DOCS),
+                               atol=1e-5, rtol=0)

@@ -9,6 +9,8 @@ INVALID_ARGUMENT naming it; Info reports the classifier's labels.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -27,9 +29,16 @@ LABELS = ["spam", "ham", "eggs"]
 TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "What is the capital of France?"]
 
 
-def _serve(model_dir: Path) -> ThreadedScheduler:
+@contextlib.contextmanager
+def serving(model_dir: Path) -> Iterator[ThreadedScheduler]:
+    """A scheduler over the model's engine; both stopped on the way out."""
     settings = SchedulerSettings(model_dir=model_dir, max_batch_tokens=4096, metrics_port=0)
-    return ThreadedScheduler(settings, Engine.load(model_dir))
+    with Engine.load(model_dir) as engine:
+        server = ThreadedScheduler(settings, engine)
+        try:
+            yield server
+        finally:
+            server.close()
 
 
 def _tokens(model_dir: Path) -> tuple[list[list[int]], inference_pb2.PackedTokens]:
@@ -47,8 +56,7 @@ def test_classify_probabilities_and_raw_logits(tmp_path: Path, minilm_dir: Path)
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with torch.no_grad():
         logits = np.stack([reference(input_ids=torch.tensor([s])).logits[0].numpy() for s in ids])
-    server = _serve(model_dir)
-    try:
+    with serving(model_dir) as server:
         assert list(server.stub.Info(inference_pb2.InfoRequest()).labels) == LABELS
         probabilities = wire.tensor_to_array(server.stub.Classify(
             inference_pb2.ClassifyRequest(tokens=packed), timeout=60).scores)
@@ -56,8 +64,6 @@ def test_classify_probabilities_and_raw_logits(tmp_path: Path, minilm_dir: Path)
             inference_pb2.ClassifyRequest(tokens=packed, raw_scores=True), timeout=60).scores)
         with pytest.raises(grpc.RpcError) as refused:
             server.stub.Embed(inference_pb2.EmbedRequest(tokens=packed), timeout=60)
-    finally:
-        server.close()
     np.testing.assert_allclose(probabilities, torch.from_numpy(logits).softmax(-1).numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(raw, logits, atol=1e-5, rtol=0)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -71,12 +77,9 @@ def test_embed_sparse_sends_only_nonzeros(tmp_path: Path, minilm_dir: Path) -> N
     reference = SparseEncoder(str(model_dir), device="cpu").encode(
         TEXTS, convert_to_tensor=True, convert_to_sparse_tensor=False).numpy()
     _, packed = _tokens(model_dir)
-    server = _serve(model_dir)
-    try:
+    with serving(model_dir) as server:
         full = server.stub.EmbedSparse(inference_pb2.EmbedSparseRequest(tokens=packed), timeout=60)
         top = server.stub.EmbedSparse(inference_pb2.EmbedSparseRequest(tokens=packed, top_k=4), timeout=60)
-    finally:
-        server.close()
     counts = wire.tensor_to_array(full.counts)
     indices, values = wire.tensor_to_array(full.indices), wire.tensor_to_array(full.values)
     assert counts.tolist() == [int(np.count_nonzero(r)) for r in reference]
