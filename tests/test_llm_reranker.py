@@ -1,17 +1,16 @@
 """LLM rerankers (Qwen3-Reranker as a causal LM, and converted to Qwen3ForSequenceClassification)
-against the model card's reference computation with transformers, in the engine and through
-``embedserve serve`` on ``/rerank`` and ``/v1/rerank`` (tests/llm_reranker_models.py)."""
+against the model card's reference computation with transformers, in the engine and over a
+replica's gRPC Score (tests/llm_reranker_models.py); through ``embedserve serve`` on
+``/rerank`` and ``/v1/rerank``: tests/test_tasks_serve.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 from llm_reranker_models import build_llm_reranker, model_card_scores
-from serve_harness import served
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "The Eiffel tower is in Paris, France.", "no"]
@@ -45,38 +44,6 @@ def test_an_embedder_folder_of_the_same_architecture_stays_an_embedder(tmp_path:
 
     directory = build_decoder_dir(tmp_path / "embedder", "qwen3_causal_lm")
     assert read_model_info(directory).task == "embed"
-
-
-@pytest.fixture(scope="module")
-def reranker_dir(tmp_path_factory) -> Path:
-    return build_llm_reranker(tmp_path_factory.mktemp("qwen3_reranker"), "Qwen3ForCausalLM", seed=4)
-
-
-def test_rerank_routes_answer_the_model_card_scores(reranker_dir: Path) -> None:
-    expected = np.array(model_card_scores(reranker_dir, QUERY, DOCS))
-    instructed = np.array(model_card_scores(reranker_dir, QUERY, DOCS, instruction="Find the capital"))
-    with served("--model", str(reranker_dir)) as url:
-        tei = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS}, timeout=180)
-        cohere = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2},
-                            timeout=180)
-        own = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS,
-                                                 "instruction": "Find the capital"}, timeout=180)
-        raw = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}, timeout=180)
-        info = httpx.get(f"{url}/info", timeout=10).json()
-    assert tei.status_code == 200, tei.text
-    ranked = tei.json()
-    assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
-    np.testing.assert_allclose([r["score"] for r in sorted(ranked, key=lambda r: r["index"])], expected,
-                               atol=1e-5, rtol=0)
-    results = cohere.json()["results"]
-    assert [r["index"] for r in results] == np.argsort(-expected, kind="stable")[:2].tolist()
-    np.testing.assert_allclose([r["relevance_score"] for r in results],
-                               np.sort(expected)[::-1][:2], atol=1e-5, rtol=0)
-    np.testing.assert_allclose([r["score"] for r in sorted(own.json(), key=lambda r: r["index"])],
-                               instructed, atol=1e-5, rtol=0)
-    logits = np.array([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])])
-    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), expected, atol=1e-5, rtol=0)   # logit(yes) - logit(no)
-    assert (info["task"], info["model_type"]) == ("score", "reranker")
 
 
 def test_grpc_score_of_prompted_pairs(tmp_path: Path) -> None:

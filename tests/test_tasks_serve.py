@@ -1,11 +1,12 @@
-"""Classification and sparse (SPLADE) models through ``embedserve serve``, with real clients.
+"""Classification, sparse (SPLADE) and LLM-reranker models through ``embedserve serve``.
 
-One server holds a BERT classifier (four labels, single-label softmax) and a SPLADE
-model (``BertForMaskedLM`` + max pooling); httpx (and the ``openai`` client for
+One server holds a BERT classifier (four labels, single-label softmax), a SPLADE
+model (``BertForMaskedLM`` + max pooling) and a Qwen3-Reranker-shaped causal LM; httpx (and the ``openai`` client for
 ``/v1/embeddings``' sparse answer) call TEI's ``/predict`` and ``/embed_sparse``, vLLM's
 ``/classify`` (gRPC: tests/test_scheduler_tasks.py). References are
 transformers (probabilities within 1e-5) and sentence-transformers' SparseEncoder (the
-same nonzero indices, values within 1e-4); routing refusals name the model's task.
+same nonzero indices, values within 1e-4) and the Qwen3-Reranker model card's code
+(scores within 1e-5); routing refusals name the model's task.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import pytest
 import torch
 
 from serve_harness import served
+from llm_reranker_models import build_llm_reranker, model_card_scores
 from task_models import build_classifier, build_splade
 
 LABELS = ["negative", "neutral", "positive", "mixed"]
 TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "What is the capital of France?"]
 PAIR = ("Where is the Eiffel tower?", "The Eiffel tower is in Paris.")
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "The Eiffel tower is in Paris, France.", "no"]
 # A first request may wait for a tokenizer kernel's compile (tests/kernel_warmup.py).
 TIMEOUT_S = 180
 
@@ -39,8 +43,14 @@ def splade_dir(tmp_path_factory, minilm_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def url(classifier_dir, splade_dir):
-    with served("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade") as url:
+def reranker_dir(tmp_path_factory) -> Path:
+    return build_llm_reranker(tmp_path_factory.mktemp("qwen3_reranker"), "Qwen3ForCausalLM", seed=4)
+
+
+@pytest.fixture(scope="module")
+def url(classifier_dir, splade_dir, reranker_dir):
+    with served("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade",
+                "--model", f"{reranker_dir}:name=qwen3-reranker") as url:
         yield url
 
 
@@ -141,8 +151,11 @@ def test_each_model_answers_only_its_routes(url: str) -> None:
     assert "task `classify`" in classifier_embeds.json()["error"]["message"]
     splade_predicts = httpx.post(f"{url}/predict", json={"model": "splade", "inputs": "x"}, timeout=TIMEOUT_S)
     assert splade_predicts.status_code == 400 and "task `sparse`" in splade_predicts.json()["error"]["message"]
-    reranked = httpx.post(f"{url}/rerank", json={"query": "q", "texts": ["a"]}, timeout=TIMEOUT_S)
-    assert reranked.status_code == 400 and "none is served here" in reranked.json()["error"]["message"]
+    embedded = httpx.post(f"{url}/embed", json={"inputs": "a"}, timeout=TIMEOUT_S)
+    assert embedded.status_code == 400 and "none is served here" in embedded.json()["error"]["message"]
+    instructed = httpx.post(f"{url}/rerank", json={"query": "q", "texts": ["a"], "instruction": "x",
+                                                    "model": "clf"}, timeout=TIMEOUT_S)
+    assert instructed.status_code == 400 and "task `classify`" in instructed.json()["error"]["message"]
     too_many = httpx.post(f"{url}/predict", json={"model": "clf", "inputs": ["a", "b", "c"]}, timeout=TIMEOUT_S)
     assert too_many.status_code == 400 and "inputs has 3 strings" in too_many.json()["error"]["message"]
     chunked = httpx.post(f"{url}/embed_sparse", json={"model": "splade", "inputs": "x", "truncate": "chunk"},
@@ -159,3 +172,29 @@ def test_info_and_models_say_each_task(url: str) -> None:
     assert (models["clf"]["task"], models["splade"]["task"]) == ("classify", "sparse")
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
     assert 'embedserve_gateway_model_task{model="splade",task="sparse"} 1.0' in metrics
+
+
+def test_llm_reranker_answers_the_model_card_scores(url: str, reranker_dir: Path) -> None:
+    """Qwen3-Reranker (a causal LM) on /rerank and /v1/rerank against the model card's code."""
+    expected = np.array(model_card_scores(reranker_dir, QUERY, DOCS))
+    instructed = np.array(model_card_scores(reranker_dir, QUERY, DOCS, instruction="Find the capital"))
+    tei = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS}, timeout=TIMEOUT_S)
+    cohere = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2},
+                        timeout=TIMEOUT_S)
+    own = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS,
+                                             "instruction": "Find the capital"}, timeout=TIMEOUT_S)
+    raw = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True},
+                     timeout=TIMEOUT_S)
+    assert tei.status_code == 200, tei.text
+    ranked = tei.json()
+    assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
+    np.testing.assert_allclose([r["score"] for r in sorted(ranked, key=lambda r: r["index"])], expected,
+                               atol=1e-5, rtol=0)
+    results = cohere.json()["results"]
+    assert [r["index"] for r in results] == np.argsort(-expected, kind="stable")[:2].tolist()
+    np.testing.assert_allclose([r["relevance_score"] for r in results],
+                               np.sort(expected)[::-1][:2], atol=1e-5, rtol=0)
+    np.testing.assert_allclose([r["score"] for r in sorted(own.json(), key=lambda r: r["index"])],
+                               instructed, atol=1e-5, rtol=0)
+    logits = np.array([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])])
+    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), expected, atol=1e-5, rtol=0)   # logit(yes) - logit(no)
