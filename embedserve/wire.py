@@ -13,7 +13,7 @@ uses ``np.frombuffer``, so an unpacked array is a read-only view of the
 message's bytes (no copy, no per-element Python objects). ``PackedTokens``
 carries per-sequence ``lengths``; ``cu_seqlens`` is rebuilt from them.
 
-``tensor_to_array`` returns float32, float16, int8 or uint8 exactly as sent
+``tensor_to_array`` returns float32, float16, int8, uint8 or int32 exactly as sent
 (quantized vectors travel packed as int8/uint8, ``Precision`` names which). A call
 carrying more than ``InfoResponse.max_queue_tokens`` tokens can never fit the
 replica's queue and gets INVALID_ARGUMENT ("split it"); RESOURCE_EXHAUSTED
@@ -39,9 +39,11 @@ _WIRE_DTYPES: dict[int, np.dtype] = {
     inference_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
     inference_pb2.DTYPE_INT8: np.dtype("i1"),
     inference_pb2.DTYPE_UINT8: np.dtype("u1"),
+    inference_pb2.DTYPE_INT32: np.dtype("<i4"),
 }
 _DTYPE_NAMES = {"float32": inference_pb2.DTYPE_FLOAT32, "float16": inference_pb2.DTYPE_FLOAT16,
-                "int8": inference_pb2.DTYPE_INT8, "uint8": inference_pb2.DTYPE_UINT8}
+                "int8": inference_pb2.DTYPE_INT8, "uint8": inference_pb2.DTYPE_UINT8,
+                "int32": inference_pb2.DTYPE_INT32}
 # embedserve.model.quantize's precision names <-> the proto's Precision values.
 _PRECISIONS: dict[str, int] = {
     "float32": inference_pb2.PRECISION_FLOAT32, "float16": inference_pb2.PRECISION_FLOAT16,
@@ -89,7 +91,7 @@ def model_info_to_proto(info: ModelInfo, *, max_batch_tokens: int, max_batch_seq
         dtype_reason=info.dtype_reason or "",
         max_queue_tokens=max_queue_tokens, calibration_id=info.calibration_id or "",
         calibration_sample_size=info.calibration_sample_size,
-        calibration_texts_id=info.calibration_texts_id or "")
+        calibration_texts_id=info.calibration_texts_id or "", labels=list(info.labels))
 
 
 def model_info_from_proto(reply: inference_pb2.InfoResponse, described: ModelInfo) -> ModelInfo:

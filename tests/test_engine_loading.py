@@ -83,7 +83,8 @@ def test_pickled_code_in_a_bin_is_refused(tiny_bert_dir: Path, tmp_path: Path) -
     ("shape", r"weight encoder.layers.0.ffn_in.weight has shape \(64, 32\), the config implies \(128, 32\)"),
     ("missing_weight", "checkpoint lacks 1 weights: encoder.layers.1.ffn_out.bias"),
     ("max_pooling", "unsupported pooling"),
-    ("two_labels", "exactly one label"),
+    # Two labels make a classifier (model/tasks.py); one whose logits are no probabilities is refused.
+    ("two_labels", "unsupported problem_type 'regression'"),
     ("rotary", "unsupported position_embedding_type"),
 ])
 def test_broken_directories_raise_model_load_error(breakage: str, message: str, tiny_bert_dir: Path,
@@ -110,7 +111,7 @@ def test_broken_directories_raise_model_load_error(breakage: str, message: str, 
         pooling = model_dir / "1_Pooling" / "config.json"
         pooling.write_text(json.dumps({"pooling_mode_max_tokens": True}))
     elif breakage == "two_labels":
-        edit_config(model_dir, id2label={"0": "a", "1": "b"})
+        edit_config(model_dir, id2label={"0": "a", "1": "b"}, problem_type="regression")
     elif breakage == "rotary":
         edit_config(model_dir, position_embedding_type="rotary")
     with pytest.raises(ModelLoadError, match=message):

@@ -21,7 +21,8 @@ def test_stubs_import_from_the_package_and_serve_the_contract():
 
     service = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
     assert service.full_name == "embedserve.v1.Inference"
-    assert sorted(m.name for m in service.methods) == ["Embed", "Info", "Ranges", "Score"]
+    assert sorted(m.name for m in service.methods) == ["Classify", "Embed", "EmbedSparse", "Info", "Ranges",
+                                                       "Score"]
     assert hasattr(inference_pb2_grpc, "InferenceStub")
 
 

@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model's prompt to prepend (e5: passage or query; default: the model's default)")
     p.add_argument("--dimensions", type=int, default=None, help="Matryoshka: keep the first N dimensions")
     p.add_argument("--precision", choices=PRECISIONS, default="float32", help="stored precision (default: float32)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="a sparse (SPLADE) model: keep each document's top K weights (default: all "
+                        "nonzeros); its output has indices and values list columns (docs/tasks.md)")
     add_dtype_flags(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=None,
@@ -144,7 +147,7 @@ def _run(args: argparse.Namespace) -> tuple[Totals, InputSpec, JobPaths]:
                            chunk_overlap=args.chunk_overlap,
                            token_budget=args.batch_tokens or bulk_token_budget(args.device),
                            max_sequences=args.batch_sequences,
-                           window=args.sort_window or args.part_size)
+                           window=args.sort_window or args.part_size, top_k=args.top_k)
     output_format = args.format or ("npy" if args.output.suffix == ".npy" else "parquet")
     paths = job_paths(args.output, args.errors, output_format)
     with output_lock(paths.lock):
@@ -164,6 +167,8 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
     if args.ray:
         asked["ray"] = True   # as run_on_ray records it: a Ray job resumes only on Ray
     refuse_before_loading(spec, paths, args.overwrite, asked)
+    if model_dir is not None:
+        _check_sparse_job(model_dir, args, output_format)
     if args.ray:
         from embedserve.bulk.ray_job import run_on_ray
 
@@ -203,3 +208,17 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
     finally:
         embedder.close()
     return totals, spec, paths
+
+
+def _check_sparse_job(model_dir: Path, args: argparse.Namespace, output_format: str) -> None:
+    """A sparse model's job runs here (not --url, not --ray) into Parquet list columns."""
+    from embedserve.errors import InvalidInput
+    from embedserve.model.info import read_model_info
+
+    if read_model_info(model_dir).task != "sparse":
+        return
+    if args.url or args.ray:
+        raise InvalidInput("a sparse model's job runs in this process; drop --url and --ray")
+    if output_format != "parquet":
+        raise InvalidInput("a sparse model's vectors are written as Parquet list columns "
+                           "(indices, values); use a .parquet output")

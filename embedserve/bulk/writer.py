@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from embedserve.bulk.job import JobPaths
 from embedserve.bulk.manifest import write_atomic
 from embedserve.local import columns
+from embedserve.local.embedded import SparseRows
 from embedserve.local.precision import PACKED_PRECISIONS, output_dtype
 
 # Parquet settings fixed here so that every run writes identical bytes.
@@ -31,8 +32,15 @@ _PARQUET = dict(compression="zstd", write_statistics=False)
 
 def part_table(ids: list[Any], rows: np.ndarray, stored: np.ndarray, tokens: np.ndarray,
                truncated: np.ndarray, chunked: np.ndarray, id_type: pa.DataType, precision: str,
-               dimension: int) -> pa.Table:
-    """The output rows of one part (``rows``: indices of the embedded rows in ``ids``)."""
+               dimension: int, sparse: SparseRows | None = None) -> pa.Table:
+    """The output rows of one part (``rows``: indices of the embedded rows in ``ids``);
+    a sparse model's (``sparse``) as ``indices`` and ``values`` list columns."""
+    if sparse is not None:
+        indices, values = columns.sparse_arrays(sparse.counts, sparse.indices, sparse.values)
+        return pa.Table.from_arrays(
+            [pa.array([ids[i] for i in rows.tolist()], type=id_type), indices, values,
+             pa.array(tokens, type=pa.int32()), pa.array(truncated, type=pa.bool_()),
+             pa.array(chunked, type=pa.bool_())], schema=columns.sparse_schema(id_type))
     schema = columns.output_schema(id_type, precision, dimension)
     return pa.Table.from_arrays(
         [pa.array([ids[i] for i in rows.tolist()], type=id_type),

@@ -53,7 +53,10 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
     tensors = read_checkpoint(model_dir)
     with torch.device("meta"):
         model = family.model(config)
-    load_state(model, family.map_names(tensors))  # the meta tensors become copies of the checkpoint's
+    mapped = family.map_names(tensors)
+    if family.complete is not None:
+        mapped = family.complete(config, tensors, mapped)
+    load_state(model, mapped)  # the meta tensors become copies of the checkpoint's
     dense = load_sentence_transformer_meta(model_dir, config).dense
     if dense:
         model.projection = load_dense(dense)      # sentence-transformers' Dense modules, after pooling

@@ -18,6 +18,7 @@ from torch import nn
 from embedserve.engine.bert_variant_names import map_distilbert_names, map_mpnet_names
 from embedserve.engine.deberta_v2_names import map_deberta_v2_names
 from embedserve.engine.decoder_names import map_decoder_names
+from embedserve.engine.llm_head import add_score_head
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.deberta_v2 import DebertaV2Model
 from embedserve.engine.modules.decoder import DecoderModel
@@ -34,13 +35,16 @@ from embedserve.engine.weights import map_hf_names
 class FamilyRuntime:
     model: Callable[[Any], nn.Module]                                      # config -> module
     map_names: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]  # HF names -> ours
+    # (config, checkpoint tensors, mapped) -> mapped with what needs the config (a head)
+    complete: Callable[[Any, dict[str, torch.Tensor], dict[str, torch.Tensor]],
+                       dict[str, torch.Tensor]] | None = None
 
 
 FAMILIES: dict[str, FamilyRuntime] = {
     "bert": FamilyRuntime(EncoderModel, partial(map_hf_names, family="bert")),
     "xlm-roberta": FamilyRuntime(EncoderModel, partial(map_hf_names, family="xlm-roberta")),
     "modernbert": FamilyRuntime(ModernBertModel, partial(map_hf_names, family="modernbert")),
-    **{family: FamilyRuntime(DecoderModel, map_decoder_names)
+    **{family: FamilyRuntime(DecoderModel, map_decoder_names, add_score_head)
        for family in ("qwen3", "qwen2", "llama", "mistral")},
     "distilbert": FamilyRuntime(EncoderModel, map_distilbert_names),
     "mpnet": FamilyRuntime(MPNetModel, map_mpnet_names),

@@ -41,7 +41,11 @@ _EMBEDDING_NAMES = {
     "embeddings.LayerNorm": "encoder.embeddings.norm",
 }
 _HEAD_NAMES = {
-    "bert": {"pooler.dense": "head.dense", "classifier": "head.out_proj"},
+    "bert": {"pooler.dense": "head.dense", "classifier": "head.out_proj",
+             # BertForMaskedLM's head (SPLADE): modules/bert.py's MaskedLMHead
+             "cls.predictions.transform.dense": "mlm.dense",
+             "cls.predictions.transform.LayerNorm": "mlm.norm",
+             "cls.predictions.decoder": "mlm.decoder"},
     "xlm-roberta": {"classifier.dense": "head.dense", "classifier.out_proj": "head.out_proj"},
 }
 
@@ -135,6 +139,12 @@ def map_hf_names(tensors: dict[str, torch.Tensor], family: str) -> dict[str, tor
             mapped[f"{_EMBEDDING_NAMES[stem]}.{param}"] = tensor
         elif stem in head_names:
             mapped[f"{head_names[stem]}.{param}"] = tensor
+    if "cls.predictions.bias" in tensors:
+        # The decoder's bias is stored once, as cls.predictions.bias; its weight is tied
+        # to the word embeddings and stored only under their name.
+        mapped["mlm.decoder.bias"] = tensors["cls.predictions.bias"]
+        if "mlm.decoder.weight" not in mapped and "encoder.embeddings.word.weight" in mapped:
+            mapped["mlm.decoder.weight"] = mapped["encoder.embeddings.word.weight"]
     for (index, param), parts in qkv_parts.items():
         missing = {"query", "key", "value"} - parts.keys()
         if missing:

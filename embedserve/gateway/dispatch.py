@@ -94,10 +94,26 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
     return [np.concatenate([part[k] for part in parts], axis=0) for k in range(len(parts[0]))]
 
 
+# Replies whose first array has a row per sequence and whose others are ragged (flat,
+# the first array's counts saying how many entries each sequence owns): chunks of such
+# replies join by concatenating every array, as the others' do.
+RAGGED_REPLIES = {"EmbedSparse"}
+
+
 def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
-    """The arrays a reply carries: scores, float vectors, or the quantized vectors."""
-    if rpc == "Score":
+    """The arrays a reply carries: scores, float vectors, the quantized vectors, a
+    classifier's [B, labels] scores, or a sparse reply's counts, indices and values."""
+    if rpc in ("Score", "Classify"):
         return [wire.tensor_to_array(reply.scores, field=field).astype(np.float32, copy=False)]
+    if rpc == "EmbedSparse":
+        counts = wire.tensor_to_array(reply.counts, field=f"{field}.counts")
+        indices = wire.tensor_to_array(reply.indices, field=f"{field}.indices")
+        values = wire.tensor_to_array(reply.values, field=f"{field}.values")
+        if counts.dtype != np.int32 or indices.dtype != np.int32 or counts.ndim != 1 \
+                or indices.shape != values.shape or int(counts.sum()) != indices.shape[0]:
+            raise EmbedServeError(f"{field}: counts {list(counts.shape)} do not describe "
+                                  f"{indices.shape[0]} indices and {values.shape[0]} values")
+        return [counts, indices, values.astype(np.float32, copy=False)]
     if len(reply.quantized):
         return [wire.tensor_to_array(t, field=f"{field}.quantized[{k}]")
                 for k, t in enumerate(reply.quantized)]
@@ -151,7 +167,7 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             timings.wake_s = reply.timings.wake_us / 1e6
         timings.replica_s = max(timings.replica_s, reply.timings.total_us / 1e6)
         arrays = reply_arrays(rpc, reply, f"{rpc}.result")
-        for rows in arrays:
+        for rows in arrays[:1] if rpc in RAGGED_REPLIES else arrays:
             if rows.shape[0] != chunk.num_sequences:
                 # Never let a wrong row count shift answers onto other inputs.
                 raise EmbedServeError(f"replica {replica.address} answered {rows.shape[0]} rows "

@@ -48,6 +48,10 @@ class GatewayMetrics:
                                           ["when"], registry=r)
         for when in ("warm_up", "serving"):
             self.kernel_first_calls.labels(when)
+        # An info-style gauge (always 1): join on ``model`` to break any series down by task.
+        self.model_task = Gauge("embedserve_gateway_model_task",
+                                "The task of each served model (embed, score, classify, sparse)",
+                                ["model", "task"], registry=r)
         # The children of the per-request label sets, each looked up once: ``labels()``
         # validates and locks on every call. Routes, statuses and models are few.
         self._request_children: dict[tuple[str, int | str], tuple] = {}

@@ -28,6 +28,7 @@ from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, ReplicaPool
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.model import tasks
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
@@ -39,8 +40,8 @@ T = TypeVar("T")
 # the server's --request-timeout.
 DEADLINE_KEY = "embedserve.deadline"
 
-# How a task's model is named in messages.
-TASK_NAMES = {"embed": "an embedding model", "score": "a reranker (cross-encoder)"}
+# How a task's model is named in messages (model/tasks.py).
+TASK_NAMES = tasks.TASK_NAMES
 
 
 class Gateway:
@@ -59,6 +60,7 @@ class Gateway:
         # Read when scraped, not written twice per request.
         metrics.inflight_tokens.labels(self.model_id).set_function(lambda: self.budget.in_use)
         self._count_retry = metrics.chunk_retries.labels(self.model_id).inc
+        metrics.model_task.labels(self.model_id, model.task).set(1)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
                                   settings.max_attempts_per_chunk)
         # The last replica report read and the ModelInfo made of it: a request reads
@@ -87,7 +89,7 @@ class Gateway:
 
     @property
     def task(self) -> str:
-        """What the model does: "embed" or "score"."""
+        """What the model does: "embed", "score", "classify" or "sparse" (model/tasks.py)."""
         return self._described.task
 
     def check_model(self, name: str | None) -> str:
@@ -113,9 +115,11 @@ class Gateway:
 
     def require_task(self, task: str) -> None:
         if self._described.task != task:
+            hint = (" (send \"sparse\": true for its sparse vectors)"
+                    if self.task == "sparse" and task == "embed" else "")
             raise InvalidInput(f"this route needs {TASK_NAMES[task]}; the model `{self.model_id}` "
-                               f"is {TASK_NAMES[self.task]} and cannot "
-                               f"{'embed' if task == 'embed' else 'rerank'}", field="model")
+                               f"is {TASK_NAMES[self.task]} (task `{self.task}`) and cannot "
+                               f"{tasks.TASK_VERBS[task]}{hint}", field="model")
 
     async def embed(self, request: Request, packed: RaggedBatch, normalize: bool, dimensions: int,
                     route: str) -> np.ndarray:
@@ -157,6 +161,24 @@ class Gateway:
             return inference_pb2.ScoreRequest(pairs=tokens, sigmoid=sigmoid,
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
         return (await self._dispatch(request, packed, "Score", make, route))[0]
+
+    async def classify(self, request: Request, packed: RaggedBatch, raw_scores: bool,
+                       route: str) -> np.ndarray:
+        """Per-label scores [B, labels] per packed input (probabilities unless
+        ``raw_scores``), in input order."""
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.ClassifyRequest:
+            return inference_pb2.ClassifyRequest(tokens=tokens, raw_scores=raw_scores,
+                                                 request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        return (await self._dispatch(request, packed, "Classify", make, route))[0]
+
+    async def embed_sparse(self, request: Request, packed: RaggedBatch, top_k: int | None,
+                           route: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each input's nonzero SPLADE weights: counts [B], indices [N], values [N]."""
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedSparseRequest:
+            return inference_pb2.EmbedSparseRequest(tokens=tokens, top_k=top_k or 0,
+                                                    request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        counts, indices, values = await self._dispatch(request, packed, "EmbedSparse", make, route)
+        return counts, indices, values
 
     async def _dispatch(self, request: Request, packed: RaggedBatch, rpc: str, make,
                         route: str) -> list[np.ndarray]:

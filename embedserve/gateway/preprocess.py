@@ -23,6 +23,7 @@ from embedserve import ragged, validate
 from embedserve.errors import InvalidInput
 from embedserve.gateway import long_inputs
 from embedserve.gateway.long_inputs import LongInputPolicy
+from embedserve.model import llm_reranker
 from embedserve.model.info import ModelInfo
 from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
@@ -47,6 +48,7 @@ class Preprocessor:
         # The single-sequence template's specials: <s> / </s> for XLM-R, [CLS] / [SEP]
         # for BERT, none / <|endoftext|> for Qwen3-Embedding.
         self._prefix, self._suffix = tokenizer.single_specials
+        self._llm_affixes: tuple[np.ndarray, np.ndarray] | None = None   # an LLM reranker's prompt ends
         self.long_input_default = long_inputs.server_policy(auto_truncate, chunk_overlap,
                                                             self.window_room)
 
@@ -121,12 +123,18 @@ class Preprocessor:
         return ragged.from_lengths(np.concatenate(parts), lengths)
 
     async def pack_pairs(self, query: str, docs: Sequence[str], truncate: bool, direction: str,
-                         field: str) -> EncodedBatch:
+                         field: str, instruction: str | None = None) -> RaggedBatch:
         """The model's pair template per document, for the reranker: ``<s> query </s></s> doc </s>``
         (XLM-R) or ``[CLS] query [SEP] doc [SEP]`` with segment ids 0 then 1 (BERT), which
-        the batch carries as ``token_type_ids`` to the scheduler."""
+        the batch carries as ``token_type_ids`` to the scheduler; an LLM reranker's prompt
+        (``instruction`` in it) for a decoder reranker."""
         check_texts([query], "query")
         check_texts(docs, field)
+        if self.model.pair_template:
+            return await self._pack_prompted_pairs(query, docs, truncate, direction, field, instruction)
+        if instruction is not None:
+            raise InvalidInput("instruction applies to an LLM reranker's prompt; this model takes "
+                               "plain pairs", field="instruction")
         limit = self.model.max_positions
         encoded = await self._run(len(query) + sum(map(len, docs)),
                                   self.tokenizer.encode_pairs, query, list(docs),
@@ -135,6 +143,34 @@ class Preprocessor:
         if not truncate:
             validate.check_lengths(encoded.lengths, limit, field)
         return encoded
+
+
+    async def _pack_prompted_pairs(self, query: str, docs: Sequence[str], truncate: bool,
+                                   direction: str, field: str, instruction: str | None) -> RaggedBatch:
+        """Qwen3-Reranker's prompt per document (model/llm_reranker.py): the fixed prefix's
+        ids, the formatted pair's ids (cut to the room the prefix and suffix leave, when
+        ``truncate``), the fixed suffix's ids, as the model card joins them."""
+        if self._llm_affixes is None:
+            markers = dict(self.model.prompt_markers)
+
+            def encode(texts: Sequence[str]) -> list[np.ndarray]:
+                batch = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+                return [batch.sequence(i) for i in range(batch.num_sequences)]
+
+            self._llm_affixes = (llm_reranker.encode_with_markers(llm_reranker.PREFIX, markers, encode),
+                                 llm_reranker.encode_with_markers(llm_reranker.SUFFIX, markers, encode))
+        prefix, suffix = self._llm_affixes
+        room = self.model.max_positions - len(prefix) - len(suffix)
+        texts = [llm_reranker.format_pair(query, doc, instruction) for doc in docs]
+        encoded = await self._run(sum(map(len, texts)), self.tokenizer.encode_batch, texts,
+                                  max_length=room if truncate else None,
+                                  truncation=direction.lower() if truncate else None,
+                                  add_special_tokens=False)
+        if not truncate:
+            validate.check_lengths(encoded.lengths, room, field)
+        parts = [part for i in range(encoded.num_sequences) for part in (prefix, encoded.sequence(i), suffix)]
+        return ragged.from_lengths(np.concatenate(parts).astype(np.int32),
+                                   encoded.lengths.astype(np.int64) + len(prefix) + len(suffix))
 
 
 def check_texts(texts: Sequence[str], field: str) -> None:

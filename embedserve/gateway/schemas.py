@@ -67,12 +67,19 @@ class EmbeddingsRequest(_Request):
     embedding_types: EmbeddingTypes | None = Field(
         None, description=EMBEDDING_TYPES_HELP + " Each data[i].embedding is then that object "
         "(with encoding_format=base64, each vector is the base64 of its little-endian bytes).")
+    sparse: StrictBool = Field(
+        False, description="embedserve extension, for a sparse (SPLADE) model: each "
+        "data[i].embedding is {\"indices\": [vocabulary ids, ascending], \"values\": [weights]}, "
+        "its nonzeros (docs/tasks.md).")
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="embedserve extension, with sparse: keep each input's top_k largest "
+        "weights; omitted: every nonzero.")
 
 
 class EmbeddingObject(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str | dict[str, list[float] | str]
+    embedding: list[float] | str | dict[str, list[float] | list[int] | str]
 
 
 class EmbeddingsUsage(BaseModel):
@@ -92,6 +99,8 @@ class ModelObject(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "embedserve"
+    task: str | None = Field(None, description="embedserve extension: embed, score, classify or sparse")
+    outputs: list[str] | None = Field(None, description="embedserve extension: what the model returns")
 
 
 class ModelList(BaseModel):
@@ -136,10 +145,15 @@ class QuantizationRanges(BaseModel):
                                       "(float32 values), as quantize_embeddings(ranges=...) takes")
 
 
+_INSTRUCTION_DOC = ("embedserve extension, for an LLM reranker (Qwen3-Reranker): the task "
+                    "instruction in its prompt; omitted: the model card's default (docs/tasks.md).")
+
+
 class RerankRequest(_Request):
     query: StrictStr
     model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     texts: list[StrictStr]
+    instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     truncate: StrictBool = False
@@ -179,6 +193,7 @@ class CohereRerankRequest(_Request):
     documents: list[Union[StrictStr, DocumentText]]
     model: StrictStr | None = None
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)
     return_documents: StrictBool = False
     truncate: StrictBool = True
 

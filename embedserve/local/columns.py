@@ -20,6 +20,9 @@ EMBEDDING = "embedding"
 TOKENS = "tokens"
 TRUNCATED = "truncated"
 CHUNKED = "chunked"
+# A sparse (SPLADE) model's vector instead of ``embedding``: its nonzeros, by ascending index.
+INDICES = "indices"
+VALUES = "values"
 
 _VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8()}
 
@@ -33,6 +36,19 @@ def embedding_type(precision: str, dimension: int) -> pa.DataType:
 def output_schema(id_type: pa.DataType, precision: str, dimension: int) -> pa.Schema:
     return pa.schema([(ID, id_type), (EMBEDDING, embedding_type(precision, dimension)),
                       (TOKENS, pa.int32()), (TRUNCATED, pa.bool_()), (CHUNKED, pa.bool_())])
+
+
+def sparse_schema(id_type: pa.DataType) -> pa.Schema:
+    return pa.schema([(ID, id_type), (INDICES, pa.list_(pa.int32())), (VALUES, pa.list_(pa.float32())),
+                      (TOKENS, pa.int32()), (TRUNCATED, pa.bool_()), (CHUNKED, pa.bool_())])
+
+
+def sparse_arrays(counts: np.ndarray, indices: np.ndarray, values: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """Flat nonzeros and per-row counts -> the indices and values list columns (shared
+    offsets, no copy per row)."""
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
+    return (pa.ListArray.from_arrays(offsets, pa.array(indices, type=pa.int32())),
+            pa.ListArray.from_arrays(offsets, pa.array(values, type=pa.float32())))
 
 
 def embedding_array(stored: np.ndarray, precision: str, dimension: int) -> pa.Array:

@@ -12,6 +12,16 @@ import numpy as np
 
 
 @dataclass
+class SparseRows:
+    """A sparse model's vectors as their nonzeros: row i owns entries
+    [sum(counts[:i]), sum(counts[:i+1])) of ``indices`` (ascending) and ``values``."""
+
+    counts: np.ndarray                   # int32 [n]
+    indices: np.ndarray                  # int32 [N]: vocabulary ids
+    values: np.ndarray                   # float32 [N]
+
+
+@dataclass
 class EmbeddedPart:
     rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
     stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
@@ -19,3 +29,4 @@ class EmbeddedPart:
     truncated: np.ndarray                # bool [n]
     chunked: np.ndarray                  # bool [n]: pooled from several windows
     problems: list[tuple[int, str]]
+    sparse: SparseRows | None = None     # a sparse model's vectors (``stored`` is then [n, 0])

@@ -30,13 +30,14 @@ import numpy as np
 from embedserve.engine.batch import Batch
 from embedserve.errors import InvalidInput
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
-from embedserve.local.embedded import EmbeddedPart
+from embedserve.local.embedded import EmbeddedPart, SparseRows
 from embedserve.local.options import EmbedOptions, bulk_token_budget
 from embedserve.local.packing import plan_batches
 from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
-from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.model.postprocess import postprocess_embeddings, sparse_rows
+from embedserve.model.tasks import TASK_NAMES
 from embedserve.model.windows import pool_windows
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.engine_loading import load_engine
@@ -77,6 +78,7 @@ class LocalEmbedder:
         self.tokenizer = load_tokenizer(model_dir, **kwargs)
         self.options = options
         info = self.engine.info
+        check_bulk_task(info.task, info.model_id, options)
         if options.dimensions is not None and not 1 <= options.dimensions <= info.dimension:
             raise InvalidInput(f"dimensions must be between 1 and {info.dimension}, "
                                f"got {options.dimensions}", field="dimensions")
@@ -120,6 +122,8 @@ class LocalEmbedder:
     # ---- the model ------------------------------------------------------------
     def compute(self, part: PreparedPart) -> EmbeddedPart:
         """Run the planned batches (``IN_FLIGHT_STEPS`` at a time) and finish the vectors."""
+        if self.info.task == "sparse":
+            return self._compute_sparse(part)
         texts = part.texts
         sequences = texts.sequences
         raw = np.empty((sequences.num_sequences, self.info.dimension), dtype=np.float32)
@@ -140,5 +144,52 @@ class LocalEmbedder:
                             texts.tokens, texts.encoded.truncated.astype(bool), texts.chunked,
                             texts.problems)
 
+    def _compute_sparse(self, part: PreparedPart) -> EmbeddedPart:
+        """A sparse model's part: each step's vocabulary-wide rows cut to their nonzeros
+        at once (a part's dense rows would take part_size x vocabulary floats)."""
+        texts = part.texts
+        sequences = texts.sequences
+        by_row: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0, np.int32), np.empty(0, np.float32))] \
+            * sequences.num_sequences
+        pending: deque = deque()
+
+        def finish(rows: np.ndarray, lazy) -> None:
+            counts, indices, values = sparse_rows(lazy.wait(), self.options.top_k)
+            ends = np.cumsum(counts)
+            for row, a, b in zip(rows.tolist(), (ends - counts).tolist(), ends.tolist()):
+                by_row[row] = (indices[a:b], values[a:b])
+
+        for batch_rows in part.batches:
+            ids, lengths = take(sequences, batch_rows)
+            pending.append((batch_rows, self.engine.step(Batch.from_lengths(ids, lengths, "sparse"))))
+            if len(pending) >= IN_FLIGHT_STEPS:
+                finish(*pending.popleft())
+        while pending:
+            finish(*pending.popleft())
+        sparse = SparseRows(np.array([len(i) for i, _ in by_row], dtype=np.int32),
+                            np.concatenate([i for i, _ in by_row]) if by_row else np.empty(0, np.int32),
+                            np.concatenate([v for _, v in by_row]) if by_row else np.empty(0, np.float32))
+        return EmbeddedPart(texts.rows, np.empty((len(by_row), 0), np.float32), texts.tokens,
+                            texts.encoded.truncated.astype(bool), texts.chunked, texts.problems, sparse)
+
     def embed(self, texts: list[str]) -> EmbeddedPart:
         return self.compute(self.prepare(texts))
+
+
+def check_bulk_task(task: str, model_id: str, options: EmbedOptions) -> None:
+    """A bulk job embeds: dense vectors, or a sparse model's nonzeros (float32, no Matryoshka
+    cut, no windows pooled); a reranker or classifier has no vector to store."""
+    if task not in ("embed", "sparse"):
+        raise InvalidInput(f"embedserve embed needs an embedding model; {model_id} is "
+                           f"{TASK_NAMES.get(task, task)} (task {task})", field="model")
+    if task == "sparse":
+        refused = [name for name, given in (("precision", options.precision != "float32"),
+                                            ("dimensions", options.dimensions is not None),
+                                            ("long_inputs chunk", options.long_inputs == "chunk"))
+                   if given]
+        if refused:
+            raise InvalidInput(f"{refused[0]} does not apply to a sparse model's vectors ({model_id}): "
+                               f"they are float32 weights over its vocabulary", field="model")
+    elif options.top_k is not None:
+        raise InvalidInput(f"top_k applies to a sparse model; {model_id} is {TASK_NAMES[task]}",
+                           field="top_k")

@@ -36,6 +36,7 @@ class EmbedOptions:
     token_budget: int | None = None      # tokens per engine step (None: ``bulk_token_budget``)
     max_sequences: int = 256             # sequences per engine step
     window: int = 4096                   # documents sorted by length together
+    top_k: int | None = None             # a sparse model: keep each document's top_k weights
 
     def __post_init__(self) -> None:
         if self.long_inputs not in LONG_INPUT_POLICIES:
@@ -50,6 +51,8 @@ class EmbedOptions:
         for name in ("max_sequences", "window"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"{name} must be >= 1", field=name)
+        if self.top_k is not None and self.top_k < 1:
+            raise InvalidInput("top_k must be >= 1", field="top_k")
         if self.token_budget is not None and self.token_budget < 1:
             raise InvalidInput("token_budget must be >= 1", field="token_budget")
 

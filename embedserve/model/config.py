@@ -14,6 +14,7 @@ its own module and joins with one line in ``ARCHITECTURES`` (and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
 from embedserve.model.dense_config import DenseSpec, read_dense_modules
-from embedserve.model import deberta_v2_config, gemma3_config, modernbert_config, nomic_bert_config
+from embedserve.model import (deberta_v2_config, gemma3_config, llm_reranker, modernbert_config,
+                              nomic_bert_config, tasks)
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
 Family = Literal["bert", "xlm-roberta", "distilbert", "mpnet"]
@@ -33,6 +35,8 @@ ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
     "XLMRobertaModel": ("xlm-roberta", "embed"),
     "BertForSequenceClassification": ("bert", "score"),
     "XLMRobertaForSequenceClassification": ("xlm-roberta", "score"),
+    # A masked LM is served as a SPLADE sparse encoder (model/tasks.py).
+    "BertForMaskedLM": ("bert", "sparse"),
 }
 
 
@@ -57,7 +61,7 @@ class EncoderConfig:
 
     architecture: str
     family: Family
-    task: str                      # "embed" or "score"
+    task: str                      # model/tasks.py: "embed", "score", "classify" or "sparse"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -69,6 +73,10 @@ class EncoderConfig:
     hidden_act: str
     position_offset: int           # first position id: 0 for BERT, padding_idx + 1 for XLM-R
     num_labels: int = 1
+    # A classifier's (task "classify") label names, by class index, and how its logits
+    # become probabilities (model/tasks.py: "softmax" or "sigmoid").
+    labels: tuple[str, ...] = ()
+    activation: str = ""
 
     @property
     def head_dim(self) -> int:
@@ -112,8 +120,13 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
     if hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
         raise ModelLoadError(f"unsupported hidden_act {hidden_act!r}")
     num_labels = len(raw["id2label"]) if "id2label" in raw else int(raw.get("num_labels", 1))
+    labels: tuple[str, ...] = ()
+    activation = ""
     if task == "score" and num_labels != 1:
-        raise ModelLoadError(f"a reranker needs exactly one label; config has {num_labels}")
+        # More than one label: a classifier, not a reranker (one label: a cross-encoder).
+        task = "classify"
+        labels = tasks.label_names(raw, num_labels)
+        activation = tasks.classifier_activation(raw.get("problem_type"))
     try:
         config = EncoderConfig(
             architecture=architecture, family=family, task=task,
@@ -126,7 +139,7 @@ def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfi
             hidden_act=hidden_act,
             # RoBERTa-style position ids count from padding_idx + 1 (2 for XLM-R).
             position_offset=int(raw.get("pad_token_id", 1)) + 1 if family == "xlm-roberta" else 0,
-            num_labels=num_labels,
+            num_labels=num_labels, labels=labels, activation=activation,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
@@ -177,7 +190,12 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: "
                              f"{', '.join(sorted(ARCHITECTURES))}")
     try:
-        return ARCHITECTURES[architecture](raw, architecture)
+        config = ARCHITECTURES[architecture](raw, architecture)
+        if architecture == "Qwen3ForCausalLM" and llm_reranker.is_reranker_dir(model_dir):
+            # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
+            config = dataclasses.replace(config, task="score",
+                                         score_tokens=llm_reranker.yes_no_ids(model_dir))
+        return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None
 
@@ -193,8 +211,11 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
     (sentence-transformers' own default for a bare transformers directory).
     """
     pooling, normalize = "mean", False
-    if config.task == "score":
-        pooling = "cls"
+    if config.task in ("score", "classify"):
+        # A decoder reranker reads its last token (the only one that sees the whole pair).
+        pooling = "lasttoken" if getattr(config, "pair_template", "") else "cls"
+    if config.task == "sparse":
+        pooling = tasks.SPLADE_DEFAULT   # what SparseEncoder builds for a bare fill-mask model
     modules_path = model_dir / "modules.json"
     dense: tuple[DenseSpec, ...] = ()
     if modules_path.exists():
@@ -205,7 +226,10 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
                                  f"model gives {config.hidden_size}")
         for module in modules:
             kind = str(module.get("type", ""))
-            if kind.endswith("Pooling"):
+            if kind.endswith("SpladePooling"):
+                path = model_dir / module.get("path", "1_SpladePooling") / "config.json"
+                pooling = tasks.splade_pooling(read_json(path), path)
+            elif kind.endswith("Pooling"):
                 pooling = _read_pooling(model_dir / module.get("path", "1_Pooling") / "config.json")
             elif kind.endswith("Normalize"):
                 normalize = True

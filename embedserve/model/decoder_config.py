@@ -19,7 +19,7 @@ transformers' masks do).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from embedserve.errors import ModelLoadError
@@ -51,13 +51,20 @@ class DecoderConfig:
     qk_norm: bool                  # Qwen3: RMSNorm over each head of q and k
     causal: bool = True
     sliding_window: int | None = None
-    task: str = "embed"
+    task: str = "embed"            # "score": an LLM reranker (model/llm_reranker.py)
     type_vocab_size: int = 1       # no segment embeddings: only segment 0
     position_offset: int = 0
+    # A yes/no reranker (a causal LM): the (yes, no) ids whose LM-head rows make its score head.
+    score_tokens: tuple[int, int] | None = None
 
     @property
     def max_positions(self) -> int:
         return self.max_position_embeddings
+
+    @property
+    def pair_template(self) -> str:
+        """How a reranker's (query, document) pairs become text (model/llm_reranker.py)."""
+        return "qwen3_reranker" if self.task == "score" else ""
 
     @property
     def attention_window(self) -> int | None:
@@ -121,8 +128,18 @@ def parse_decoder_config(raw: dict[str, Any], architecture: str) -> DecoderConfi
         raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
     if config.num_heads % config.num_kv_heads:
         raise ModelLoadError("num_attention_heads is not a multiple of num_key_value_heads")
+    if architecture.endswith("ForSequenceClassification"):
+        # A converted LLM reranker (e.g. Qwen3-Reranker as Qwen3ForSequenceClassification):
+        # one logit from the last token.
+        num_labels = len(raw["id2label"]) if "id2label" in raw else int(raw.get("num_labels", 1))
+        if num_labels != 1:
+            raise ModelLoadError(f"{architecture}: served as a reranker, which needs exactly one "
+                                 f"label; config has {num_labels}")
+        config = replace(config, task="score")
     return config
 
 
 DECODER_ARCHITECTURES = {f"{prefix}{suffix}": parse_decoder_config
                          for prefix in DECODER_FAMILIES for suffix in ("Model", "ForCausalLM")}
+# Converted LLM rerankers (model/llm_reranker.py's prompt).
+DECODER_ARCHITECTURES["Qwen3ForSequenceClassification"] = parse_decoder_config

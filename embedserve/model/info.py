@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedserve.errors import InvalidInput
+from embedserve.model import llm_reranker
 from embedserve.model.config import load_model_config, load_sentence_transformer_meta
 
 
@@ -21,8 +22,8 @@ from embedserve.model.config import load_model_config, load_sentence_transformer
 class ModelInfo:
     model_id: str
     architecture: str
-    task: str                      # "embed" or "score"
-    dimension: int                 # embedding width; 0 for a scorer
+    task: str                      # model/tasks.py: "embed", "score", "classify" or "sparse"
+    dimension: int                 # embedding width; 0 for a scorer or classifier; vocab for sparse
     max_positions: int             # longest sequence, specials included
     vocab_size: int
     pooling: str                   # "mean", "cls" or "lasttoken"
@@ -42,6 +43,14 @@ class ModelInfo:
     calibration_id: str | None = None
     calibration_sample_size: int = 0
     calibration_texts_id: str | None = None
+    # A classifier's label names by class index, and "softmax" or "sigmoid" (model/tasks.py).
+    labels: tuple[str, ...] = ()
+    activation: str = ""
+    # How a reranker's pairs become tokens: "" (the tokenizer's pair template) or
+    # "qwen3_reranker" (an LLM reranker's prompt, model/llm_reranker.py).
+    pair_template: str = ""
+    # That prompt's chat markers the tokenizer has as added tokens: (marker, id) pairs.
+    prompt_markers: tuple[tuple[str, int], ...] = ()
 
     def prompt(self, name: str | None, field_name: str) -> str:
         """The prefix for prompt ``name`` (None: the model's default, if any)."""
@@ -66,7 +75,18 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
     meta = load_sentence_transformer_meta(model_dir, config)
     return ModelInfo(
         model_id=model_id or model_dir.name, architecture=config.architecture, task=config.task,
-        dimension=meta.output_dimension(config.hidden_size) if config.task == "embed" else 0,
+        dimension=_dimension(config, meta),
         max_positions=config.max_positions, vocab_size=config.vocab_size,
         pooling=meta.pooling, normalize=meta.normalize, prompts=dict(meta.prompts),
-        default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size)
+        default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size,
+        labels=tuple(getattr(config, "labels", ())), activation=getattr(config, "activation", ""),
+        pair_template=getattr(config, "pair_template", ""),
+        prompt_markers=llm_reranker.marker_ids(model_dir) if getattr(config, "pair_template", "") else ())
+
+
+def _dimension(config, meta) -> int:
+    """A dense vector's width (after the model's Dense modules); a sparse one's is the
+    vocabulary; 0 where there is no vector."""
+    if config.task == "embed":
+        return meta.output_dimension(config.hidden_size)
+    return config.vocab_size if config.task == "sparse" else 0

@@ -48,3 +48,37 @@ def postprocess_scores(logits: np.ndarray, apply_sigmoid: bool) -> np.ndarray:
     """Raw logits [B] -> scores [B]; sigmoid maps them into (0, 1)."""
     scores = np.asarray(logits, dtype=np.float32)
     return sigmoid(scores) if apply_sigmoid else scores
+
+
+def classification_probabilities(logits: np.ndarray, activation: str) -> np.ndarray:
+    """A classifier's logits [B, labels] -> probabilities: "softmax" over the labels (one
+    label per input, transformers' single_label_classification) or "sigmoid" per label
+    (multi_label_classification). Computed in float64, returned float32."""
+    x = np.asarray(logits, dtype=np.float64)
+    if activation == "sigmoid":
+        return sigmoid(x)
+    if activation != "softmax":
+        raise InvalidInput(f"unknown classifier activation {activation!r}")
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def sparse_rows(rows: np.ndarray, top_k: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SPLADE weights [B, vocab] -> their nonzeros: counts int32 [B], indices int32 [N]
+    and values float32 [N], each row's entries by ascending index (as a coalesced sparse
+    tensor lists them). ``top_k``: keep only each row's ``top_k`` largest weights
+    (sentence-transformers' ``max_active_dims``; ties at the cut broken by lower index)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    if rows.ndim != 2:
+        raise InvalidInput(f"expected [B, vocab] sparse rows, got shape {rows.shape}")
+    if top_k is not None and top_k < 1:
+        raise InvalidInput(f"top_k must be at least 1, got {top_k}", field="top_k")
+    if top_k is not None and top_k < rows.shape[1]:
+        # Keep the top_k largest per row (stable on index for ties), zero the rest.
+        order = np.argsort(-rows, axis=1, kind="stable")[:, :top_k]
+        kept = np.zeros_like(rows)
+        np.put_along_axis(kept, order, np.take_along_axis(rows, order, axis=1), axis=1)
+        rows = kept
+    row_ids, indices = np.nonzero(rows)
+    counts = np.bincount(row_ids, minlength=rows.shape[0]).astype(np.int32)
+    return counts, indices.astype(np.int32), rows[row_ids, indices].astype(np.float32)

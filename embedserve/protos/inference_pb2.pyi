@@ -13,6 +13,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT16: _ClassVar[DType]
     DTYPE_INT8: _ClassVar[DType]
     DTYPE_UINT8: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
 
 class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ DTYPE_FLOAT32: DType
 DTYPE_FLOAT16: DType
 DTYPE_INT8: DType
 DTYPE_UINT8: DType
+DTYPE_INT32: DType
 PRECISION_FLOAT32: Precision
 PRECISION_FLOAT16: Precision
 PRECISION_INT8: Precision
@@ -118,7 +120,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id", "dtype_reason", "frame_port", "instance_id")
+    __slots__ = ("model_id", "dimension", "max_positions", "max_batch_tokens", "max_batch_sequences", "tasks", "version", "device", "dtype", "max_queue_tokens", "calibration_id", "calibration_sample_size", "calibration_texts_id", "dtype_reason", "frame_port", "instance_id", "labels")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class InfoResponse(_message.Message):
     DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
     FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dimension: int
     max_positions: int
@@ -151,7 +154,8 @@ class InfoResponse(_message.Message):
     dtype_reason: str
     frame_port: int
     instance_id: str
-    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., frame_port: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., dimension: _Optional[int] = ..., max_positions: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_sequences: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_queue_tokens: _Optional[int] = ..., calibration_id: _Optional[str] = ..., calibration_sample_size: _Optional[int] = ..., calibration_texts_id: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., frame_port: _Optional[int] = ..., instance_id: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RangesRequest(_message.Message):
     __slots__ = ("dimensions", "normalize")
@@ -170,3 +174,47 @@ class RangesResponse(_message.Message):
     calibration_id: str
     sample_size: int
     def __init__(self, ranges: _Optional[_Union[Tensor, _Mapping]] = ..., calibration_id: _Optional[str] = ..., sample_size: _Optional[int] = ...) -> None: ...
+
+class ClassifyRequest(_message.Message):
+    __slots__ = ("tokens", "raw_scores", "request_id")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    tokens: PackedTokens
+    raw_scores: bool
+    request_id: str
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., raw_scores: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ClassifyResponse(_message.Message):
+    __slots__ = ("scores", "timings", "request_id")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    scores: Tensor
+    timings: Timings
+    request_id: str
+    def __init__(self, scores: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedSparseRequest(_message.Message):
+    __slots__ = ("tokens", "top_k", "request_id")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    tokens: PackedTokens
+    top_k: int
+    request_id: str
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedSparseResponse(_message.Message):
+    __slots__ = ("counts", "indices", "values", "timings", "request_id")
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    counts: Tensor
+    indices: Tensor
+    values: Tensor
+    timings: Timings
+    request_id: str
+    def __init__(self, counts: _Optional[_Union[Tensor, _Mapping]] = ..., indices: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,16 @@ class InferenceStub:
                 request_serializer=embedserve_dot_v1_dot_inference__pb2.RangesRequest.SerializeToString,
                 response_deserializer=embedserve_dot_v1_dot_inference__pb2.RangesResponse.FromString,
                 _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/embedserve.v1.Inference/Classify',
+                request_serializer=embedserve_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
+        self.EmbedSparse = channel.unary_unary(
+                '/embedserve.v1.Inference/EmbedSparse',
+                request_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -88,6 +98,20 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Classify(self, request, context):
+        """A classifier (task "classify"): per-label probabilities (or raw logits) per sequence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedSparse(self, request, context):
+        """A SPLADE model (task "sparse"): each sequence's nonzero vocabulary weights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +134,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Ranges,
                     request_deserializer=embedserve_dot_v1_dot_inference__pb2.RangesRequest.FromString,
                     response_serializer=embedserve_dot_v1_dot_inference__pb2.RangesResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=embedserve_dot_v1_dot_inference__pb2.ClassifyRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_inference__pb2.ClassifyResponse.SerializeToString,
+            ),
+            'EmbedSparse': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedSparse,
+                    request_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +254,60 @@ class Inference:
             '/embedserve.v1.Inference/Ranges',
             embedserve_dot_v1_dot_inference__pb2.RangesRequest.SerializeToString,
             embedserve_dot_v1_dot_inference__pb2.RangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Inference/Classify',
+            embedserve_dot_v1_dot_inference__pb2.ClassifyRequest.SerializeToString,
+            embedserve_dot_v1_dot_inference__pb2.ClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedSparse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Inference/EmbedSparse',
+            embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
+            embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,9 +81,11 @@ class SchedulerServer:
         # + lengths, 4 bytes each) and get back as many rows of float32.
         tokens = settings.max_queue_tokens
         max_request_bytes = 12 * tokens + _MESSAGE_SLACK
+        # gRPC takes a C int; a sparse model's "dimension" (its vocabulary) would pass it,
+        # though its answers carry only nonzeros.
+        max_reply_bytes = min(2**31 - 1, 4 * tokens * max(1, info.dimension) + _MESSAGE_SLACK)
         options = [("grpc.max_receive_message_length", max_request_bytes),
-                   ("grpc.max_send_message_length",
-                    4 * tokens * max(1, info.dimension) + _MESSAGE_SLACK),
+                   ("grpc.max_send_message_length", max_reply_bytes),
                    ("grpc.so_reuseport", 0),
                    # The gateway pings every 2 s to notice a hung replica (see
                    # gateway/replicas.py); the default policy would answer GOAWAY.

@@ -1,9 +1,10 @@
-"""The ``embedserve.v1.Inference`` servicer: Embed, Score and Info over grpc.aio.
+"""The ``embedserve.v1.Inference`` servicer: Embed, Score, Classify, EmbedSparse and Info over grpc.aio.
 
 A thin layer over the pool: decode and validate a request, admit it as a
 ``Call``, await its rows, post-process them per call (Matryoshka dimensions,
 normalization, sigmoid, output dtype, quantization with the replica's
-calibration) and encode the answer. Errors are
+calibration; a classifier's softmax or sigmoid; a SPLADE row's nonzeros, so
+only those travel) and encode the answer. Errors are
 mapped to status codes in one place (``status.py``); this module only
 catches them at the handler boundary. Batching and the engine live in
 ``batcher.py``.
@@ -27,7 +28,8 @@ from embedserve.engine.batch import Task
 from embedserve.calibration import Calibration
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.model.calibration_texts import TEXTS_ID
-from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
+from embedserve.model.postprocess import (classification_probabilities, postprocess_embeddings,
+                                          postprocess_scores, sparse_rows)
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.ragged import RaggedBatch
@@ -67,6 +69,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def Score(self, request: inference_pb2.ScoreRequest,
                     context: Context) -> inference_pb2.ScoreResponse:
         return await self._answer("Score", context, lambda: self._score(request, context))
+
+    async def Classify(self, request: inference_pb2.ClassifyRequest,
+                       context: Context) -> inference_pb2.ClassifyResponse:
+        return await self._answer("Classify", context, lambda: self._classify(request, context))
+
+    async def EmbedSparse(self, request: inference_pb2.EmbedSparseRequest,
+                          context: Context) -> inference_pb2.EmbedSparseResponse:
+        return await self._answer("EmbedSparse", context, lambda: self._embed_sparse(request, context))
 
     async def Ranges(self, request: inference_pb2.RangesRequest,
                      context: Context) -> inference_pb2.RangesResponse:
@@ -149,6 +159,25 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.ScoreResponse(scores=wire.array_to_tensor(scores, "float32"),
                                            timings=self._timings(call),
                                            request_id=request.request_id)
+
+    async def _classify(self, request: inference_pb2.ClassifyRequest,
+                        context: Context) -> inference_pb2.ClassifyResponse:
+        tokens = self._decode(request.tokens, "classify", "tokens")
+        call, rows = await self._run(tokens, "classify", context)
+        scores = rows if request.raw_scores else classification_probabilities(rows, self._info.activation)
+        return inference_pb2.ClassifyResponse(scores=wire.array_to_tensor(scores, "float32"),
+                                              timings=self._timings(call),
+                                              request_id=request.request_id)
+
+    async def _embed_sparse(self, request: inference_pb2.EmbedSparseRequest,
+                            context: Context) -> inference_pb2.EmbedSparseResponse:
+        tokens = self._decode(request.tokens, "sparse", "tokens")
+        call, rows = await self._run(tokens, "sparse", context)
+        counts, indices, values = sparse_rows(rows, request.top_k or None)
+        return inference_pb2.EmbedSparseResponse(
+            counts=wire.array_to_tensor(counts, "int32"), indices=wire.array_to_tensor(indices, "int32"),
+            values=wire.array_to_tensor(values, "float32"), timings=self._timings(call),
+            request_id=request.request_id)
 
     def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> RaggedBatch:
         """The wire's layout checks, then the model's (the engine's own, run per call here so

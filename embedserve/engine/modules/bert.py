@@ -116,8 +116,29 @@ class ClassificationHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(cls_states)))
 
 
+class MaskedLMHead(nn.Module):
+    """The masked-LM head: decoder(LN(act(dense(x)))) + bias, one logit per vocabulary entry.
+
+    BERT calls these cls.predictions.transform.{dense,LayerNorm}, cls.predictions.decoder
+    (tied to the word embeddings) and cls.predictions.bias (weights.py maps them). SPLADE
+    (modules/sparse.py) runs it on blocks of tokens, never on all T at once.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        # states: [t, hidden] -> logits [t, vocab]
+        return self.decoder(self.norm(self.act(self.dense(states))))
+
+
 class EncoderModel(nn.Module):
-    """An encoder plus, for rerankers, its classification head."""
+    """An encoder plus, for rerankers and classifiers, its classification head, or, for
+    SPLADE sparse encoders, its masked-LM head."""
 
     attention_kind: AttentionKind = BIDIRECTIONAL
 
@@ -126,14 +147,18 @@ class EncoderModel(nn.Module):
         self.config = config
         self.encoder = Encoder(config)
         self.head: nn.Module | None = None
-        if config.task == "score":
+        self.mlm: MaskedLMHead | None = None
+        if config.task in ("score", "classify"):
             self.head = ClassificationHead(config)
+        if config.task == "sparse":
+            self.mlm = MaskedLMHead(config)
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor,
                 token_type_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
         return self.encoder(token_ids, position_ids, token_type_ids, attend)
 
     def score(self, cls_states: torch.Tensor) -> torch.Tensor:
-        # cls_states: [B, hidden] -> logits [B]
+        # cls_states: [B, hidden] -> logits [B] (one label: a reranker) or [B, labels]
         assert self.head is not None, "score() needs a classification head"
-        return self.head(cls_states)[:, 0]
+        logits = self.head(cls_states)
+        return logits[:, 0] if self.config.num_labels == 1 else logits

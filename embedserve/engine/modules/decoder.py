@@ -110,11 +110,17 @@ class DecoderModel(nn.Module):
     segment embeddings).
     """
 
-    head: nn.Module | None = None          # embedders only: no reranking head
-
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.config = config
+        # Embedders: none; LLM rerankers: a score row. (An instance attribute: a class-level
+        # default would shadow the registered submodule.)
+        self.head: nn.Module | None = None
+        if config.task == "score":
+            # One logit from the last token: a converted reranker's ``score`` row, or a
+            # Qwen3-Reranker's LM-head rows of "yes" minus "no" (engine/llm_head.py): the
+            # vocabulary-wide projection is never computed.
+            self.head = nn.Linear(config.hidden_size, 1, bias=False)
         self.attention_kind = AttentionKind(config.causal, config.attention_window)
         self.embed = embedding_table(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
@@ -127,3 +133,8 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, attend)
         return self.norm(x)
+
+    def score(self, last_states: torch.Tensor) -> torch.Tensor:
+        # last_states: [B, hidden] (each sequence's last token) -> logits [B]
+        assert self.head is not None, "score() needs a reranker's head"
+        return self.head(last_states)[:, 0]

@@ -13,6 +13,7 @@ from embedserve.engine.modules.attention import Attend
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.decoder import DecoderModel
 from embedserve.engine.modules.pooling import last_token_pool, mean_pool
+from embedserve.engine.modules.sparse import splade_pool
 
 Model = EncoderModel | DecoderModel
 
@@ -20,7 +21,8 @@ Model = EncoderModel | DecoderModel
 def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Tensor,
                    token_type_ids: torch.Tensor, seq_ids: torch.Tensor, lengths: torch.Tensor,
                    starts: torch.Tensor, attend: Attend, pooling: str) -> torch.Tensor:
-    """token_ids etc. [T]; lengths, starts [R] -> float32 [R, hidden] or logits [R].
+    """token_ids etc. [T]; lengths, starts [R] -> float32 [R, hidden], logits [R] (a
+    reranker) or [R, labels] (a classifier), or SPLADE weights [R, vocab] (a sparse encoder).
 
     ``R`` rows may exceed the real sequence count (a CUDA-graph bucket): padding
     rows have length 0 and pool to zeros, and callers slice them off.
@@ -28,7 +30,12 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
     hidden = model(token_ids, position_ids, token_type_ids, attend)      # [T, hidden]
     rows = lengths.shape[0]
     if model.head is not None:
-        return model.score(hidden[starts]).float()                       # [R]
+        # Encoders score their first token; decoder rerankers ("lasttoken") their last.
+        rows_at = (starts + lengths - 1).clamp(min=0) if pooling == "lasttoken" else starts
+        return model.score(hidden[rows_at]).float()                      # [R] or [R, labels]
+    mlm = getattr(model, "mlm", None)
+    if mlm is not None:
+        return splade_pool(mlm, hidden, seq_ids, rows, pooling)          # [R, vocab]
     if pooling == "cls":
         pooled = hidden[starts].float()                                  # [R, hidden]
     elif pooling == "lasttoken":

@@ -24,6 +24,7 @@ from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, says_how_to_fix
 from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
                                         EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
@@ -97,6 +98,8 @@ async def _pooled(gateway: Gateway, request: Request, windows: Windows, normaliz
              summary="Create embeddings (OpenAI-compatible)")
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     since_start(request.scope, "parse")
+    if body.sparse or body.top_k is not None:
+        return await _create_sparse_embeddings(body, request)
     gateway, model = request.app.state.router.route(body.model, "embed")
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
@@ -122,6 +125,32 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     })
     request.scope[TIMING_KEY]["encode"] = time.perf_counter() - encoding
     return response
+
+
+async def _create_sparse_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    """``"sparse": true``: a SPLADE model's nonzeros as data[i].embedding = {indices, values}."""
+    if not body.sparse:
+        raise InvalidInput("top_k applies to sparse embeddings; send \"sparse\": true", field="top_k")
+    for name, value in (("embedding_types", body.embedding_types), ("dimensions", body.dimensions)):
+        if value is not None:
+            raise InvalidInput(f"{name} does not apply to sparse embeddings", field=name)
+    # encoding_format is not refused: the openai client asks for base64 unless told
+    # otherwise, and passes an answer that is not a string through as it is.
+    gateway, model = request.app.state.router.route(body.model, "sparse")
+    policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
+                                                    body.chunk_overlap)
+    check_sparse_policy(policy)
+    packed = await _pack(gateway, request, body.input, "input", body.input_type, policy)
+    rows = await sparse_vectors(gateway, request, packed, body.top_k, "/v1/embeddings")
+    tokens = packed.num_tokens
+    return json_response({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i,
+                  "embedding": {"indices": ids.tolist(), "values": vals.tolist()}}
+                 for i, (ids, vals) in enumerate(rows)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
 
 
 async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch,

@@ -22,6 +22,14 @@ from embedserve.gateway.http_errors import error_response
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.schemas import ModelList
+from embedserve.model.tasks import TASK_OUTPUTS
+
+# /info's model_type per task (TEI says "embedding", "reranker" or "classifier").
+MODEL_TYPES = {"embed": "embedding", "score": "reranker", "classify": "classifier", "sparse": "sparse"}
+# The routes each task's model answers (gateway/routing.py refuses the others with a 400).
+TASK_ROUTES = {"embed": ["/v1/embeddings", "/embed"], "score": ["/rerank", "/v1/rerank"],
+               "classify": ["/predict", "/classify"],
+               "sparse": ["/embed_sparse", "/v1/embeddings (\"sparse\": true)"]}
 
 router = APIRouter()
 
@@ -49,7 +57,13 @@ def _model_info(gateway: Gateway) -> dict:
     return {
         "model_id": gateway.model_id,
         "served_model_names": list(gateway.served_names),
-        "model_type": "reranker" if model.task == "score" else "embedding",
+        "model_type": MODEL_TYPES[model.task],
+        # What the model does and returns (model/tasks.py); the routes it answers follow.
+        "task": model.task,
+        "outputs": TASK_OUTPUTS[model.task],
+        "routes": TASK_ROUTES[model.task],
+        "labels": list(model.labels) if model.task == "classify" else None,
+        "pooling": model.pooling,
         "dimension": model.dimension,
         "max_input_length": model.max_positions,
         "max_client_batch_size": settings.max_inputs,
@@ -106,8 +120,11 @@ async def list_models(request: Request) -> dict:
     # Exactly the names a request's ``model`` may use: one entry per name (an
     # alias is an entry of its own, as OpenAI's list has no alias field), each
     # model's canonical name before its aliases.
+    by_name = {name: g for g in models.gateways for name in g.served_names}
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                        "owned_by": "embedserve"} for name in models.served_names]}
+                                        "owned_by": "embedserve", "task": by_name[name].task,
+                                        "outputs": TASK_OUTPUTS[by_name[name].task]}
+                                       for name in models.served_names]}
 
 
 @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=PlainTextResponse)

@@ -21,11 +21,12 @@ router = APIRouter()
 
 
 async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str], field: str,
-                  truncate: bool, direction: str, sigmoid: bool, route: str):
+                  truncate: bool, direction: str, sigmoid: bool, route: str,
+                  instruction: str | None = None):
     gateway.check_count(len(docs), field)
     with says_how_to_fix(RERANK_TOO_LONG_FIX):
         packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
-            query, docs, truncate, direction, field))
+            query, docs, truncate, direction, field, instruction))
     scores = await gateway.score(request, packed, sigmoid, route)
     return scores, packed.num_tokens
 
@@ -40,7 +41,8 @@ def _ranked(scores) -> list[int]:
 async def rerank(body: RerankRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "score")
     scores, _ = await _scores(gateway, request, body.query, body.texts, "texts", body.truncate,
-                              body.truncation_direction, not body.raw_scores, "/rerank")
+                              body.truncation_direction, not body.raw_scores, "/rerank",
+                              body.instruction)
     results = []
     for i in _ranked(scores):
         item: dict = {"index": i, "score": float(scores[i])}
@@ -56,7 +58,7 @@ async def rerank_documents(body: CohereRerankRequest, request: Request) -> Respo
     gateway, model = request.app.state.router.route(body.model, "score")
     docs = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await _scores(gateway, request, body.query, docs, "documents", body.truncate,
-                                   "right", True, "/v1/rerank")
+                                   "right", True, "/v1/rerank", body.instruction)
     order = _ranked(scores)
     if body.top_n is not None:
         order = order[:body.top_n]

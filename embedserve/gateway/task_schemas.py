@@ -1,0 +1,85 @@
+"""Request bodies of the task routes (pydantic): classification and sparse embeddings.
+
+Owns the shapes only: TEI's ``/predict`` and ``/embed_sparse``, vLLM's
+``/classify``. Kept apart from schemas.py (the embedding and reranking shapes);
+strict types as there, unknown fields ignored as there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from embedserve.gateway.schemas import (_DIRECTION_DOC, _MODEL_FIELD, _TRUNCATE_DOC, Direction,
+                                        TokenIds, Truncate)
+
+TOP_K_DOC = ("embedserve extension: keep each input's top_k largest weights (sentence-transformers' "
+             "max_active_dims); omitted: every nonzero.")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# TEI: a string, a pair [a, b], or a batch of [a] and [a, b] items.
+PredictInput = Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
+
+
+class PredictRequest(_Request):
+    inputs: PredictInput = Field(description="A string, a pair of strings [a, b], or a batch of "
+                                 "single [a] and pair [a, b] items (TEI's shapes).")
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
+    raw_scores: StrictBool = Field(False, description="The logits as they are, not probabilities.")
+    truncate: StrictBool = False
+    truncation_direction: Direction = "right"
+
+
+class ClassifyRequest(_Request):
+    input: Union[StrictStr, list[StrictStr]] = Field(description="A string or a list of strings.")
+    model: StrictStr | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(
+        None, description="vLLM's field: -1 or a positive count cuts inputs to the model's "
+        "window (from the left, as vLLM keeps the last tokens); omitted: refuse over-long inputs.")
+    user: StrictStr | None = None
+
+
+class EmbedSparseRequest(_Request):
+    inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
+    truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
+    truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
+    prompt_name: StrictStr | None = None
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description=TOP_K_DOC)
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: ClassificationUsage

@@ -1,0 +1,83 @@
+"""Tiny random checkpoints of the task models (classifiers, SPLADE), written by the tests.
+
+Each builder saves a transformers model with ``save_pretrained`` (safetensors) and,
+for SPLADE, the sentence-transformers ``SparseEncoder`` folder files (modules.json,
+1_SpladePooling/config.json) as sentence-transformers 5+ writes them. Tokenizer files
+come from all-MiniLM-L6-v2 (WordPiece, BERT's 30,522 ids; ``minilm_dir`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+MINILM_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             # logits spread well beyond the tolerances
+             initializer_range=0.25)
+
+
+def copy_minilm_tokenizer(minilm_dir: Path, directory: Path) -> None:
+    for name in MINILM_TOKENIZER_FILES:
+        if (minilm_dir / name).exists():
+            shutil.copy(minilm_dir / name, directory / name)
+
+
+def build_classifier(directory: Path, architecture: str, labels: list[str],
+                     problem_type: str | None, tokenizer_dir: Path | None, seed: int = 0,
+                     vocab_size: int = 30522) -> Path:
+    """A random ``BertForSequenceClassification`` / ``XLMRobertaForSequenceClassification``
+    with ``labels`` (id2label) and ``problem_type``; MiniLM's tokenizer when given."""
+    import torch
+    import transformers
+
+    xlmr = architecture.startswith("XLMRoberta")
+    config_class = transformers.XLMRobertaConfig if xlmr else transformers.BertConfig
+    config = config_class(vocab_size=vocab_size, max_position_embeddings=514 if xlmr else 512,
+                          type_vocab_size=2 if not xlmr else 1, **SIZES,
+                          id2label=dict(enumerate(labels)),
+                          label2id={name: i for i, name in enumerate(labels)},
+                          problem_type=problem_type, pad_token_id=1 if xlmr else 0)
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer_dir is not None:
+        copy_minilm_tokenizer(tokenizer_dir, directory)
+    return directory
+
+
+def build_splade(directory: Path, tokenizer_dir: Path, pooling_strategy: str = "max",
+                 activation_function: str = "relu", seed: int = 0, bias: float = -2.0) -> Path:
+    """A random ``BertForMaskedLM`` as a SPLADE ``SparseEncoder`` folder.
+
+    ``bias`` is added to the MLM head's output bias so that most vocabulary entries
+    stay at 0, as a trained SPLADE model's do (a random head activates about half)."""
+    import torch
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **SIZES)
+    torch.manual_seed(seed)
+    model = transformers.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias += bias
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    copy_minilm_tokenizer(tokenizer_dir, directory)
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling",
+         "type": "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"}]))
+    (directory / "sentence_bert_config.json").write_text(json.dumps(
+        {"transformer_task": "fill-mask",
+         "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+         "module_output_name": "token_embeddings"}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(
+        {"model_type": "SparseEncoder", "prompts": {"query": "", "document": ""},
+         "default_prompt_name": None, "similarity_fn_name": None}))
+    (directory / "1_SpladePooling").mkdir(exist_ok=True)
+    (directory / "1_SpladePooling" / "config.json").write_text(json.dumps(
+        {"pooling_strategy": pooling_strategy, "activation_function": activation_function,
+         "embedding_dimension": None}))
+    return directory

@@ -1,0 +1,200 @@
+"""Classification, sparse (SPLADE) and LLM-reranker models through ``embedserve serve``.
+
+One server holds a BERT classifier (four labels, single-label softmax), a SPLADE
+model (``BertForMaskedLM`` + max pooling) and a Qwen3-Reranker-shaped causal LM; httpx (and the ``openai`` client for
+``/v1/embeddings``' sparse answer) call TEI's ``/predict`` and ``/embed_sparse``, vLLM's
+``/classify`` (gRPC: tests/test_scheduler_tasks.py). References are
+transformers (probabilities within 1e-5) and sentence-transformers' SparseEncoder (the
+same nonzero indices, values within 1e-4) and the Qwen3-Reranker model card's code
+(scores within 1e-5); routing refusals name the model's task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from serve_harness import served
+from llm_reranker_models import build_llm_reranker, model_card_scores
+from task_models import build_classifier, build_splade
+
+LABELS = ["negative", "neutral", "positive", "mixed"]
+TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "What is the capital of France?"]
+PAIR = ("Where is the Eiffel tower?", "The Eiffel tower is in Paris.")
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "The Eiffel tower is in Paris, France.", "no"]
+# A first request may wait for a tokenizer kernel's compile (tests/kernel_warmup.py).
+TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, minilm_dir) -> Path:
+    return build_classifier(tmp_path_factory.mktemp("classifier"), "BertForSequenceClassification",
+                            LABELS, "single_label_classification", minilm_dir, seed=3)
+
+
+@pytest.fixture(scope="module")
+def splade_dir(tmp_path_factory, minilm_dir) -> Path:
+    return build_splade(tmp_path_factory.mktemp("splade"), minilm_dir, seed=5)
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory) -> Path:
+    return build_llm_reranker(tmp_path_factory.mktemp("qwen3_reranker"), "Qwen3ForCausalLM", seed=4)
+
+
+@pytest.fixture(scope="module")
+def url(classifier_dir, splade_dir, reranker_dir):
+    with served("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade",
+                "--model", f"{reranker_dir}:name=qwen3-reranker") as url:
+        yield url
+
+
+def _reference_probabilities(model_dir: Path, first: str, second: str | None = None) -> np.ndarray:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    encoded = tokenizer(first, second, return_tensors="pt")
+    with torch.no_grad():
+        return model(**encoded).logits[0].softmax(-1).numpy()
+
+
+def _by_label(predictions: list[dict]) -> np.ndarray:
+    scores = {p["label"]: p["score"] for p in predictions}
+    return np.array([scores[label] for label in LABELS])
+
+
+def test_predict_single_pair_and_batch(url: str, classifier_dir: Path) -> None:
+    single = httpx.post(f"{url}/predict", json={"inputs": TEXTS[0], "model": "clf"}, timeout=TIMEOUT_S)
+    assert single.status_code == 200, single.text
+    answer = single.json()
+    assert [p["score"] for p in answer] == sorted((p["score"] for p in answer), reverse=True)
+    np.testing.assert_allclose(_by_label(answer), _reference_probabilities(classifier_dir, TEXTS[0]),
+                               atol=1e-5, rtol=0)
+    pair = httpx.post(f"{url}/predict", json={"inputs": list(PAIR), "model": "clf"}, timeout=TIMEOUT_S).json()
+    np.testing.assert_allclose(_by_label(pair), _reference_probabilities(classifier_dir, *PAIR),
+                               atol=1e-5, rtol=0)
+    batch = httpx.post(f"{url}/predict", json={"inputs": [[TEXTS[1]], list(PAIR), [TEXTS[2]]],
+                                                "model": "clf"}, timeout=TIMEOUT_S).json()
+    assert len(batch) == 3 and all(len(item) == len(LABELS) for item in batch)
+    for item, (first, second) in zip(batch, [(TEXTS[1], None), PAIR, (TEXTS[2], None)]):
+        np.testing.assert_allclose(_by_label(item), _reference_probabilities(classifier_dir, first, second),
+                                   atol=1e-5, rtol=0)
+
+
+def test_predict_raw_scores_are_the_logits(url: str, classifier_dir: Path) -> None:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(classifier_dir)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
+    with torch.no_grad():
+        logits = model(**tokenizer(TEXTS[1], return_tensors="pt")).logits[0].numpy()
+    raw = httpx.post(f"{url}/predict", json={"inputs": TEXTS[1], "raw_scores": True, "model": "clf"},
+                     timeout=TIMEOUT_S).json()
+    np.testing.assert_allclose(_by_label(raw), logits, atol=1e-5, rtol=0)
+
+
+def test_classify_in_vllm_shape(url: str, classifier_dir: Path) -> None:
+    reply = httpx.post(f"{url}/classify", json={"model": "clf", "input": TEXTS}, timeout=TIMEOUT_S)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["object"] == "list" and body["model"] == "clf" and body["id"].startswith("classify-")
+    assert body["usage"]["prompt_tokens"] > 0
+    for i, item in enumerate(body["data"]):
+        expected = _reference_probabilities(classifier_dir, TEXTS[i])
+        assert item["index"] == i and item["num_classes"] == len(LABELS)
+        np.testing.assert_allclose(item["probs"], expected, atol=1e-5, rtol=0)
+        assert item["label"] == LABELS[int(np.argmax(expected))]
+
+
+@pytest.fixture(scope="module")
+def sparse_reference(splade_dir: Path) -> np.ndarray:
+    from sentence_transformers import SparseEncoder
+
+    return SparseEncoder(str(splade_dir), device="cpu").encode(
+        TEXTS, convert_to_tensor=True, convert_to_sparse_tensor=False).numpy()
+
+
+def test_embed_sparse_equals_sparse_encoder(url: str, sparse_reference: np.ndarray) -> None:
+    reply = httpx.post(f"{url}/embed_sparse", json={"inputs": TEXTS, "model": "splade"}, timeout=TIMEOUT_S)
+    assert reply.status_code == 200, reply.text
+    for row, expected in zip(reply.json(), sparse_reference):
+        indices = [entry["index"] for entry in row]
+        np.testing.assert_array_equal(indices, np.flatnonzero(expected))
+        np.testing.assert_allclose([entry["value"] for entry in row], expected[indices], atol=1e-4, rtol=0)
+
+
+def test_openai_client_sparse_option_and_top_k(url: str, sparse_reference: np.ndarray) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    answer = client.embeddings.create(model="splade", input=TEXTS, extra_body={"sparse": True, "top_k": 5})
+    for item, expected in zip(answer.data, sparse_reference):
+        embedding = item.embedding
+        top = np.sort(np.argsort(-expected, kind="stable")[:5])
+        assert embedding["indices"] == top.tolist()
+        np.testing.assert_allclose(embedding["values"], expected[top], atol=1e-4, rtol=0)
+
+
+def test_each_model_answers_only_its_routes(url: str) -> None:
+    sparse_as_dense = httpx.post(f"{url}/v1/embeddings", json={"model": "splade", "input": "x"}, timeout=TIMEOUT_S)
+    assert sparse_as_dense.status_code == 400
+    message = sparse_as_dense.json()["error"]["message"]
+    assert "task `sparse`" in message and '"sparse": true' in message
+    classifier_embeds = httpx.post(f"{url}/embed", json={"model": "clf", "inputs": "x"}, timeout=TIMEOUT_S)
+    assert classifier_embeds.status_code == 400
+    assert "task `classify`" in classifier_embeds.json()["error"]["message"]
+    splade_predicts = httpx.post(f"{url}/predict", json={"model": "splade", "inputs": "x"}, timeout=TIMEOUT_S)
+    assert splade_predicts.status_code == 400 and "task `sparse`" in splade_predicts.json()["error"]["message"]
+    embedded = httpx.post(f"{url}/embed", json={"inputs": "a"}, timeout=TIMEOUT_S)
+    assert embedded.status_code == 400 and "none is served here" in embedded.json()["error"]["message"]
+    instructed = httpx.post(f"{url}/rerank", json={"query": "q", "texts": ["a"], "instruction": "x",
+                                                    "model": "clf"}, timeout=TIMEOUT_S)
+    assert instructed.status_code == 400 and "task `classify`" in instructed.json()["error"]["message"]
+    too_many = httpx.post(f"{url}/predict", json={"model": "clf", "inputs": ["a", "b", "c"]}, timeout=TIMEOUT_S)
+    assert too_many.status_code == 400 and "inputs has 3 strings" in too_many.json()["error"]["message"]
+    chunked = httpx.post(f"{url}/embed_sparse", json={"model": "splade", "inputs": "x", "truncate": "chunk"},
+                         timeout=TIMEOUT_S)
+    assert chunked.status_code == 400
+
+
+def test_info_and_models_say_each_task(url: str) -> None:
+    info = {m["model_id"]: m for m in httpx.get(f"{url}/info", timeout=10).json()["models"]}
+    assert (info["clf"]["task"], info["clf"]["model_type"], info["clf"]["labels"]) == ("classify", "classifier", LABELS)
+    assert (info["splade"]["task"], info["splade"]["outputs"], info["splade"]["dimension"]) == \
+        ("sparse", ["sparse_vector"], 30522)
+    models = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+    assert (models["clf"]["task"], models["splade"]["task"]) == ("classify", "sparse")
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    assert 'embedserve_gateway_model_task{model="splade",task="sparse"} 1.0' in metrics
+
+
+def test_llm_reranker_answers_the_model_card_scores(url: str, reranker_dir: Path) -> None:
+    """Qwen3-Reranker (a causal LM) on /rerank and /v1/rerank against the model card's code."""
+    expected = np.array(model_card_scores(reranker_dir, QUERY, DOCS))
+    instructed = np.array(model_card_scores(reranker_dir, QUERY, DOCS, instruction="Find the capital"))
+    tei = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS}, timeout=TIMEOUT_S)
+    cohere = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2},
+                        timeout=TIMEOUT_S)
+    own = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS,
+                                             "instruction": "Find the capital"}, timeout=TIMEOUT_S)
+    raw = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True},
+                     timeout=TIMEOUT_S)
+    assert tei.status_code == 200, tei.text
+    ranked = tei.json()
+    assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
+    np.testing.assert_allclose([r["score"] for r in sorted(ranked, key=lambda r: r["index"])], expected,
+                               atol=1e-5, rtol=0)
+    results = cohere.json()["results"]
+    assert [r["index"] for r in results] == np.argsort(-expected, kind="stable")[:2].tolist()
+    np.testing.assert_allclose([r["relevance_score"] for r in results],
+                               np.sort(expected)[::-1][:2], atol=1e-5, rtol=0)
+    np.testing.assert_allclose([r["score"] for r in sorted(own.json(), key=lambda r: r["index"])],
+                               instructed, atol=1e-5, rtol=0)
+    logits = np.array([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])])
+    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), expected, atol=1e-5, rtol=0)   # logit(yes) - logit(no)
