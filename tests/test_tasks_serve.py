@@ -99,6 +99,24 @@ def test_predict_raw_scores_are_the_logits(url: str, classifier_dir: Path) -> No
     np.testing.assert_allclose(_by_label(raw), logits, atol=1e-5, rtol=0)
 
 
+def test_inference_client_text_classification(url: str, classifier_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's InferenceClient posts {"inputs", "parameters"} to TEI's POST / and
+    reads answer[0]: the classifier is the only served model that takes plain inputs."""
+    from huggingface_hub import InferenceClient, constants
+
+    # conftest's HF_HUB_OFFLINE would make the client refuse even a local URL.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    client = InferenceClient(base_url=url, timeout=TIMEOUT_S)
+    answer = client.text_classification(TEXTS[1])
+    expected = _reference_probabilities(classifier_dir, TEXTS[1])
+    got = {item.label: item.score for item in answer}
+    np.testing.assert_allclose([got[label] for label in LABELS], expected, atol=1e-5)
+    assert [item.score for item in answer] == sorted(got.values(), reverse=True)
+    top = client.text_classification(TEXTS[1], top_k=2)
+    assert [item.label for item in top] == [item.label for item in answer[:2]]
+
+
 def test_classify_in_vllm_shape(url: str, classifier_dir: Path) -> None:
     reply = httpx.post(f"{url}/classify", json={"model": "clf", "input": TEXTS}, timeout=TIMEOUT_S)
     assert reply.status_code == 200, reply.text

@@ -25,7 +25,7 @@ from embedserve.gateway.task_schemas import ClassificationResponse, ClassifyRequ
 router = APIRouter()
 
 
-def _predictions(scores: np.ndarray, labels: tuple[str, ...]) -> list[dict]:
+def predictions(scores: np.ndarray, labels: tuple[str, ...]) -> list[dict]:
     # Highest first; ties keep label order (a stable sort), as TEI's sort does.
     order = np.argsort(-scores, kind="stable")
     return [{"score": float(scores[k]), "label": labels[k]} for k in order]
@@ -41,7 +41,7 @@ async def predict(body: PredictRequest, request: Request) -> Response:
                                                          body.truncation_direction, "inputs"))
     scores = await gateway.classify(request, packed, body.raw_scores, "/predict")
     labels = gateway.model.labels
-    answers = [_predictions(row, labels) for row in scores]
+    answers = [predictions(row, labels) for row in scores]
     return json_response(answers if batch else answers[0])
 
 

@@ -28,9 +28,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from embedserve.errors import EmbedServeError, InvalidInput
+from embedserve.gateway.classify_inputs import pack_items, predict_items
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.routes import embed as embed_routes
 from embedserve.gateway.routes import rerank as rerank_routes
+from embedserve.gateway.routes.classify import predictions
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.routes.error_shapes import (
     TeiErrorResponse,
@@ -39,6 +41,7 @@ from embedserve.gateway.routes.error_shapes import (
     tei_error,
 )
 from embedserve.gateway.routes.tei_schemas import (
+    RootParameters,
     RootRequest,
     RootResponse,
     SimilarityInput,
@@ -84,7 +87,7 @@ async def _root(body: RootRequest, request: Request) -> Response:
     if body.inputs is None:
         raise InvalidInput("the body needs `inputs` (texts or token ids to embed, or "
                            f"{_SIMILARITY_BODY}), or `query` and `texts` to rerank", field="inputs")
-    gateway = pick_model(request.app.state.router, body.model, ("embed",))
+    gateway = pick_model(request.app.state.router, body.model, ("embed", "classify"))
     answer = PLAIN_INPUTS_BY_TASK.get(gateway.task, _no_plain_inputs)
     return await answer(gateway, body, request)
 
@@ -130,15 +133,35 @@ async def _no_plain_inputs(gateway: Gateway, body: RootRequest, request: Request
 
 # What ``inputs`` (texts or ids) means on ``POST /`` for each task.
 #
-# HOOK(classification): a text classifier's entry goes here, answering TEI's
-# /predict (``inputs``: a text, a [text, text] pair, or a batch of them; sorted
-# {label, score}; ``raw_scores``). InferenceClient.text_classification sends
-# {"inputs": text, "parameters": {"function_to_apply", "top_k"}} (RootParameters)
-# and reads ``answer[0]`` as the list of {label, score}: answer [[...]] for it,
-# as the HF Inference API does (TEI's bare [...] would give it one element).
+async def _classify_inputs(gateway: Gateway, body: RootRequest, request: Request) -> Response:
+    """``text_classification``: TEI's /predict (a text, a [text, text] pair, or a batch of
+    them), always answered as a list of {label, score} lists, highest first: InferenceClient
+    sends {"inputs": text, "parameters": {"function_to_apply", "top_k"}} and reads
+    ``answer[0]``, as from the HF Inference API (TEI's bare list for one input would give it
+    one element). ``function_to_apply: "none"`` (or ``raw_scores``) answers the logits."""
+    parameters = body.parameters or RootParameters()
+    if parameters.function_to_apply not in (None, "none", "softmax", "sigmoid"):
+        raise InvalidInput("function_to_apply is one of none, softmax, sigmoid",
+                           field="parameters.function_to_apply")
+    if parameters.top_k is not None and parameters.top_k < 1:
+        raise InvalidInput("top_k must be at least 1", field="parameters.top_k")
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if not isinstance(texts, list) or not all(isinstance(item, (str, list)) for item in texts):
+        raise InvalidInput("a classifier takes texts (or [text, text] pairs), not token ids", field="inputs")
+    items, _ = predict_items(body.inputs)
+    gateway.check_count(len(items), "inputs")
+    packed = await timed(request, "tokenize", pack_items(
+        gateway.preprocessor, items, bool(body.truncate), body.truncation_direction or "right", "inputs"))
+    raw = body.raw_scores or parameters.function_to_apply == "none"
+    scores = await gateway.classify(request, packed, raw, "/")
+    answers = [predictions(row, gateway.model.labels)[:parameters.top_k] for row in scores]
+    return json_response(answers)
+
+
 PLAIN_INPUTS_BY_TASK: dict[str, Callable[[Gateway, RootRequest, Request], Awaitable[Response]]] = {
     "embed": _embed_inputs,
     "score": _needs_pairs,
+    "classify": _classify_inputs,
 }
 
 
