@@ -38,6 +38,7 @@ from embedserve.model.info import ModelInfo
 from embedserve.errors import DeviceLost
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
+from embedserve.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,14 @@ class Batcher:
             plan = self._pool.take(self._token_budget, self._max_sequences)
             for entry, reason in plan.dropped:
                 self._metrics.sequences_dropped.labels(reason).inc()
-            if plan.taken:
-                self._metrics.batch_sequences.observe(len(plan.taken))
+            taken = plan.taken
+            if taken:
+                self._metrics.batch_sequences.observe(len(taken))
                 self._metrics.batch_tokens.observe(plan.tokens)
-                return group_runs(plan.taken)
+                for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
+                    if part.taken:
+                        self._metrics.class_step_tokens.labels(priority).observe(part.tokens)
+                return group_runs(taken)
 
     def _submit(self, runs: list[Run]) -> bool:
         """Step ``runs``; True if the step had finished when the engine returned it."""
@@ -171,6 +176,8 @@ class Batcher:
             if run.call.first_batched_at is None:
                 run.call.first_batched_at = now
                 self._metrics.queue_seconds.observe(now - run.call.arrival)
+                self._metrics.class_queue_seconds.labels(run.call.priority).observe(
+                    now - run.call.arrival)
         inline = not self._in_flight and all(run.call.read_in_bulk for run in runs)
         try:
             lazy = self._engine.step(assemble_batch(runs, self._task), inline=inline)

@@ -24,6 +24,7 @@ from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import LongInputPolicy
 from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
                                         EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
@@ -96,6 +97,7 @@ async def _pooled(gateway: Gateway, request: Request, windows: Windows, normaliz
 async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     since_start(request.scope, "parse")
     gateway, model = request.app.state.router.route(body.model, "embed")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
@@ -152,6 +154,7 @@ async def _embed_by_type(gateway: Gateway, request: Request, packed: RaggedBatch
 async def embed(body: EmbedRequest, request: Request) -> Response:
     since_start(request.scope, "parse")
     gateway, _ = request.app.state.router.route(body.model, "embed")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     dimensions = gateway.check_dimensions(body.dimensions)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)
