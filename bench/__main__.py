@@ -33,6 +33,7 @@ BENCHMARKS = {
     "tokenizer_compile": "bench.tokenizer_compile",
     "native_kernels": "bench.native_kernels",
     "native_linears": "bench.native_linears",
+    "priority": "bench.priority_bench",
 }
 
 
