@@ -45,7 +45,7 @@ QUERIES = ("how do I reset my password", "opening hours of the city library",
            "cheap flights to lisbon in may", "symptoms of vitamin d deficiency",
            "best way to learn python", "weather tomorrow in berlin")
 BATCH_INFLIGHT = re.compile(
-    r'^embedserve_gateway_class_inflight_tokens\{[^}]*priority="batch"[^}]*\} ([0-9.e+]+)$', re.M)
+    r'^embedserve_gateway_class_inflight_tokens\{[^}]*priority="batch"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
 
 
 def log(message: str) -> None:

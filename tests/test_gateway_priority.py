@@ -11,11 +11,11 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+from gateway_harness import gateway_in_front_of, metric_value
 
 from embedserve.bulk.remote import RemoteEmbedder
 from embedserve.local.options import EmbedOptions
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from gateway_harness import gateway_in_front_of, metric_value
 
 USER_KEY = "user-key"
 BULK_KEY = "bulk-key"
@@ -114,10 +114,10 @@ def test_a_full_batch_budget_never_refuses_an_interactive_request(stack):
     gateway, _ = server.app.state.router.route(None, "embed")
     batch_budget = gateway.budgets["batch"]
     # Everything the batch class may hold is held (as by a bulk job in flight).
-    with batch_budget.hold(batch_budget.capacity):
-        with server.client(headers={"authorization": f"Bearer {USER_KEY}"}) as client:
-            assert client.post("/v1/embeddings", json={"input": "a query"}).status_code == 200
-            refused = client.post("/v1/embeddings", json={"input": "a document", "priority": "batch"})
+    with batch_budget.hold(batch_budget.capacity), \
+            server.client(headers={"authorization": f"Bearer {USER_KEY}"}) as client:
+        assert client.post("/v1/embeddings", json={"input": "a query"}).status_code == 200
+        refused = client.post("/v1/embeddings", json={"input": "a document", "priority": "batch"})
     assert refused.status_code == 429 and "retry-after" in refused.headers
 
 
@@ -144,4 +144,4 @@ def test_a_replica_refuses_a_class_it_does_not_know(tiny_bert_replica):
         answered = stub.Embed(inference_pb2.EmbedRequest(tokens=tokens,
                                                          priority=inference_pb2.PRIORITY_BATCH),
                               timeout=30)
-        assert list(answered.embeddings.shape)[0] == 1
+        assert answered.embeddings.shape[0] == 1
