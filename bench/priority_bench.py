@@ -52,13 +52,17 @@ def log(message: str) -> None:
     print(f"[priority] {message}", file=sys.stderr, flush=True)
 
 
+PHASES = ("total", "queue", "inference")   # of Server-Timing, where the time went
+
+
 def interactive_client(base_url: str, interval_s: float, stop: threading.Event,
-                       max_queries: int | None) -> list[tuple[float, float]]:
-    """(send time, latency s) of each query: one every ``interval_s`` (or right after the
-    previous answer when that came later), until ``stop`` or ``max_queries``."""
+                       max_queries: int | None) -> list[tuple[float, float, dict[str, float]]]:
+    """(send time, latency s, Server-Timing phases in s) of each query: one every
+    ``interval_s`` (or right after the previous answer when that came later), until
+    ``stop`` or ``max_queries``."""
     import httpx
 
-    results: list[tuple[float, float]] = []
+    results: list[tuple[float, float, dict[str, float]]] = []
     with httpx.Client(base_url=base_url, timeout=60.0) as client:
         next_at = time.monotonic()
         k = 0
@@ -72,10 +76,20 @@ def interactive_client(base_url: str, interval_s: float, stop: threading.Event,
             latency = time.monotonic() - sent
             if reply.status_code != 200:
                 raise RuntimeError(f"interactive query answered {reply.status_code}: {reply.text[:200]}")
-            results.append((sent, latency))
+            results.append((sent, latency, server_timing(reply.headers.get("server-timing", ""))))
             next_at += interval_s
             k += 1
     return results
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``queue;dur=1.2, total;dur=3.4`` -> {"queue": 0.0012, "total": 0.0034}."""
+    phases = {}
+    for item in header.split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        if duration:
+            phases[name] = float(duration) / 1e3
+    return phases
 
 
 def batch_active_window(base_url: str, stop: threading.Event, window: list[float]) -> None:
@@ -95,11 +109,14 @@ def batch_active_window(base_url: str, stop: threading.Event, window: list[float
         stop.wait(0.1)
 
 
-def percentiles(latencies: list[float]) -> dict[str, float]:
-    values = np.asarray(latencies) * 1e3
-    return {"n": len(values), "p50": float(np.percentile(values, 50)),
-            "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99)),
-            "max": float(values.max())}
+def percentiles(results: list[tuple[float, float, dict[str, float]]]) -> dict[str, float]:
+    values = np.asarray([latency for _, latency, _ in results]) * 1e3
+    row = {"n": len(values), "p50": float(np.percentile(values, 50)),
+           "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99)),
+           "max": float(values.max())}
+    for phase in PHASES:
+        row[phase] = float(np.median([t.get(phase, 0.0) for _, _, t in results])) * 1e3
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             interactive_client(base_url, interval, threading.Event(), 20)
             run_embed(warm_corpus, output, model_dir, "--url", base_url)
             log(f"idle: {args.queries} queries, one every {args.interval_ms:.0f} ms")
-            idle = percentiles([lat for _, lat in interactive_client(base_url, interval, threading.Event(),
-                                                                     args.queries)])
+            idle = percentiles(interactive_client(base_url, interval, threading.Event(), args.queries))
             log(f"bulk solo: {args.docs} documents")
             solo = run_embed(corpus, output, model_dir, "--url", base_url)
             log("shared: the bulk job again, the interactive client all along")
@@ -156,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_embed(corpus, output, model_dir, "--url", base_url)))
             watcher.start()
             bulk.start()
-            client_results: list[tuple[float, float]] = []
+            client_results: list[tuple[float, float, dict[str, float]]] = []
             client = threading.Thread(target=lambda: client_results.extend(
                 interactive_client(base_url, interval, stop, None)))
             client.start()
@@ -167,15 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     if not window or not shared_runs:
         log("the shared run saw no batch tokens in flight: nothing measured")
         return 1
-    during = [lat for sent, lat in client_results if window[0] <= sent <= window[1]]
+    during = [r for r in client_results if window[0] <= r[0] <= window[1]]
     shared = percentiles(during)
     solo_rate = solo["tokens"] / solo["seconds"]
     shared_rate = shared_runs["tokens"] / shared_runs["seconds"]
     print(f"\nembedserve serve {args.serve_args or '(defaults)'}; {args.docs} documents, "
           f"{solo['tokens']:,} tokens; one query every {args.interval_ms:.0f} ms\n")
-    print("| interactive | queries | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|")
+    print("| interactive | queries | p50 ms | p90 ms | p99 ms | max ms | median gateway total / "
+          "replica queue / inference ms |\n|---|---:|---:|---:|---:|---:|---|")
     for name, row in (("idle", idle), ("during bulk", shared)):
-        print(f"| {name} | {row['n']} | {row['p50']:.1f} | {row['p90']:.1f} | {row['p99']:.1f} | {row['max']:.1f} |")
+        print(f"| {name} | {row['n']} | {row['p50']:.1f} | {row['p90']:.1f} | {row['p99']:.1f} | "
+              f"{row['max']:.1f} | {row['total']:.1f} / {row['queue']:.1f} / {row['inference']:.1f} |")
     print("\n| bulk job | tokens/s | vs solo |\n|---|---:|---:|")
     print(f"| solo | {solo_rate:,.0f} | 1.00 |")
     print(f"| with the interactive client | {shared_rate:,.0f} | {shared_rate / solo_rate:.2f} |")

@@ -133,6 +133,8 @@ class RequestPool:
         self._queued_tokens = {INTERACTIVE: 0, BATCH: 0}
         self._last_interactive: float | None = None   # arrival of the latest interactive call
         self._not_empty = asyncio.Event()
+        # Set when an interactive call is admitted; the batcher clears it before waiting.
+        self.interactive_arrived = asyncio.Event()
         self._clock = clock
 
     @property
@@ -166,17 +168,26 @@ class RequestPool:
         self._queued_tokens[call.priority] = queued + call.num_tokens
         if call.priority == INTERACTIVE:
             self._last_interactive = call.arrival
+            self.interactive_arrived.set()
         self._not_empty.set()
 
     async def wait_for_work(self) -> None:
         """Return once a queue holds at least one entry (live or not)."""
         await self._not_empty.wait()
 
+    def interactive_recent(self, now: float) -> bool:
+        """Whether an interactive call arrived less than ``interactive_window_s`` before ``now``."""
+        return self._last_interactive is not None and \
+            now - self._last_interactive < self.interactive_window_s
+
+    def holds_only_batch_work(self) -> bool:
+        """Whether the interactive queue is empty and the batch queue is not."""
+        return not self._queues[INTERACTIVE] and bool(self._queues[BATCH])
+
     def take(self, token_budget: int, max_sequences: int) -> PriorityPlan[SequenceEntry]:
         """Pop the next batch (and the dead entries before and inside it) off the queues."""
         now = self._clock()
-        recent = self._last_interactive is not None and \
-            now - self._last_interactive < self.interactive_window_s
+        recent = self.interactive_recent(now)
         plan = plan_priority_batch(self._queues[INTERACTIVE], self._queues[BATCH], token_budget,
                                    max_sequences, self.batch_token_cap or token_budget, recent,
                                    _entry_length, lambda entry: entry.call.drop_reason(now))
