@@ -3,8 +3,8 @@
 Owns what every response carries (``x-request-id``, ``Server-Timing``) and
 the checks that run before a route sees the request (body size, bearer
 key; a request bearing one of the batch keys is marked to run in the batch
-class, ``priority.py``). Pure ASGI rather than ``BaseHTTPMiddleware`` so the route still sees
-the client's disconnect and no extra task sits on each request.
+class, ``priority.py``). Pure ASGI rather than ``BaseHTTPMiddleware`` so the
+route still sees the client's disconnect and no extra task sits on each request.
 
 Routes record phase durations in ``scope["embedserve.timing"]`` (a dict of
 name -> seconds); ``total`` is added here, and ``since_start`` measures a

@@ -2,8 +2,9 @@
 
 Owns admission (input count, the model's in-flight token budget of the
 request's priority class: one budget per class, so a bulk job filling its own
-never refuses an interactive request), the deadline, handing packed tokens to the dispatcher, recording timings and
-metrics, and cancelling the work when the client disconnects. A ``Gateway``
+never refuses an interactive request), the deadline, handing packed tokens to
+the dispatcher, recording timings and metrics, and cancelling the work when
+the client disconnects. A ``Gateway``
 serves one model (its tokenizer, replica pool, budget and names); which one
 a request goes to is ``routing.py``'s. Routes translate their JSON into
 calls on ``Gateway`` and its answers back into JSON.
@@ -174,7 +175,7 @@ class Gateway:
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
         started = time.perf_counter()
-        priority = scope_priority(request.scope)
+        priority = scope_priority(request.scope, self.settings.route_priorities)
         wire_priority = wire.priority_to_proto(priority)
 
         def make_in_class(tokens: inference_pb2.PackedTokens):

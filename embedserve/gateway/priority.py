@@ -8,6 +8,9 @@ request's own ``priority`` body field, which wins over its
 in the scope for the pipeline (which sends it to the replicas and holds the
 class's budget) and the middleware (per-class latency). A value that names no
 class is a 400 naming where it came from, even when a forced class overrides it.
+Routes with a ``priority`` field call ``request_priority``; on the others the
+pipeline reads the class from the operator's rules and the header alone
+(``scope_priority``).
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ def request_priority(scope: Scope, body_value: str | None,
     return chosen
 
 
-def scope_priority(scope: Scope) -> str:
-    """The class ``request_priority`` chose for this request (interactive if it did not run)."""
-    return scope.get(PRIORITY_KEY, INTERACTIVE)
+def scope_priority(scope: Scope, route_priorities: Mapping[str, str]) -> str:
+    """The class ``request_priority`` chose for this request; on a route that did not ask
+    (one without a ``priority`` field), chosen now from the operator's rules and the header."""
+    chosen = scope.get(PRIORITY_KEY)
+    return chosen if chosen is not None else request_priority(scope, None, route_priorities)
 
 
 def _header(scope: Scope) -> str | None:

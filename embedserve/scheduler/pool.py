@@ -3,9 +3,9 @@
 Owns admission (the bounded queues, in tokens), a FCFS queue of sequences per
 traffic class (``interactive`` and ``batch``, docs/priority.md; each class has
 its own bound, so a bulk job filling its queue never refuses an interactive
-call), when interactive work last arrived, and each call's result handle. It does not talk to the engine or to gRPC:
-``batcher.py`` takes batches out of it and routes rows back; ``servicer.py``
-puts calls in and awaits them.
+call), when interactive work last arrived, and each call's result handle. It
+does not talk to the engine or to gRPC: ``batcher.py`` takes batches out of it
+and routes rows back; ``servicer.py`` puts calls in and awaits them.
 
 Every call has one ``asyncio.Future`` resolved exactly once: with its rows,
 with the error of a failed step, or when its caller goes away. A call that
