@@ -28,9 +28,9 @@ def parse(command: str, *argv: str) -> argparse.Namespace:
 
 
 def test_the_replica_flags_reach_its_settings():
-    args = parse("scheduler", "--batch-tokens-while-interactive", "64", "--interactive-window", "0")
+    args = parse("scheduler", "--batch-tokens-while-interactive", "64", "--interactive-window", "0.5")
     settings = scheduler_cli.settings_from_args(args, Path("/models/m"))
-    assert (settings.batch_tokens_while_interactive, settings.interactive_window_s) == (64, 0.0)
+    assert (settings.batch_tokens_while_interactive, settings.interactive_window_s) == (64, 0.5)
     defaults = scheduler_cli.settings_from_args(parse("scheduler"), Path("/models/m"))
     assert (defaults.batch_tokens_while_interactive, defaults.interactive_window_s) == \
         (BATCH_TOKENS_WHILE_INTERACTIVE, INTERACTIVE_WINDOW_S)
@@ -54,9 +54,9 @@ def test_bad_settings_are_refused():
 @pytest.mark.parametrize("command", ["serve", "cluster"])
 def test_serve_and_cluster_pass_only_the_changed_replica_flags_on(command):
     assert scheduler_cli.priority_flags(parse(command)) == ()
-    assert scheduler_cli.priority_flags(parse(command, "--batch-tokens-while-interactive", "128",
+    assert scheduler_cli.priority_flags(parse(command, "--batch-tokens-while-interactive", "64",
                                               "--interactive-window", "0.25")) == \
-        ("--batch-tokens-while-interactive", "128", "--interactive-window", "0.25")
+        ("--batch-tokens-while-interactive", "64", "--interactive-window", "0.25")
 
 
 def gateway_args(*argv: str) -> argparse.Namespace:

@@ -140,8 +140,9 @@ def add_priority_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interactive-window", type=_non_negative_float,
                         default=INTERACTIVE_WINDOW_S, metavar="SECONDS",
                         help="how long after an interactive call arrives steps stay bounded "
-                             "for the next one; 0: only while one is queued "
-                             "(default: %(default)s)")
+                             "for the next one, which then waits behind a smaller step; costs a "
+                             "bulk job tokens/s all that time. 0: bounded only while one is "
+                             "queued (default: %(default)s)")
 
 
 def priority_flags(args: argparse.Namespace) -> tuple[str, ...]:

@@ -29,13 +29,16 @@ CPU_BF16_MAX_BATCH_TOKENS = 1024
 # and auto, embedserve/engine/dtype_choice.py), spelled here so entry points can
 # offer them without importing torch. auto is the default.
 REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# The priority classes (docs/priority.md): while interactive work is queued or
-# arrived within the window, a step carries at most this many batch tokens (plus
-# the one batch sequence every step takes), so an interactive query waits behind
-# a step of about this size rather than a full one. Chosen by measurement
-# (``python -m bench priority``, docs/priority.md).
-BATCH_TOKENS_WHILE_INTERACTIVE = 256
-INTERACTIVE_WINDOW_S = 1.0
+# The priority classes (docs/priority.md): while interactive work is queued (in
+# the step or waiting) or arrived within the window, a step carries at most this
+# many batch tokens (plus the one batch sequence every step takes). Chosen by
+# measurement (``python -m bench priority``, docs/priority.md): with no window,
+# only the steps that carry queries are small, and a bulk job keeps its full-size
+# steps in between (in bf16 on a 2-core CPU a 1024-token step runs ~1.75x the
+# tokens/s of a 256-token one); with a window every step is bounded, which
+# shortens the wait behind a step but cost the bulk job 30-45 % of its rate.
+BATCH_TOKENS_WHILE_INTERACTIVE = 128
+INTERACTIVE_WINDOW_S = 0.0
 DEFAULT_DTYPE = "auto"
 
 
