@@ -35,6 +35,7 @@ BENCHMARKS = {
     "native_kernels": "bench.native_kernels",
     "native_linears": "bench.native_linears",
     "gpu": "bench.gpu.workloads",
+    "priority": "bench.priority_bench",
 }
 
 

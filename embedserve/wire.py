@@ -51,6 +51,13 @@ _PRECISIONS: dict[str, int] = {
     "binary": inference_pb2.PRECISION_BINARY, "ubinary": inference_pb2.PRECISION_UBINARY,
 }
 _PRECISION_NAMES = {value: name for name, value in _PRECISIONS.items()}
+# The traffic classes (docs/priority.md), the default first, <-> the proto's Priority.
+INTERACTIVE = "interactive"
+BATCH = "batch"
+PRIORITIES = (INTERACTIVE, BATCH)
+_PRIORITIES: dict[str, int] = {INTERACTIVE: inference_pb2.PRIORITY_INTERACTIVE,
+                               BATCH: inference_pb2.PRIORITY_BATCH}
+_PRIORITY_NAMES = {value: name for name, value in _PRIORITIES.items()}
 
 
 def pack_tokens(tokens: RaggedBatch, field: str = "tokens") -> inference_pb2.PackedTokens:
@@ -126,6 +133,21 @@ def precisions_from_proto(values) -> list[str]:
             raise InvalidInput(f"unknown precision {value}", field="precisions")
         names.append(_PRECISION_NAMES[value])
     return names
+
+
+def priority_to_proto(name: str) -> int:
+    """A class name (``PRIORITIES``) -> the proto's ``Priority`` value."""
+    return _PRIORITIES[name]
+
+
+def priority_from_proto(value: int, field: str = "priority") -> str:
+    """The proto's ``Priority`` value -> its class name, or InvalidInput for an unknown one
+    (a newer gateway's class this replica does not know: refused, never guessed)."""
+    name = _PRIORITY_NAMES.get(value)
+    if name is None:
+        raise InvalidInput(f"{field} {value} is not a known Priority "
+                           f"(known: {', '.join(PRIORITIES)})", field=field)
+    return name
 
 
 def model_mismatch(reply: inference_pb2.InfoResponse, described: ModelInfo) -> str:

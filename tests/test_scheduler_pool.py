@@ -122,3 +122,43 @@ def test_a_failed_call_ignores_late_rows_and_drops_its_queued_rest():
         plan = pool.take(token_budget=10, max_sequences=10)
         assert plan.taken == [] and [reason for _, reason in plan.dropped] == ["failed"]
     run(body)
+
+
+def test_each_priority_class_has_its_own_queue_bound():
+    async def body():
+        pool = RequestPool(max_queue_tokens=10)
+        pool.admit(Call("embed", tokens([1] * 10), arrival=0.0, priority="batch"))
+        with pytest.raises(Overloaded, match="batch queue"):
+            pool.admit(Call("embed", tokens([2]), arrival=0.0, priority="batch"))
+        pool.admit(Call("embed", tokens([3] * 10), arrival=0.0))  # interactive: its own room
+        assert (pool.queued_tokens_of("batch"), pool.queued_tokens_of("interactive")) == (10, 10)
+        assert pool.queued_tokens == 20
+    run(body)
+
+
+def test_interactive_calls_run_before_batch_calls_queued_earlier():
+    async def body():
+        clock = FakeClock()
+        pool = RequestPool(max_queue_tokens=100, clock=clock, batch_token_cap=4,
+                           interactive_window_s=1.0)
+        bulk = Call("embed", tokens(*[[7] * 4] * 6), arrival=clock.now, priority="batch")
+        pool.admit(bulk)
+        # No interactive traffic yet: batch runs at the full budget.
+        plan = pool.take(token_budget=12, max_sequences=8)
+        assert [(e.call, e.index) for e in plan.taken] == [(bulk, 0), (bulk, 1), (bulk, 2)]
+        clock.now += 0.1
+        query = Call("embed", tokens([1, 2]), arrival=clock.now)
+        pool.admit(query)
+        # The query first; beside it only the batch head (the cap, 4 tokens, is its size).
+        plan = pool.take(token_budget=12, max_sequences=8)
+        assert [(e.call, e.index) for e in plan.taken] == [(query, 0), (bulk, 3)]
+        # Within the window after the query: still capped.
+        clock.now += 0.5
+        plan = pool.take(token_budget=12, max_sequences=8)
+        assert [(e.call, e.index) for e in plan.taken] == [(bulk, 4)]
+        # Past it: the full budget again.
+        clock.now += 1.0
+        pool.admit(Call("embed", tokens(*[[7] * 4] * 3), arrival=clock.now, priority="batch"))
+        plan = pool.take(token_budget=12, max_sequences=8)
+        assert len(plan.taken) == 3 and plan.taken[0].call is bulk
+    run(body)

@@ -3,7 +3,9 @@
 Owns the HTTP side of a bulk job: requests sized to the gateway's limits
 (read from ``/info``), as many in flight as its replicas can take, and
 retries of 429 and 503 after the server's ``Retry-After`` (else exponential
-backoff). The vectors come back as base64 float32 from ``/v1/embeddings``.
+backoff). Every request runs in the batch priority class (the
+``x-embedserve-priority`` header, docs/priority.md), so online queries to the same
+gateway go first. The vectors come back as base64 float32 from ``/v1/embeddings``.
 Token counts, truncation flags, the refuse decision and the windows of
 ``chunk`` come from the local tokenizer of ``--model``, or without one from
 the gateway's own ``/tokenize`` (``gateway_tokenizer.py``); the gateway
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.errors import InvalidInput, Unavailable
+from embedserve.gateway.priority import HEADER as PRIORITY_HEADER
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
@@ -31,6 +34,7 @@ from embedserve.local.precision import RANGED_PRECISIONS, check_precision, conve
 from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
+from embedserve.wire import BATCH
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
 REQUEST_MAX_TOKENS = 16_384     # tokens per request: several chunks for the gateway to spread
@@ -49,7 +53,9 @@ class RemoteEmbedder:
         None: the gateway's ``/tokenize`` counts them (no model on this machine)."""
         self.url = url.rstrip("/")
         self.options = options
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {PRIORITY_HEADER: BATCH}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
         self._timeout = timeout_s
         self.served_model = served_model
         server = self._served_info()

@@ -152,5 +152,6 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     # and are counted), FastAPI's stack innermost.
     app.wrap(lambda fastapi: GatewayMiddleware(
         DrainMiddleware(DirectRoutes(fastapi, routes), drain=drain),
-        metrics=metrics, max_body_bytes=settings.max_body_bytes, api_key=settings.api_key))
+        metrics=metrics, max_body_bytes=settings.max_body_bytes, api_key=settings.api_key,
+        batch_api_keys=settings.batch_api_keys))
     return app

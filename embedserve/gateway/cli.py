@@ -30,6 +30,7 @@ from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, 
 from embedserve.entrypoint import (configure_logging, gateway_banner, gateway_grpc_banner,
                                    run_event_loop, stop_on_signals)
 from embedserve.gateway.long_inputs import SERVER_POLICIES
+from embedserve.gateway.priority import parse_route_priorities
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
@@ -82,15 +83,22 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on API routes (also "
                              "$EMBEDSERVE_API_KEY); probes, /metrics and docs stay open")
+    parser.add_argument("--batch-api-key", action="append", default=[], metavar="KEY",
+                        help="a further key accepted like --api-key whose requests always run "
+                             "in the batch class (docs/priority.md); repeatable (also "
+                             "$EMBEDSERVE_BATCH_API_KEY)")
+    parser.add_argument("--route-priority", action="append", default=[], metavar="ROUTE=CLASS",
+                        help="run every request to ROUTE in CLASS (interactive or batch), "
+                             "whatever it asks, e.g. /embed=batch; repeatable")
     parser.add_argument("--max-inputs", type=int, default=d.max_inputs,
                         help="inputs per request; more gets 413 (default: %(default)s)")
     parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                         help="larger request bodies get 413 before parsing, larger gRPC "
                              "messages RESOURCE_EXHAUSTED (default: %(default)s)")
     parser.add_argument("--max-inflight-tokens", type=int, default=d.max_inflight_tokens,
-                        help="tokens admitted at once across requests, per served model; beyond "
-                             "it requests get 429 + Retry-After. Bounds memory and queueing "
-                             "(default: %(default)s)")
+                        help="tokens admitted at once across requests, per served model and "
+                             "per class (interactive, batch); beyond it requests get 429 + "
+                             "Retry-After. Bounds memory and queueing (default: %(default)s)")
     add_long_input_flags(parser)
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds before a request is answered 504 (default: %(default)s)")
@@ -177,11 +185,17 @@ def served_models(args: argparse.Namespace, specs: Sequence[ModelSpec],
 def gateway_settings(args: argparse.Namespace, models: Sequence[ServedModel],
                      replica_token: str | None = None) -> GatewaySettings:
     first, *others = models
+    batch_keys = [*args.batch_api_key, os.environ.get("EMBEDSERVE_BATCH_API_KEY") or ""]
+    try:
+        route_priorities = parse_route_priorities(args.route_priority)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     return GatewaySettings(
         model_dir=first.model_dir, upstreams=first.upstreams, host=args.host, port=args.port,
         grpc_port=args.grpc_port,
         served_model_names=first.served_model_names, additional_models=tuple(others),
         api_key=args.api_key or os.environ.get("EMBEDSERVE_API_KEY") or None,
+        batch_api_keys=tuple(key for key in batch_keys if key), route_priorities=route_priorities,
         max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
         max_inflight_tokens=args.max_inflight_tokens,
         auto_truncate=args.auto_truncate, chunk_overlap=args.chunk_overlap,

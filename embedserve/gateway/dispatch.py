@@ -26,6 +26,7 @@ from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, i
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
+from embedserve.wire import INTERACTIVE
 
 
 @dataclass
@@ -68,9 +69,12 @@ async def run_chunks(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy
 async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: ChunkPolicy, rpc: str,
                              make_request: MakeRequest, deadline: float, request_id: str,
                              timings: DispatchTimings,
-                             on_retry: Callable[[], None] | None = None) -> list[np.ndarray]:
+                             on_retry: Callable[[], None] | None = None,
+                             priority: str = INTERACTIVE) -> list[np.ndarray]:
     """``run_chunks`` for replies carrying several arrays (Embed with ``precisions``: one
-    per precision, in request order); each array's rows in input order."""
+    per precision, in request order); each array's rows in input order. ``priority``:
+    the class whose room on a replica the chunks take (``ReplicaPool.acquire``); the
+    messages carry it themselves."""
     max_tokens = policy.max_tokens
     info = pool.info()
     if info is not None and info.max_queue_tokens:
@@ -81,11 +85,12 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
         a, b = ranges[0]
         chunk = packed if (a, b) == (0, packed.num_sequences) else packed.slice(a, b)
         return await _run_chunk(pool, chunk, policy.max_attempts, rpc, make_request, deadline,
-                                request_id, timings, on_retry)
+                                request_id, timings, on_retry, priority)
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_run_chunk(pool, packed.slice(a, b), policy.max_attempts, rpc,
-                                                  make_request, deadline, request_id, timings, on_retry))
+                                                  make_request, deadline, request_id, timings, on_retry,
+                                                  priority))
                      for a, b in ranges]
     except* Exception as group_error:
         # Report the first failure as itself, not wrapped in a group.
@@ -122,15 +127,15 @@ def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
 
 async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, rpc: str,
                      make_request: MakeRequest, deadline: float, request_id: str,
-                     timings: DispatchTimings,
-                     on_retry: Callable[[], None] | None) -> list[np.ndarray]:
+                     timings: DispatchTimings, on_retry: Callable[[], None] | None,
+                     priority: str = INTERACTIVE) -> list[np.ndarray]:
     tokens = chunk.num_tokens
     message = make_request(wire.pack_tokens(chunk))
     tried: set[Replica] = set()
     last_error: EmbedServeError | None = None
     for attempt in range(max_attempts):
         waited_from = time.monotonic()
-        replica = await pool.acquire(tokens, frozenset(tried), deadline)
+        replica = await pool.acquire(tokens, frozenset(tried), deadline, priority)
         gateway_wait = time.monotonic() - waited_from
         timings.attempts += 1
         try:
@@ -159,7 +164,7 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
                 await asyncio.sleep(min(0.05 * (attempt + 1), max(0.0, deadline - time.monotonic())))
             continue
         finally:
-            await pool.release(replica, tokens)
+            await pool.release(replica, tokens, priority)
         queue_s = gateway_wait + reply.timings.queue_us / 1e6
         timings.queue_s = max(timings.queue_s, queue_s)
         if reply.timings.compute_us / 1e6 >= timings.inference_s:

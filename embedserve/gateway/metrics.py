@@ -25,6 +25,22 @@ class GatewayMetrics:
                                  ["route"], registry=r,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                           1, 2.5, 5, 10, 30, 60))
+        # Per priority class (docs/priority.md), label ``priority``: requests to the
+        # model routes, whatever their status.
+        self.class_latency = Histogram("embedserve_gateway_class_request_seconds",
+                                       "HTTP request latency of the model routes by priority class",
+                                       ["priority"], registry=r,
+                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.class_queue = Histogram("embedserve_gateway_class_queue_seconds",
+                                     "Per request, by priority class: its longest wait for a "
+                                     "replica plus that replica's queue time",
+                                     ["priority"], registry=r,
+                                     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                              0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.class_inflight_tokens = Gauge("embedserve_gateway_class_inflight_tokens",
+                                           "Tokens admitted and not yet answered, by priority "
+                                           "class", ["model", "priority"], registry=r)
         self.inputs = Counter("embedserve_gateway_inputs", "Inputs (texts or pairs) served",
                               ["route", "model"], registry=r)
         self.tokens = Counter("embedserve_gateway_tokens", "Tokens sent to replicas",
@@ -66,6 +82,10 @@ class GatewayMetrics:
                 self.requests.labels(route, str(status)), self.latency.labels(route))
         children[0].inc()
         children[1].observe(seconds)
+
+    def count_class_request(self, priority: str, seconds: float) -> None:
+        """One request to a model route that ran in class ``priority``."""
+        self.class_latency.labels(priority).observe(seconds)
 
     def count_work(self, route: str, model: str, inputs: int, tokens: int) -> None:
         """``inputs`` inputs of ``tokens`` tokens in all served for ``model`` on ``route``."""

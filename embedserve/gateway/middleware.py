@@ -1,9 +1,10 @@
-"""ASGI middleware: request ids, Server-Timing, body size limit, API key.
+"""ASGI middleware: request ids, Server-Timing, body size limit, API keys.
 
 Owns what every response carries (``x-request-id``, ``Server-Timing``) and
 the checks that run before a route sees the request (body size, bearer
-key). Pure ASGI rather than ``BaseHTTPMiddleware`` so the route still sees
-the client's disconnect and no extra task sits on each request.
+key; a request bearing one of the batch keys is marked to run in the batch
+class, ``priority.py``). Pure ASGI rather than ``BaseHTTPMiddleware`` so the
+route still sees the client's disconnect and no extra task sits on each request.
 
 Routes record phase durations in ``scope["embedserve.timing"]`` (a dict of
 name -> seconds); ``total`` is added here, and ``since_start`` measures a
@@ -22,6 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedserve.gateway.http_errors import UNEXPECTED, error_body
 from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.priority import FORCED_KEY, PRIORITY_KEY
+from embedserve.wire import BATCH
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,12 @@ DOCS_ASSETS_PREFIX = "/static-offline-docs/"
 
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics, max_body_bytes: int,
-                 api_key: str | None) -> None:
+                 api_key: str | None, batch_api_keys: tuple[str, ...] = ()) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key
+        self.batch_api_keys = tuple(key.encode() for key in batch_api_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,17 +93,23 @@ class GatewayMiddleware:
             if not started_response[0]:
                 await _send_error(send_with_headers, *UNEXPECTED)
         finally:
-            self.metrics.count_request(_route_label(scope), status_seen[0],
-                                       time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.count_request(_route_label(scope), status_seen[0], seconds)
+            if PRIORITY_KEY in scope:   # a request that reached a model route
+                self.metrics.count_class_request(scope[PRIORITY_KEY], seconds)
 
     def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str | None] | None:
         """(status, message, error.code) of a request refused before routing, or None."""
-        if (self.api_key is not None and scope["path"] not in OPEN_PATHS
+        if ((self.api_key is not None or self.batch_api_keys) and scope["path"] not in OPEN_PATHS
                 and not scope["path"].startswith(DOCS_ASSETS_PREFIX)):
             given = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                    self.api_key.encode()):
+            bearer = token.strip().encode() if scheme.lower() == "bearer" else None
+            if bearer is not None and any(hmac.compare_digest(bearer, key)
+                                          for key in self.batch_api_keys):
+                scope[FORCED_KEY] = BATCH
+            elif self.api_key is not None and (
+                    bearer is None or not hmac.compare_digest(bearer, self.api_key.encode())):
                 return (401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
                         "invalid_api_key")
         declared = headers.get(b"content-length")

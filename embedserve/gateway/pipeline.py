@@ -1,8 +1,10 @@
 """The gateway's work for one request to one served model, independent of the HTTP shape.
 
-Owns admission (input count, the model's in-flight token budget), the
-deadline, handing packed tokens to the dispatcher, recording timings and
-metrics, and cancelling the work when the client disconnects. A ``Gateway``
+Owns admission (input count, the model's in-flight token budget of the
+request's priority class: one budget per class, so a bulk job filling its own
+never refuses an interactive request), the deadline, handing packed tokens to
+the dispatcher, recording timings and metrics, and cancelling the work when
+the client disconnects. A ``Gateway``
 serves one model (its tokenizer, replica pool, budget and names); which one
 a request goes to is ``routing.py``'s. Routes translate their JSON into
 calls on ``Gateway`` and its answers back into JSON.
@@ -26,12 +28,14 @@ from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
+from embedserve.gateway.priority import scope_priority
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, ReplicaPool
 from embedserve.gateway.settings import GatewaySettings
 from embedserve.model import tasks
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
+from embedserve.wire import INTERACTIVE, PRIORITIES
 
 T = TypeVar("T")
 
@@ -56,9 +60,19 @@ class Gateway:
         self.preprocessor = preprocessor
         self.pool = pool
         self.metrics = metrics
-        self.budget = TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
+        # One budget per priority class (docs/priority.md); ``budget`` is the default class's.
+        self.budgets = {priority: TokenBudget(settings.max_inflight_tokens, settings.retry_after_s)
+                        for priority in PRIORITIES}
+        self.budget = self.budgets[INTERACTIVE]
+        budgets = self.budgets
         # Read when scraped, not written twice per request.
-        metrics.inflight_tokens.labels(self.model_id).set_function(lambda: self.budget.in_use)
+        metrics.inflight_tokens.labels(self.model_id).set_function(
+            lambda: sum(budget.in_use for budget in budgets.values()))
+        for priority, budget in budgets.items():
+            metrics.class_inflight_tokens.labels(self.model_id, priority).set_function(
+                lambda b=budget: b.in_use)
+        self._class_queue = {priority: metrics.class_queue.labels(priority)
+                             for priority in PRIORITIES}
         self._count_retry = metrics.chunk_retries.labels(self.model_id).inc
         metrics.model_task.labels(self.model_id, model.task).set(1)
         self.policy = ChunkPolicy(settings.chunk_max_sequences, settings.chunk_max_tokens,
@@ -182,18 +196,28 @@ class Gateway:
 
     async def _dispatch(self, request: Request, packed: RaggedBatch, rpc: str, make,
                         route: str) -> list[np.ndarray]:
+        """Send ``packed`` in the request's priority class (``priority.scope_priority``): its
+        budget, its room on the replicas, and the class named in every replica call."""
         tokens = packed.num_tokens
         timing = request.scope.setdefault(TIMING_KEY, {})
         timings = DispatchTimings()
         deadline = time.monotonic() + self.settings.request_timeout_s
         deadline = min(deadline, request.scope.get(DEADLINE_KEY, deadline))
         started = time.perf_counter()
-        with self.budget.hold(tokens):
+        priority = scope_priority(request.scope, self.settings.route_priorities)
+        wire_priority = wire.priority_to_proto(priority)
+
+        def make_in_class(tokens: inference_pb2.PackedTokens):
+            message = make(tokens)
+            message.priority = wire_priority
+            return message
+        with self.budgets[priority].hold(tokens):
             try:
                 result = await cancel_on_disconnect(request, run_chunks_outputs(
-                    self.pool, packed, self.policy, rpc, make, deadline,
+                    self.pool, packed, self.policy, rpc, make_in_class, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
-                    on_retry=self._count_retry))
+                    on_retry=self._count_retry, priority=priority))
+                self._class_queue[priority].observe(timings.queue_s)
             finally:
                 timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
                 timing["rpc"] = timings.rpc_s

@@ -41,6 +41,7 @@ from embedserve.errors import DeadlineExceeded, Unavailable
 from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
 from embedserve.gateway.frame_client import FrameChannel, FrameTarget, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.wire import BATCH, INTERACTIVE
 from embedserve.scheduler.auth import call_metadata
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ class Replica:
     # Whether ``info`` is the current process's: asked again after every health watch
     # that ended or call that found it down (it may have restarted, on another frame port).
     info_current: bool = False
-    outstanding_tokens: int = 0
+    outstanding_tokens: int = 0        # all classes
+    batch_outstanding_tokens: int = 0  # of them, the batch class's (docs/priority.md)
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
@@ -156,6 +158,12 @@ class Replica:
         ask Info again (its frame port, its instance id) when it next serves."""
         self.close_frames()
         self.info_current = False
+
+    def outstanding_of(self, priority: str) -> int:
+        """Tokens of class ``priority`` sent to it and not yet answered."""
+        if priority == BATCH:
+            return self.batch_outstanding_tokens
+        return self.outstanding_tokens - self.batch_outstanding_tokens
 
     def capacity(self, default: int) -> int:
         if self.info is not None and self.info.max_queue_tokens:
@@ -356,8 +364,14 @@ class ReplicaPool:
 
     # -- load balancing ----------------------------------------------------
 
-    async def acquire(self, tokens: int, exclude: frozenset[Replica], deadline: float) -> Replica:
-        """Reserve ``tokens`` on the least loaded healthy replica with room.
+    async def acquire(self, tokens: int, exclude: frozenset[Replica], deadline: float,
+                      priority: str = INTERACTIVE) -> Replica:
+        """Reserve ``tokens`` of class ``priority`` on the least loaded healthy replica
+        with room for that class.
+
+        Each class has its own room on a replica (the replica queues each class apart,
+        each within its max_queue_tokens): a bulk job holding a replica's batch room
+        never makes an interactive chunk wait here.
 
         Waits while every usable replica is full, until ``deadline`` (a
         ``time.monotonic()`` value; then ``DeadlineExceeded``); raises
@@ -382,9 +396,11 @@ class ReplicaPool:
                 least = min(r.outstanding_tokens for r in usable)
                 ties = [r for r in usable if r.outstanding_tokens == least]
                 best = ties[self._ties_turn % len(ties)]
-                if best.outstanding_tokens == 0 or \
-                        best.outstanding_tokens + tokens <= best.capacity(self._max_outstanding):
+                held = best.outstanding_of(priority)
+                if held == 0 or held + tokens <= best.capacity(self._max_outstanding):
                     best.outstanding_tokens += tokens
+                    if priority == BATCH:
+                        best.batch_outstanding_tokens += tokens
                     self._ties_turn += 1
                     return best
                 remaining = deadline - time.monotonic()
@@ -395,8 +411,10 @@ class ReplicaPool:
                 except TimeoutError:
                     raise DeadlineExceeded("the request timed out waiting for a replica") from None
 
-    async def release(self, replica: Replica, tokens: int) -> None:
+    async def release(self, replica: Replica, tokens: int, priority: str = INTERACTIVE) -> None:
         replica.outstanding_tokens -= tokens
+        if priority == BATCH:
+            replica.batch_outstanding_tokens -= tokens
         await self._notify()
 
     async def mark_down(self, replica: Replica) -> None:

@@ -46,6 +46,11 @@ _TRUNCATE_DOC = (
     "Strings are case-insensitive (TEI and Jina send a boolean, Cohere a string).")
 _DIRECTION_DOC = ("Which end truncate=true cuts (TEI's field). Omitted: the server's direction "
                   "when it truncates by default, else right.")
+# Checked by the route (gateway/priority.py: 400 naming the field), case-insensitive.
+_PRIORITY_DOC = ("embedserve extension: the traffic class, 'interactive' (default) or 'batch' "
+                 "(docs/priority.md). Batch work yields to interactive work in the gateway and "
+                 "the replicas. Also the x-embedserve-priority header; this field wins over it, "
+                 "an operator's --batch-api-key or --route-priority over both.")
 _OVERLAP_DOC = ("embedserve extension: content tokens consecutive windows share under "
                 "truncate='chunk', in [0, window - 1]. Omitted: the server's --chunk-overlap.")
 
@@ -74,6 +79,7 @@ class EmbeddingsRequest(_Request):
     top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="embedserve extension, with sparse: keep each input's top_k largest "
         "weights; omitted: every nonzero.")
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class EmbeddingObject(BaseModel):
@@ -127,6 +133,7 @@ class EmbedRequest(_Request):
     embedding_types: EmbeddingTypes | None = Field(
         None, description="embedserve extension. " + EMBEDDING_TYPES_HELP + " The answer is then "
         "Cohere's {\"embeddings\": {type: [[...], ...]}} instead of a bare list.")
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class EmbeddingsByType(BaseModel):
@@ -158,6 +165,7 @@ class RerankRequest(_Request):
     return_text: StrictBool = False
     truncate: StrictBool = False
     truncation_direction: Direction = "right"
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class RankedText(BaseModel):
@@ -196,6 +204,7 @@ class CohereRerankRequest(_Request):
     instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)
     return_documents: StrictBool = False
     truncate: StrictBool = True
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class CohereRerankResult(BaseModel):

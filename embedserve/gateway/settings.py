@@ -52,6 +52,13 @@ class GatewaySettings:
     grpc_port: int | None = None
     # Bearer key required on the API routes; None turns authentication off.
     api_key: str | None = None
+    # Further bearer keys, accepted beside ``api_key``, whose requests always run in
+    # the batch class (docs/priority.md): a re-indexing job's key cannot slow the
+    # online queries, whatever it sends. Kept out of repr so logs never show them.
+    batch_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Routes whose requests always run in one class, {"/embed": "batch"}
+    # (``--route-priority``); the others take the request's own class.
+    route_priorities: dict[str, str] = field(default_factory=dict)
     # Inputs per request. OpenAI allows 2,048; thousands are served here, and
     # beyond this the request is refused with 413 rather than queued for minutes.
     max_inputs: int = 8192
@@ -68,9 +75,10 @@ class GatewaySettings:
     # cut, at the price of embedding those tokens twice (request: chunk_overlap).
     chunk_overlap: int = 0
     # Tokens admitted into dispatch at once across all requests, per served
-    # model (each model has its own budget, so a flood of reranking cannot
-    # starve embedding); a request that does not fit gets 429 + Retry-After
-    # instead of waiting in memory.
+    # model and per class (each model has its own budgets, so a flood of
+    # reranking cannot starve embedding; each class too, so a bulk job filling
+    # the batch budget never makes an interactive request get 429); a request
+    # that does not fit gets 429 + Retry-After instead of waiting in memory.
     max_inflight_tokens: int = 4 * 1024 * 1024
     # Seconds to wait after a 429 before retrying (the Retry-After header).
     retry_after_s: int = 1

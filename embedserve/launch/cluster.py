@@ -36,7 +36,8 @@ from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_
 from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
-from embedserve.scheduler.cli import add_engine_flags, cuda_flags, engine_flags
+from embedserve.scheduler.cli import (add_engine_flags, add_priority_flags, cuda_flags,
+                                      engine_flags, priority_flags)
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.scheduler.token_file import temporary_token_file
 
@@ -77,10 +78,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "--model DIR:replicas=N sets one model's)")
     add_model_spec_arguments(parser, replicas=True, upstream=False)
     add_engine_flags(parser)
+    add_priority_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address the gateway binds")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port; 0 picks a free one")
     parser.add_argument("--api-key", default=None, help="Bearer key the gateway requires")
     add_grpc_port_flag(parser)
+    parser.add_argument("--batch-api-key", action="append", default=[], metavar="KEY",
+                        help="a further key whose requests always run in the batch class "
+                             "(docs/priority.md); repeatable")
+    parser.add_argument("--route-priority", action="append", default=[], metavar="ROUTE=CLASS",
+                        help="run every request to ROUTE in CLASS (interactive or batch); repeatable")
     add_long_input_flags(parser)
     parser.add_argument("--drain-timeout", type=float, default=GatewaySettings.drain_timeout_s,
                         help="after SIGTERM, seconds the gateway lets admitted requests run "
@@ -94,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         raise StartupError(f"--replicas {args.replicas}: must be at least 1",
                            "start one replica or more (--replicas 1)")
     gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args),
-                    *(("--grpc-port", str(args.grpc_port)) if args.grpc_port is not None else ()))
+                    *(("--grpc-port", str(args.grpc_port)) if args.grpc_port is not None else ()),
+                    *(arg for key in args.batch_api_key for arg in ("--batch-api-key", key)),
+                    *(arg for rule in args.route_priority for arg in ("--route-priority", rule)))
     if args.calibration:   # the replicas write int8/uint8 calibration ranges there
         check_cache_dir(args.cache_dir or default_cache_dir())
     specs = model_specs_from_args(args)
@@ -117,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                                host=args.host, port=args.port, gateway_args=gateway_args,
                                drain_timeout_s=args.drain_timeout,
                                # where replicas keep the int8/uint8 calibration
-                               replica_args=(*cuda_flags(args),
+                               replica_args=(*cuda_flags(args), *priority_flags(args),
                                              *(("--cache-dir", str(args.cache_dir))
                                                if args.cache_dir else ())))
     return run_event_loop(run_cluster(settings))

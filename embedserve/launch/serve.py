@@ -31,7 +31,8 @@ from embedserve.launch.commands import replica_env
 from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
-from embedserve.scheduler.cli import add_engine_flags, cuda_flags, engine_flags
+from embedserve.scheduler.cli import (add_engine_flags, add_priority_flags, cuda_flags,
+                                      engine_flags, priority_flags)
 from embedserve.scheduler.token_file import read_token_file, temporary_token_file
 
 log = logging.getLogger("embedserve.serve")
@@ -50,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "layout of remote replicas). Replicas listen on TCP either way "
                             "(default: %(default)s)")
     add_engine_flags(serve)
+    add_priority_flags(serve)
     add_gateway_flags(serve, starts_replicas=True)
     serve.set_defaults(func=run_serve)
 
@@ -90,7 +92,7 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     # Replicas of every model share this machine's cores.
     env = replica_env(sum(counts), args.device)
     extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine,
-                          args.calibration), *cuda_flags(args),
+                          args.calibration), *cuda_flags(args), *priority_flags(args),
              "--replica-token-file", str(token_file),
              # each replica's Prometheus endpoint, merged into the gateway's /metrics
              "--metrics-port", "0",

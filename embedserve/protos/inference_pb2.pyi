@@ -23,6 +23,11 @@ class Precision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRECISION_UINT8: _ClassVar[Precision]
     PRECISION_BINARY: _ClassVar[Precision]
     PRECISION_UBINARY: _ClassVar[Precision]
+
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_INTERACTIVE: _ClassVar[Priority]
+    PRIORITY_BATCH: _ClassVar[Priority]
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT16: DType
 DTYPE_INT8: DType
@@ -34,6 +39,8 @@ PRECISION_INT8: Precision
 PRECISION_UINT8: Precision
 PRECISION_BINARY: Precision
 PRECISION_UBINARY: Precision
+PRIORITY_INTERACTIVE: Priority
+PRIORITY_BATCH: Priority
 
 class PackedTokens(_message.Message):
     __slots__ = ("token_ids", "lengths", "token_type_ids")
@@ -68,20 +75,22 @@ class Timings(_message.Message):
     def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ..., wake_us: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions")
+    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions", "priority")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRECISIONS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     normalize: bool
     dimensions: int
     dtype: DType
     request_id: str
     precisions: _containers.RepeatedScalarFieldContainer[Precision]
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., precisions: _Optional[_Iterable[_Union[Precision, str]]] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., precisions: _Optional[_Iterable[_Union[Precision, str]]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "timings", "request_id", "quantized")
@@ -96,14 +105,16 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ..., quantized: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("pairs", "sigmoid", "request_id")
+    __slots__ = ("pairs", "sigmoid", "request_id", "priority")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     SIGMOID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     pairs: PackedTokens
     sigmoid: bool
     request_id: str
-    def __init__(self, pairs: _Optional[_Union[PackedTokens, _Mapping]] = ..., sigmoid: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, pairs: _Optional[_Union[PackedTokens, _Mapping]] = ..., sigmoid: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("scores", "timings", "request_id")

@@ -1,14 +1,16 @@
 """The scheduler tier: a grpc.aio server that batches sequences for one engine.
 
 Serves ``embedserve.v1.Inference`` (protos/embedserve/v1/inference.proto),
-``grpc.health.v1`` and server reflection. Sequences from all calls join one
-first-come-first-served queue, bounded in tokens; a loop cuts it into
-batches under a token budget and keeps up to ``in_flight_depth`` engine
+``grpc.health.v1`` and server reflection. Sequences from all calls join the
+first-come-first-served queue of their priority class (interactive or batch,
+docs/priority.md), each bounded in tokens; a loop cuts them into batches
+under a token budget, interactive sequences first and keeps up to ``in_flight_depth`` engine
 steps running (on CPU, steps of calls that came over frames are computed by
 the loop itself, one at a time). Modules, one job each:
 
-    policy.py    plan_batch: the pure FCFS token-budget rule
-    pool.py      Call (one RPC's result handle), RequestPool (admission, queue)
+    policy.py    plan_batch: the pure FCFS token-budget rule; plan_priority_batch: the
+                 same over the two classes' queues
+    pool.py      Call (one RPC's result handle), RequestPool (admission, queues)
     batcher.py   the engine loop: form, submit, route rows back, fail batches
     servicer.py  the Inference servicer (decode, validate, post-process)
     frame_server.py  the same handlers for frames, on a Unix socket and a TCP port

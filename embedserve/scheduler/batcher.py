@@ -10,6 +10,12 @@ their calls). Then consecutive rows of one call are copied back in one slice;
 when the step failed, every call in the batch fails with the error and the
 loop keeps going.
 
+Priority classes (docs/priority.md): while interactive traffic is recent, a
+step of batch work alone is not formed while another step is in the engine
+(it would wait there, and the next interactive call behind both); it is formed
+when the engine is free, or at once with the interactive call that arrives.
+Which sequences a step holds is ``policy.plan_priority_batch``'s.
+
 When no step is in the engine and every call in the batch came over frames,
 the step runs inline: the loop computes it itself (on CPU; runners/cpu.py says
 why that is faster) and its rows go to their calls at once. Nothing was read
@@ -38,6 +44,7 @@ from embedserve.model.info import ModelInfo
 from embedserve.errors import DeviceLost
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
+from embedserve.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,7 @@ class Batcher:
         self._on_device_lost = on_device_lost
         self._in_flight: set[LazyTensor] = set()
         self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
+        self._step_finished = asyncio.Event()   # set as each step finishes
         self._run_task: asyncio.Task | None = None
 
     @property
@@ -156,13 +164,35 @@ class Batcher:
     async def _next_runs(self) -> list[Run]:
         while True:
             await self._pool.wait_for_work()
+            if self._in_flight and self._pool.holds_only_batch_work() and \
+                    self._pool.interactive_recent(self._clock()):
+                # A batch step submitted now would wait in the engine behind the running
+                # one, and the next interactive call behind both: form it once the
+                # engine is free, or at once with the interactive call that arrives.
+                await self._engine_free_or_interactive()
+                continue
             plan = self._pool.take(self._token_budget, self._max_sequences)
             for entry, reason in plan.dropped:
                 self._metrics.sequences_dropped.labels(reason).inc()
-            if plan.taken:
-                self._metrics.batch_sequences.observe(len(plan.taken))
+            taken = plan.taken
+            if taken:
+                self._metrics.batch_sequences.observe(len(taken))
                 self._metrics.batch_tokens.observe(plan.tokens)
-                return group_runs(plan.taken)
+                for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
+                    if part.taken:
+                        self._metrics.class_step_tokens.labels(priority).observe(part.tokens)
+                return group_runs(taken)
+
+    async def _engine_free_or_interactive(self) -> None:
+        self._pool.interactive_arrived.clear()
+        self._step_finished.clear()
+        waits = [asyncio.ensure_future(self._step_finished.wait()),
+                 asyncio.ensure_future(self._pool.interactive_arrived.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def _submit(self, runs: list[Run]) -> bool:
         """Step ``runs``; True if the step had finished when the engine returned it."""
@@ -171,6 +201,8 @@ class Batcher:
             if run.call.first_batched_at is None:
                 run.call.first_batched_at = now
                 self._metrics.queue_seconds.observe(now - run.call.arrival)
+                self._metrics.class_queue_seconds.labels(run.call.priority).observe(
+                    now - run.call.arrival)
         inline = not self._in_flight and all(run.call.read_in_bulk for run in runs)
         try:
             lazy = self._engine.step(assemble_batch(runs, self._task), inline=inline)
@@ -193,6 +225,7 @@ class Batcher:
             self._finish(lazy, runs, submitted_at)
         finally:
             self._slots.release()
+            self._step_finished.set()
 
     def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
         try:

@@ -23,7 +23,8 @@ from embedserve.defaults.model_args import (add_model_arguments, default_cache_d
 from embedserve.entrypoint import configure_logging, run_event_loop, scheduler_banner, stop_on_signals
 from embedserve.model.cuda_options import ATTENTION_CHOICES
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
-from embedserve.scheduler.settings import (DEFAULT_DTYPE, REPLICA_DTYPES, SchedulerSettings,
+from embedserve.scheduler.settings import (BATCH_TOKENS_WHILE_INTERACTIVE, DEFAULT_DTYPE,
+                                           INTERACTIVE_WINDOW_S, REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "one runs; more only adds queueing (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="seconds to let calls finish after SIGTERM (default: %(default)s)")
+    add_priority_flags(parser)
     parser.add_argument("--calibrate-only", action="store_true",
                         help="compute (or find) the calibration in --cache-dir, print its "
                              "directory and exit without serving: bakes it into an image so "
@@ -124,6 +126,41 @@ def add_cuda_flags(parser: argparse.ArgumentParser) -> None:
                         help="CUDA only: capture every bucket's graph before reporting SERVING "
                              "(seconds at start, none later); default: capture a bucket on "
                              "its second step")
+
+
+def add_priority_flags(parser: argparse.ArgumentParser) -> None:
+    """The replica's priority-class flags (docs/priority.md); ``serve`` passes them on."""
+    parser.add_argument("--batch-tokens-while-interactive", type=_positive,
+                        default=BATCH_TOKENS_WHILE_INTERACTIVE, metavar="N",
+                        help="while interactive calls are queued or arrived within "
+                             "--interactive-window, a step carries at most N batch-class tokens "
+                             "(and always one batch sequence): smaller keeps an interactive "
+                             "query's wait behind a step shorter, larger keeps more of a bulk "
+                             "job's tokens/s (default, by measurement: %(default)s)")
+    parser.add_argument("--interactive-window", type=_non_negative_float,
+                        default=INTERACTIVE_WINDOW_S, metavar="SECONDS",
+                        help="how long after an interactive call arrives steps stay bounded "
+                             "for the next one, which then waits behind a smaller step; costs a "
+                             "bulk job tokens/s all that time. 0: bounded only while one is "
+                             "queued (default: %(default)s)")
+
+
+def priority_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of ``add_priority_flags`` in ``args`` that differ from their defaults."""
+    return (*(("--batch-tokens-while-interactive", str(args.batch_tokens_while_interactive))
+              if args.batch_tokens_while_interactive != BATCH_TOKENS_WHILE_INTERACTIVE else ()),
+            *(("--interactive-window", repr(args.interactive_window))
+              if args.interactive_window != INTERACTIVE_WINDOW_S else ()))
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
 
 
 def cuda_flags(args: argparse.Namespace) -> tuple[str, ...]:
@@ -207,6 +244,8 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         max_batch_tokens=args.max_batch_tokens,
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
+        batch_tokens_while_interactive=args.batch_tokens_while_interactive,
+        interactive_window_s=args.interactive_window,
         calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
         replica_token=replica_token_from_args(args, os.environ))
 

@@ -54,6 +54,23 @@ class SchedulerMetrics:
         self.queue_seconds = Histogram("embedserve_scheduler_queue_seconds",
                                        "Per call: arrival until its first sequence is batched",
                                        buckets=_SECONDS_BUCKETS, registry=r)
+        # The priority classes (docs/priority.md), label ``priority``: interactive or batch.
+        self.class_queue_seconds = Histogram(
+            "embedserve_scheduler_class_queue_seconds",
+            "Per call, by priority class: arrival until its first sequence is batched",
+            ["priority"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.class_call_seconds = Histogram(
+            "embedserve_scheduler_class_call_seconds",
+            "Per answered call, by priority class: arrival until its rows are ready",
+            ["priority"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.class_step_tokens = Histogram(
+            "embedserve_scheduler_class_step_tokens",
+            "Tokens of each priority class per engine step that carried that class",
+            ["priority"], buckets=_TOKEN_BUCKETS, registry=r)
+        self.class_queue_tokens = Gauge("embedserve_scheduler_class_queue_tokens",
+                                        "Tokens waiting for a batch, by priority class "
+                                        "(each bounded by max_queue_tokens)",
+                                        ["priority"], registry=r)
         self.calls = Counter("embedserve_scheduler_calls",
                              "Finished calls by method and gRPC status code",
                              ["method", "code"], registry=r)
@@ -76,6 +93,17 @@ class SchedulerMetrics:
         if child is None:
             child = self._call_children[method, code] = self.calls.labels(method, code)
         child.inc()
+
+    def observe_call(self, priority: str, seconds: float) -> None:
+        """One answered Embed/Score call of class ``priority``, ``seconds`` after it arrived."""
+        self.class_call_seconds.labels(priority).observe(seconds)
+
+    def track_class_queues(self, queued_tokens_of: Callable[[str], float],
+                           priorities: tuple[str, ...]) -> None:
+        """Read each class's queued tokens from ``queued_tokens_of(priority)`` at each scrape."""
+        for priority in priorities:
+            self.class_queue_tokens.labels(priority).set_function(
+                lambda p=priority: queued_tokens_of(p))
 
     def track_state(self, queued_sequences: Callable[[], float], queued_tokens: Callable[[], float],
                     active_calls: Callable[[], float], in_flight_batches: Callable[[], float]) -> None:

@@ -12,11 +12,19 @@ router queue:
   holds ``max_sequences``;
 - an entry longer than the whole budget runs alone (first in an empty batch),
   so it cannot starve.
+
+``plan_priority_batch`` applies that rule to two queues, one per traffic class
+(docs/priority.md): interactive sequences first in every step, batch sequences
+fill the rest; while interactive work is in the step, still waiting, or arrived
+recently (the caller says which: it owns the clock), the batch class's tokens in
+a step are capped, so an interactive call never waits long behind a running
+step; without interactive traffic batch work runs at the full budget. Batch
+work is never starved: every step takes the first live batch entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -62,3 +70,111 @@ def plan_batch(queue: Iterable[Entry], token_budget: int, max_sequences: int,
         if plan.tokens >= token_budget:
             break  # full (or a lone oversize entry): nothing more can fit
     return plan
+
+
+@dataclass
+class PriorityPlan(Generic[Entry]):
+    """What ``plan_priority_batch`` decided: a plan per class; the step runs
+    ``taken`` (the interactive entries, then the batch ones)."""
+
+    interactive: BatchPlan[Entry] = field(default_factory=BatchPlan)
+    batch: BatchPlan[Entry] = field(default_factory=BatchPlan)
+
+    @property
+    def taken(self) -> list[Entry]:
+        return self.interactive.taken + self.batch.taken
+
+    @property
+    def dropped(self) -> list[tuple[Entry, str]]:
+        return self.interactive.dropped + self.batch.dropped
+
+    @property
+    def tokens(self) -> int:
+        return self.interactive.tokens + self.batch.tokens
+
+
+def plan_priority_batch(interactive: Sequence[Entry], batch: Iterable[Entry], token_budget: int,
+                        max_sequences: int, batch_token_cap: int, interactive_recent: bool,
+                        length: Callable[[Entry], int],
+                        drop_reason: Callable[[Entry], str | None]) -> PriorityPlan[Entry]:
+    """Plan the next step from the fronts of the two class queues.
+
+    The rule, in order:
+
+    1. The first live batch entry (the *head*), if any, always runs in this step,
+       whatever its length: batch work progresses in every step.
+    2. Interactive entries, FCFS (``plan_batch``), in the budget left beside the
+       head: ``token_budget - len(head)`` tokens, ``max_sequences - 1`` sequences
+       (the whole budget when no batch entry is live). The first one runs even when
+       it does not fit, as in ``plan_batch``: an interactive call waits for the
+       step in the engine, never for the batch queue.
+    3. Further batch entries, FCFS, while the step stays within ``token_budget``
+       and ``max_sequences`` and, when interactive work is in the step, still
+       queued, or ``interactive_recent``, the batch tokens within
+       ``batch_token_cap``.
+
+    So a step holds at most ``max(token_budget, first interactive + head)``
+    tokens, and while interactive traffic is about, at most
+    ``max(batch_token_cap, len(head))`` batch tokens. A head as long as the whole
+    budget runs alone. Each class's ``taken`` plus ``dropped`` is a prefix of its
+    queue, in order. With ``max_sequences == 1`` a step holds one entry, the
+    interactive one while any is live (so only there can batch work wait for
+    interactive work to stop). ``interactive`` is read twice: a sequence, such as a deque.
+    """
+    if token_budget < 1 or max_sequences < 1 or batch_token_cap < 1:
+        raise ValueError("token_budget, max_sequences and batch_token_cap must be >= 1")
+    plan: PriorityPlan[Entry] = PriorityPlan()
+    batch_queue = iter(batch)
+    head = _first_live(batch_queue, plan.batch, drop_reason)
+    head_tokens = 0 if head is None else length(head)
+    if head is None or max_sequences == 1:
+        plan.interactive = plan_batch(interactive, token_budget, max_sequences, length, drop_reason)
+        if head is None or plan.interactive.taken:
+            return plan
+    elif head_tokens < token_budget:
+        plan.interactive = plan_batch(interactive, token_budget - head_tokens, max_sequences - 1,
+                                      length, drop_reason)
+    plan.batch.taken.append(head)
+    plan.batch.tokens = head_tokens
+    if plan.interactive.taken or interactive_recent or \
+            _has_live(_after(interactive, plan.interactive.consumed), drop_reason):
+        batch_limit = batch_token_cap
+    else:
+        batch_limit = token_budget
+    sequences = len(plan.interactive.taken) + 1
+    for entry in batch_queue:
+        reason = drop_reason(entry)
+        if reason is not None:
+            plan.batch.dropped.append((entry, reason))
+            continue
+        n = length(entry)
+        if sequences >= max_sequences or plan.tokens + n > token_budget or \
+                plan.batch.tokens + n > batch_limit:
+            break
+        plan.batch.taken.append(entry)
+        plan.batch.tokens += n
+        sequences += 1
+    return plan
+
+
+def _first_live(queue: Iterator[Entry], plan: BatchPlan[Entry],
+                drop_reason: Callable[[Entry], str | None]) -> Entry | None:
+    """The first live entry of ``queue``; the dead ones before it go to ``plan.dropped``."""
+    for entry in queue:
+        reason = drop_reason(entry)
+        if reason is None:
+            return entry
+        plan.dropped.append((entry, reason))
+    return None
+
+
+def _after(queue: Iterable[Entry], skip: int) -> Iterator[Entry]:
+    entries = iter(queue)
+    for _ in range(skip):
+        next(entries, None)
+    return entries
+
+
+def _has_live(queue: Iterable[Entry], drop_reason: Callable[[Entry], str | None]) -> bool:
+    """Whether ``queue`` holds a live entry (dead ones are left for a later plan to drop)."""
+    return any(drop_reason(entry) is None for entry in queue)

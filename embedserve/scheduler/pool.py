@@ -1,9 +1,11 @@
 """The request pool: calls waiting for rows, and their sequences waiting for a batch.
 
-Owns admission (the bounded queue, in tokens), the FCFS queue of sequences,
-and each call's result handle. It does not talk to the engine or to gRPC:
-``batcher.py`` takes batches out of it and routes rows back; ``servicer.py``
-puts calls in and awaits them.
+Owns admission (the bounded queues, in tokens), a FCFS queue of sequences per
+traffic class (``interactive`` and ``batch``, docs/priority.md; each class has
+its own bound, so a bulk job filling its queue never refuses an interactive
+call), when interactive work last arrived, and each call's result handle. It
+does not talk to the engine or to gRPC: ``batcher.py`` takes batches out of it
+and routes rows back; ``servicer.py`` puts calls in and awaits them.
 
 Every call has one ``asyncio.Future`` resolved exactly once: with its rows,
 with the error of a failed step, or when its caller goes away. A call that
@@ -23,8 +25,9 @@ import numpy as np
 
 from embedserve.engine.batch import Task
 from embedserve.errors import DeadlineExceeded, InvalidInput, Overloaded
-from embedserve.scheduler.policy import BatchPlan, plan_batch
 from embedserve.ragged import RaggedBatch
+from embedserve.scheduler.policy import PriorityPlan, plan_priority_batch
+from embedserve.wire import BATCH, INTERACTIVE
 
 # Why a queued sequence is dropped instead of computed (a metrics label).
 CANCELLED = "cancelled"
@@ -36,8 +39,10 @@ class Call:
     """One Embed or Score RPC: its tokens, its deadline, its result handle."""
 
     def __init__(self, task: Task, tokens: RaggedBatch, arrival: float,
-                 deadline: float | None = None, read_in_bulk: bool = False) -> None:
+                 deadline: float | None = None, read_in_bulk: bool = False,
+                 priority: str = INTERACTIVE) -> None:
         self.task = task
+        self.priority = priority             # INTERACTIVE or BATCH (embedserve.wire)
         # Its transport reads every call that arrived while the loop was busy in one
         # turn (frames); gRPC hands them over about one per turn (batcher.py).
         self.read_in_bulk = read_in_bulk
@@ -112,48 +117,84 @@ def _entry_length(entry: SequenceEntry) -> int:
 
 
 class RequestPool:
-    """The FCFS queue of sequences, bounded in tokens."""
+    """A FCFS queue of sequences per class, each bounded in tokens.
 
-    def __init__(self, max_queue_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+    ``batch_token_cap`` and ``interactive_window_s``: while interactive work is
+    queued or arrived less than ``interactive_window_s`` ago, a step carries at
+    most ``batch_token_cap`` batch tokens (``policy.plan_priority_batch``).
+    """
+
+    def __init__(self, max_queue_tokens: int, clock: Callable[[], float] = time.monotonic,
+                 batch_token_cap: int | None = None, interactive_window_s: float = 0.0) -> None:
         self.max_queue_tokens = max_queue_tokens
-        self.queued_tokens = 0
-        self._queue: deque[SequenceEntry] = deque()
+        self.batch_token_cap = batch_token_cap
+        self.interactive_window_s = interactive_window_s
+        self._queues: dict[str, deque[SequenceEntry]] = {INTERACTIVE: deque(), BATCH: deque()}
+        self._queued_tokens = {INTERACTIVE: 0, BATCH: 0}
+        self._last_interactive: float | None = None   # arrival of the latest interactive call
         self._not_empty = asyncio.Event()
+        # Set when an interactive call is admitted; the batcher clears it before waiting.
+        self.interactive_arrived = asyncio.Event()
         self._clock = clock
 
     @property
+    def queued_tokens(self) -> int:
+        return sum(self._queued_tokens.values())
+
+    @property
     def queued_sequences(self) -> int:
-        return len(self._queue)
+        return sum(len(queue) for queue in self._queues.values())
+
+    def queued_tokens_of(self, priority: str) -> int:
+        return self._queued_tokens[priority]
 
     def admit(self, call: Call) -> None:
-        """Queue all of ``call``'s sequences, or raise at once.
+        """Queue all of ``call``'s sequences in its class's queue, or raise at once.
 
         InvalidInput when the call alone exceeds the bound (it could never
-        run; split it), Overloaded when it does not fit now (retry later).
+        run; split it), Overloaded when it does not fit its class's queue now
+        (retry later).
         """
         if call.num_tokens > self.max_queue_tokens:
             raise InvalidInput(f"a call of {call.num_tokens} tokens exceeds this replica's queue "
                                f"bound of {self.max_queue_tokens}; split it into smaller calls",
                                field="tokens")
-        if self.queued_tokens + call.num_tokens > self.max_queue_tokens:
-            raise Overloaded(f"the queue holds {self.queued_tokens} of {self.max_queue_tokens} "
+        queued = self._queued_tokens[call.priority]
+        if queued + call.num_tokens > self.max_queue_tokens:
+            raise Overloaded(f"the {call.priority} queue holds {queued} of {self.max_queue_tokens} "
                              f"tokens; a call of {call.num_tokens} does not fit, retry later")
         lengths = call.tokens.lengths.tolist()
-        self._queue.extend(SequenceEntry(call, i, n) for i, n in enumerate(lengths))
-        self.queued_tokens += call.num_tokens
+        self._queues[call.priority].extend(SequenceEntry(call, i, n) for i, n in enumerate(lengths))
+        self._queued_tokens[call.priority] = queued + call.num_tokens
+        if call.priority == INTERACTIVE:
+            self._last_interactive = call.arrival
+            self.interactive_arrived.set()
         self._not_empty.set()
 
     async def wait_for_work(self) -> None:
-        """Return once the queue holds at least one entry (live or not)."""
+        """Return once a queue holds at least one entry (live or not)."""
         await self._not_empty.wait()
 
-    def take(self, token_budget: int, max_sequences: int) -> BatchPlan[SequenceEntry]:
-        """Pop the next batch (and the dead entries before and inside it) off the queue."""
+    def interactive_recent(self, now: float) -> bool:
+        """Whether an interactive call arrived less than ``interactive_window_s`` before ``now``."""
+        return self._last_interactive is not None and \
+            now - self._last_interactive < self.interactive_window_s
+
+    def holds_only_batch_work(self) -> bool:
+        """Whether the interactive queue is empty and the batch queue is not."""
+        return not self._queues[INTERACTIVE] and bool(self._queues[BATCH])
+
+    def take(self, token_budget: int, max_sequences: int) -> PriorityPlan[SequenceEntry]:
+        """Pop the next batch (and the dead entries before and inside it) off the queues."""
         now = self._clock()
-        plan = plan_batch(self._queue, token_budget, max_sequences,
-                          _entry_length, lambda entry: entry.call.drop_reason(now))
-        for _ in range(plan.consumed):
-            self.queued_tokens -= self._queue.popleft().length
-        if not self._queue:
+        recent = self.interactive_recent(now)
+        plan = plan_priority_batch(self._queues[INTERACTIVE], self._queues[BATCH], token_budget,
+                                   max_sequences, self.batch_token_cap or token_budget, recent,
+                                   _entry_length, lambda entry: entry.call.drop_reason(now))
+        for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
+            queue = self._queues[priority]
+            for _ in range(part.consumed):
+                self._queued_tokens[priority] -= queue.popleft().length
+        if not any(self._queues.values()):
             self._not_empty.clear()
         return plan

@@ -34,6 +34,7 @@ from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
 from embedserve.scheduler.servicer import InferenceService
 from embedserve.scheduler.settings import SchedulerSettings, default_max_batch_tokens
+from embedserve.wire import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,9 @@ class SchedulerServer:
         self.settings = settings
         self.engine = engine
         self.metrics = SchedulerMetrics(engine.stats)
-        self.pool = RequestPool(settings.max_queue_tokens)
+        self.pool = RequestPool(settings.max_queue_tokens,
+                                batch_token_cap=settings.batch_tokens_while_interactive,
+                                interactive_window_s=settings.interactive_window_s)
         self.service = InferenceService(engine, self.pool, settings, self.metrics)
         self.batcher = Batcher(engine, self.pool, info.task, settings.max_batch_tokens,
                                settings.max_batch_sequences, settings.in_flight_depth,
@@ -76,6 +79,7 @@ class SchedulerServer:
         pool, service, batcher = self.pool, self.service, self.batcher
         self.metrics.track_state(lambda: pool.queued_sequences, lambda: pool.queued_tokens,
                                  lambda: service.active_calls, lambda: batcher.in_flight)
+        self.metrics.track_class_queues(pool.queued_tokens_of, PRIORITIES)
         self.health = health.aio.HealthServicer()
         # A call can carry at most max_queue_tokens tokens (ids + segment ids
         # + lengths, 4 bytes each) and get back as many rows of float32.

@@ -122,7 +122,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         ranged = any(p in RANGED_PRECISIONS for p in precisions)
         if ranged:
             self._require_calibration()
-        call, rows = await self._run(tokens, "embed", context)
+        call, rows = await self._run(tokens, "embed", context, request.priority)
         vectors = postprocess_embeddings(rows, request.normalize, dimensions)
         if not precisions:
             return inference_pb2.EmbedResponse(
@@ -154,7 +154,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _score(self, request: inference_pb2.ScoreRequest,
                      context: Context) -> inference_pb2.ScoreResponse:
         tokens = self._decode(request.pairs, "score", "pairs")
-        call, rows = await self._run(tokens, "score", context)
+        call, rows = await self._run(tokens, "score", context, request.priority)
         scores = postprocess_scores(rows.reshape(-1), request.sigmoid)
         return inference_pb2.ScoreResponse(scores=wire.array_to_tensor(scores, "float32"),
                                            timings=self._timings(call),
@@ -187,16 +187,18 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         validate.check_fits_model(tokens, self._info, field)
         return tokens
 
-    async def _run(self, tokens: RaggedBatch, task: Task,
-                   context: Context) -> tuple[Call, np.ndarray]:
-        """Admit a call, wait for its rows; a caller who leaves marks it gone."""
+    async def _run(self, tokens: RaggedBatch, task: Task, context: Context,
+                   wire_priority: int) -> tuple[Call, np.ndarray]:
+        """Admit a call in its class's queue, wait for its rows; a caller who leaves marks
+        it gone."""
+        priority = wire.priority_from_proto(wire_priority)
         if not self.accepting:
             raise Unavailable("the scheduler is not serving (warming up or draining)")
         remaining = context.time_remaining()
         now = time.monotonic()
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining,
-                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False))
+                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority)
         self._pool.admit(call)  # raises Overloaded at once when full
         try:
             rows = await call.future
@@ -207,6 +209,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         except BaseException:
             self._metrics.calls_dropped.labels(call.gone_reason or "failed").inc()
             raise
+        self._metrics.observe_call(priority, time.monotonic() - call.arrival)
         return call, rows
 
     @staticmethod

@@ -29,6 +29,16 @@ CPU_BF16_MAX_BATCH_TOKENS = 1024
 # and auto, embedserve/engine/dtype_choice.py), spelled here so entry points can
 # offer them without importing torch. auto is the default.
 REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The priority classes (docs/priority.md): while interactive work is queued (in
+# the step or waiting) or arrived within the window, a step carries at most this
+# many batch tokens (plus the one batch sequence every step takes). Chosen by
+# measurement (``python -m bench priority``, docs/priority.md): with no window,
+# only the steps that carry queries are small, and a bulk job keeps its full-size
+# steps in between (in bf16 on a 2-core CPU a 1024-token step runs ~1.75x the
+# tokens/s of a 256-token one); with a window every step is bounded, which
+# shortens the wait behind a step but cost the bulk job 30-45 % of its rate.
+BATCH_TOKENS_WHILE_INTERACTIVE = 128
+INTERACTIVE_WINDOW_S = 0.0
 DEFAULT_DTYPE = "auto"
 
 
@@ -62,6 +72,10 @@ class SchedulerSettings:
     max_batch_sequences: int = 256
     max_queue_tokens: int = 65536        # backpressure bound (tokens waiting for a batch)
     in_flight_depth: int = 2             # engine steps submitted and not finished
+    # Priority classes (docs/priority.md): the batch tokens a step may carry while
+    # interactive work is queued or arrived less than interactive_window_s ago.
+    batch_tokens_while_interactive: int = BATCH_TOKENS_WHILE_INTERACTIVE
+    interactive_window_s: float = INTERACTIVE_WINDOW_S
     drain_timeout_s: float = 25.0        # SIGTERM: longest wait (under the usual 30 s kill grace)
     # RPCs handled at once (gRPC answers RESOURCE_EXHAUSTED beyond it). With
     # the message size derived from max_queue_tokens, this bounds the memory
@@ -76,9 +90,12 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
-                     "in_flight_depth", "max_concurrent_rpcs", "max_graphs", "graph_memory_mib"):
+                     "in_flight_depth", "max_concurrent_rpcs", "max_graphs", "graph_memory_mib",
+                     "batch_tokens_while_interactive"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.interactive_window_s < 0:
+            raise ValueError(f"interactive_window_s must be >= 0, got {self.interactive_window_s}")
         if not 0.0 <= self.dtype_probe_min_cosine <= 1.0:
             raise ValueError(f"dtype_probe_min_cosine must be in [0, 1], "
                              f"got {self.dtype_probe_min_cosine}")

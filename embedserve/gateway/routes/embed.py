@@ -25,6 +25,7 @@ from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, 
 from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
                                         EmbedRequest, QuantizationRanges)
 from embedserve.model.postprocess import postprocess_embeddings
@@ -101,6 +102,7 @@ async def create_embeddings(body: EmbeddingsRequest, request: Request) -> Respon
     if body.sparse or body.top_k is not None:
         return await _create_sparse_embeddings(body, request)
     gateway, model = request.app.state.router.route(body.model, "embed")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     dimensions = gateway.check_dimensions(body.dimensions)
     # OpenAI rejects over-long inputs; ``truncate`` (an extension) may cut or pool them instead.
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
@@ -137,6 +139,7 @@ async def _create_sparse_embeddings(body: EmbeddingsRequest, request: Request) -
     # encoding_format is not refused: the openai client asks for base64 unless told
     # otherwise, and passes an answer that is not a string through as it is.
     gateway, model = request.app.state.router.route(body.model, "sparse")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)
     check_sparse_policy(policy)
@@ -193,6 +196,7 @@ async def embed_types(gateway: Gateway, request: Request, packed: RaggedBatch,
 async def embed(body: EmbedRequest, request: Request) -> Response:
     since_start(request.scope, "parse")
     gateway, _ = request.app.state.router.route(body.model, "embed")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     dimensions = gateway.check_dimensions(body.dimensions)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction,
                                                     body.chunk_overlap)

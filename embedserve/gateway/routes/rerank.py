@@ -16,6 +16,7 @@ from embedserve.gateway.long_inputs import RERANK_TOO_LONG_FIX, says_how_to_fix
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.schemas import CohereRerankRequest, CohereRerankResponse, RankedText, RerankRequest
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.priority import request_priority
 
 router = APIRouter()
 
@@ -40,6 +41,7 @@ def _ranked(scores) -> list[int]:
              summary="Rerank texts against a query (text-embeddings-inference-compatible)")
 async def rerank(body: RerankRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "score")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     scores, _ = await _scores(gateway, request, body.query, body.texts, "texts", body.truncate,
                               body.truncation_direction, not body.raw_scores, "/rerank",
                               body.instruction)
@@ -56,6 +58,7 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
              summary="Rerank documents (Cohere/Jina-compatible)")
 async def rerank_documents(body: CohereRerankRequest, request: Request) -> Response:
     gateway, model = request.app.state.router.route(body.model, "score")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     docs = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await _scores(gateway, request, body.query, docs, "documents", body.truncate,
                                    "right", True, "/v1/rerank", body.instruction)

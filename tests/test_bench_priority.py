@@ -1,0 +1,29 @@
+"""bench/priority_bench.py's reading of what the gateway writes (the run itself is a benchmark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.priority_bench import INFLIGHT, percentiles, server_timing
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.middleware import server_timing as write_server_timing
+
+
+def test_server_timing_reads_back_what_the_gateway_writes() -> None:
+    phases = {"tokenize": 0.0012, "rpc": 0.0203, "total": 0.0251}
+    assert server_timing(write_server_timing(phases)) == pytest.approx(phases)
+    assert server_timing("") == {}
+
+
+def test_the_bulk_window_reads_the_gateways_inflight_gauge() -> None:
+    metrics = GatewayMetrics()
+    metrics.inflight_tokens.labels("a").set(300)
+    metrics.inflight_tokens.labels("b").set(12)
+    assert sorted(float(v) for v in INFLIGHT.findall(metrics.render().decode())) == [12.0, 300.0]
+
+
+def test_percentiles_and_phase_medians() -> None:
+    results = [(0.0, k / 1000, {"rpc": k / 2000}) for k in range(1, 101)]
+    row = percentiles(results)
+    assert row["n"] == 100 and row["p50"] == pytest.approx(50.5) and row["max"] == pytest.approx(100.0)
+    assert row["rpc"] == pytest.approx(25.25)
