@@ -187,14 +187,16 @@ class RangesResponse(_message.Message):
     def __init__(self, ranges: _Optional[_Union[Tensor, _Mapping]] = ..., calibration_id: _Optional[str] = ..., sample_size: _Optional[int] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("tokens", "raw_scores", "request_id")
+    __slots__ = ("tokens", "raw_scores", "request_id", "priority")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     raw_scores: bool
     request_id: str
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., raw_scores: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., raw_scores: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class ClassifyResponse(_message.Message):
     __slots__ = ("scores", "timings", "request_id")
@@ -207,14 +209,16 @@ class ClassifyResponse(_message.Message):
     def __init__(self, scores: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EmbedSparseRequest(_message.Message):
-    __slots__ = ("tokens", "top_k", "request_id")
+    __slots__ = ("tokens", "top_k", "request_id", "priority")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     top_k: int
     request_id: str
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class EmbedSparseResponse(_message.Message):
     __slots__ = ("counts", "indices", "values", "timings", "request_id")

@@ -163,7 +163,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _classify(self, request: inference_pb2.ClassifyRequest,
                         context: Context) -> inference_pb2.ClassifyResponse:
         tokens = self._decode(request.tokens, "classify", "tokens")
-        call, rows = await self._run(tokens, "classify", context)
+        call, rows = await self._run(tokens, "classify", context, request.priority)
         scores = rows if request.raw_scores else classification_probabilities(rows, self._info.activation)
         return inference_pb2.ClassifyResponse(scores=wire.array_to_tensor(scores, "float32"),
                                               timings=self._timings(call),
@@ -172,7 +172,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _embed_sparse(self, request: inference_pb2.EmbedSparseRequest,
                             context: Context) -> inference_pb2.EmbedSparseResponse:
         tokens = self._decode(request.tokens, "sparse", "tokens")
-        call, rows = await self._run(tokens, "sparse", context)
+        call, rows = await self._run(tokens, "sparse", context, request.priority)
         counts, indices, values = sparse_rows(rows, request.top_k or None)
         return inference_pb2.EmbedSparseResponse(
             counts=wire.array_to_tensor(counts, "int32"), indices=wire.array_to_tensor(indices, "int32"),
