@@ -14,13 +14,12 @@ import struct
 import time
 
 import grpc
-import numpy as np
 import pytest
 from gateway_harness import SchedulerProcess
 from scheduler_harness import embed_request
 
 from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel
+from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 TOKEN = "hostile-test-token"
@@ -158,31 +157,39 @@ def test_a_call_id_reused_while_in_flight_closes_the_connection(replica):
     assert rss_mb(replica) - before < 50
 
 
-def test_a_client_that_never_reads_its_replies_stops_being_read(replica):
-    """Each call asks for 8,000 vectors (a 1 MB reply); 200 of them unread would be
-    200 MB. The replica stops reading the connection once its unsent replies pass
-    16 MiB, so the sender blocks and the memory stays bounded."""
-    before = rss_mb(replica)
-    call = frames.frame(frames.CALL, 0, embed_request([[5]] * 8000).SerializeToString(),
-                        arg=frames.METHOD_NUMBERS["Embed"])
-    flood = connect(replica)
-    try:
-        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        flood.sendall(hello())
-        flood.settimeout(3.0)
-        sent = 0
+def _status(replica: SchedulerProcess, request: inference_pb2.EmbedRequest) -> dict[str, tuple]:
+    """The (code, details) of ``request`` refused over frames and over gRPC."""
+    async def over_frames():
+        channel = await FrameChannel.open(("127.0.0.1", replica.frame_port), TOKEN, timeout_s=30)
         try:
-            for call_id in range(1, 201):
-                flood.sendall(bytearray(call[:4]) + struct.pack("<I", call_id) + call[8:])
-                sent += 1
-        except TimeoutError:
-            pass
-        assert sent < 200, "the replica read every call of a client that reads nothing"
-        time.sleep(2.0)   # the calls it read are answered into its buffer
-        valid_calls(replica)
-        grown = rss_mb(replica) - before
-        assert grown < 120, f"the replica grew {grown:.0f} MB for a client that reads nothing"
-    finally:
-        flood.close()
+            with pytest.raises(ReplicaCallError) as info:
+                await channel.call("Embed", request, timeout=60)
+            return info.value.code(), info.value.details()
+        finally:
+            channel.close()
+    with grpc.insecure_channel(replica.address) as channel, pytest.raises(grpc.RpcError) as info:
+        inference_pb2_grpc.InferenceStub(channel).Embed(request, timeout=60, metadata=METADATA)
+    return {"frames": asyncio.run(over_frames()), "grpc": (info.value.code(), info.value.details())}
+
+
+def test_a_precision_named_twice_is_refused_before_any_compute(replica):
+    before = rss_mb(replica)
+    # 100 KB of requests naming float32 10,000 times: once 155 MB of reply.
+    request = embed_request([[5, 6, 7]] * 100, precisions=[inference_pb2.PRECISION_FLOAT32] * 10_000)
+    for code, details in _status(replica, request).values():
+        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "precision float32 is named twice")
     valid_calls(replica)
-    assert np.isfinite(rss_mb(replica))
+    assert rss_mb(replica) - before < 50
+
+
+def test_a_call_whose_reply_would_exceed_the_limit_is_refused_before_any_compute(replica):
+    """40,000 one-token sequences in all six precisions: 10.6 MB of vectors, over the
+    replica's limit for 65,536 queued tokens of float32 (4 * 65,536 * 32 bytes)."""
+    before = rss_mb(replica)
+    request = embed_request([[5]] * 40_000, precisions=list(range(6)))
+    for code, details in _status(replica, request).values():
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert details == ("the reply would be 10560000 bytes, over this replica's limit of 8388608; "
+                           "send fewer sequences per call or fewer precisions")
+    valid_calls(replica)
+    assert rss_mb(replica) - before < 50

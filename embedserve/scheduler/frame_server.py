@@ -14,9 +14,7 @@ Bounded for a peer that is not a gateway (docs/replica-link.md): at most
 ``max_connections`` connections; before HELLO a connection holds at most one header
 and ``frames.MAX_HELLO_BYTES``, and is closed unless HELLO is done within
 ``handshake_timeout_s``; a HELLO of another frame version is refused; a call id
-reused while its call is in flight closes the connection; a connection whose
-replies wait unsent beyond ``WRITE_BUFFER_HIGH`` bytes is not read (no new calls)
-until they drain, and is closed if they do not within ``write_stall_s``.
+reused while its call is in flight closes the connection.
 """
 
 from __future__ import annotations
@@ -37,10 +35,6 @@ from embedserve.scheduler.status import INTERNAL_MESSAGE
 
 log = logging.getLogger(__name__)
 
-# Unsent reply bytes at which a connection stops being read, and back under which it is
-# read again (asyncio's transport write buffer limits).
-WRITE_BUFFER_HIGH = 16 * 1024 * 1024
-WRITE_BUFFER_LOW = 4 * 1024 * 1024
 
 
 class CallContext:
@@ -71,15 +65,13 @@ class FrameServer:
     at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
     def __init__(self, service: InferenceService, token: str | None, max_payload: int,
-                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0,
-                 write_stall_s: float = 30.0) -> None:
+                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0) -> None:
         self.service = service
         self._token = (token or "").encode()
         self.max_payload = max_payload
         self.max_calls = max_calls
         self.max_connections = max_connections
         self.handshake_timeout_s = handshake_timeout_s
-        self.write_stall_s = write_stall_s
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
@@ -121,7 +113,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._greeted = False
         self._unread = bytearray()   # before HELLO: at most a header and MAX_HELLO_BYTES
-        self._timer: asyncio.TimerHandle | None = None   # handshake deadline, or write stall
+        self._timer: asyncio.TimerHandle | None = None   # the handshake deadline
         self._calls: dict[int, tuple[asyncio.Task, str]] = {}   # call id -> (task, method)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -132,7 +124,6 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self._server.connections.add(self)
-        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
         self._timer = asyncio.get_running_loop().call_later(
             self._server.handshake_timeout_s, self._handshake_expired)
 
@@ -152,27 +143,6 @@ class _Connection(asyncio.Protocol):
         log.warning("closed a frame connection that did not say HELLO within %.0f s",
                     self._server.handshake_timeout_s)
         self.close()
-
-    # Write backpressure: a peer that does not read its replies stops being read.
-    def pause_writing(self) -> None:
-        if self._transport is None:
-            return
-        self._transport.pause_reading()
-        self._timer = asyncio.get_running_loop().call_later(self._server.write_stall_s,
-                                                            self._write_stalled)
-
-    def resume_writing(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
-
-    def _write_stalled(self) -> None:
-        log.warning("closed a frame connection whose peer read none of its replies for %.0f s",
-                    self._server.write_stall_s)
-        if self._transport is not None:
-            self._transport.abort()   # close() would wait to send the unread replies
 
     def data_received(self, data: bytes) -> None:
         if not self._greeted:

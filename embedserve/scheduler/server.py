@@ -96,6 +96,9 @@ class SchedulerServer:
                    # A connection that has not finished HTTP/2's preface in this time is
                    # closed (the default, 120 s, lets idle connections pile up).
                    ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000))]
+        # Vectors beyond this would not fit a message the gateway takes (either transport).
+        self.service.max_reply_bytes = min(4 * tokens * max(1, info.dimension),
+                                           frames.MAX_MESSAGE_BYTES - _MESSAGE_SLACK)
         interceptors = [TokenAuthInterceptor(settings.replica_token)] if settings.replica_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
