@@ -206,7 +206,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                                      total_us=int((time.monotonic() - call.arrival) * 1e6))
 
     async def _answer(self, method: str, context: Context, handle: Callable[[], Awaitable]):
-        """Run one Embed/Score handler; map its errors to a status exactly here."""
+        """Run one Embed/Score handler; map its errors to a status exactly here.
+
+        ``max_concurrent_rpcs`` is checked here, where calls over gRPC and over frames
+        meet, so it bounds their sum (each server's own limit alone let through twice it)."""
+        if self.active_calls >= self._settings.max_concurrent_rpcs:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            self._metrics.count_call(method, code.name)
+            context.set_code(code)
+            context.set_details("the replica is serving its maximum of concurrent calls")
+            return None
         self.active_calls += 1
         self._idle.clear()
         try:
