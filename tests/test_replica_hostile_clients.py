@@ -107,7 +107,8 @@ def test_a_hello_larger_than_the_pre_authentication_limit_is_refused_at_its_head
                                  frames.VERSION, 0) + bytes(1000))
         (answer,) = frames.FrameReader(1 << 16).feed(read_until_closed(sock, timeout=20))
     assert frames.status_code(answer.arg) is grpc.StatusCode.INVALID_ARGUMENT
-    assert answer.payload == f"the first frame must be a HELLO of at most {frames.MAX_HELLO_BYTES} bytes".encode()
+    assert answer.payload.decode() == \
+        f"the first frame must be a HELLO of at most {frames.MAX_HELLO_BYTES} bytes"
     # Half-sent HELLOs at the limit: each holds at most a header and MAX_HELLO_BYTES.
     half = [connect(replica) for _ in range(MAX_CONNECTIONS - 1)]
     try:
