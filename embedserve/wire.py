@@ -126,11 +126,16 @@ def precisions_to_proto(names: list[str] | tuple[str, ...]) -> list[int]:
 
 
 def precisions_from_proto(values) -> list[str]:
-    """Proto Precision values -> names, or InvalidInput for a value this version lacks."""
+    """Proto Precision values -> names, or InvalidInput for a value this version lacks or a
+    value named twice (so a request names at most one of each)."""
     names = []
     for value in values:
         if value not in _PRECISION_NAMES:
             raise InvalidInput(f"unknown precision {value}", field="precisions")
+        if _PRECISION_NAMES[value] in names:
+            # Each is computed and sent once more: a repeated one only amplifies the reply.
+            raise InvalidInput(f"precision {_PRECISION_NAMES[value]} is named twice",
+                               field="precisions")
         names.append(_PRECISION_NAMES[value])
     return names
 

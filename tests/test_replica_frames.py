@@ -227,11 +227,11 @@ def test_undecodable_and_oversized_calls_are_refused_and_the_connection_serves_o
             await asyncio.get_running_loop().sock_connect(s, str(frame_path(replica)))
             hello = await raw(s, frames.HELLO, 0, TOKEN.encode())
             assert frames.status_code(hello.arg) is grpc.StatusCode.OK
-            bad = await raw(s, frames.CALL, 1, b"\xff\xff\xff", arg=frames.METHOD_INDEX["Embed"])
-            big = await raw(s, frames.CALL, 2, bytes(limit + 1), arg=frames.METHOD_INDEX["Embed"])
+            bad = await raw(s, frames.CALL, 1, b"\xff\xff\xff", arg=frames.METHOD_NUMBERS["Embed"])
+            big = await raw(s, frames.CALL, 2, bytes(limit + 1), arg=frames.METHOD_NUMBERS["Embed"])
             unknown = await raw(s, frames.CALL, 3, b"", arg=200)
             good = await raw(s, frames.CALL, 4, embed_request([[5, 6, 7]]).SerializeToString(),
-                             arg=frames.METHOD_INDEX["Embed"])
+                             arg=frames.METHOD_NUMBERS["Embed"])
             return bad, big, unknown, good
     bad, big, unknown, good = asyncio.run(run())
     assert (bad.call_id, frames.status_code(bad.arg)) == (1, grpc.StatusCode.INVALID_ARGUMENT)
@@ -323,7 +323,7 @@ def test_a_call_cancelled_in_the_same_read_never_starts_and_is_counted_as_droppe
     # A replica whose loop computes its steps reads a CALL and the CANCEL that followed it
     # in one go, once the step ends: the call must not run, and still show in the metrics.
     server, recorder = gated
-    embed = frames.METHOD_INDEX["Embed"]
+    embed = frames.METHOD_NUMBERS["Embed"]
 
     async def run():
         loop = asyncio.get_running_loop()

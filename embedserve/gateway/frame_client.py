@@ -63,6 +63,11 @@ def watch_by_keepalive(sock: socket.socket, period_s: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(2000 * period_s))
 
 
+class FrameVersionMismatch(ReplicaCallError):
+    """FAILED_PRECONDITION: the replica speaks another frame version (a rolling upgrade
+    mixes releases); the gateway calls it over gRPC, whose calls name their methods."""
+
+
 class FrameConnectionLost(ReplicaCallError):
     """UNAVAILABLE: the frame connection closed with the call unanswered. The
     replica itself may serve on: its gRPC channel is watched on its own."""
@@ -90,8 +95,9 @@ class FrameChannel(asyncio.Protocol):
         which fails its calls in flight as UNAVAILABLE.
 
         ReplicaCallError if the replica refuses the token, or (``instance_id``
-        given) if it is not the process whose Info reported that id; OSError if
-        nothing listens there.
+        given) if it is not the process whose Info reported that id;
+        FrameVersionMismatch if either end finds the other's frame version is not its
+        own; OSError if nothing listens there.
         """
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout_s):
@@ -126,12 +132,12 @@ class FrameChannel(asyncio.Protocol):
 
     async def call(self, method: str, request: Message, timeout: float | None) -> Message:
         """``method``'s response to ``request``; ReplicaCallError on any other outcome."""
-        index = frames.METHOD_INDEX[method]
+        number = frames.METHOD_NUMBERS[method]
         timeout_us = 0 if timeout is None else max(1, int(timeout * 1e6))
         if timeout_us > frames.MAX_TIMEOUT_US:
             timeout_us = 0
-        return await self._exchange(frames.CALL, index, request.SerializeToString(),
-                                    frames.METHODS[index].response_type, timeout, timeout_us)
+        return await self._exchange(frames.CALL, number, request.SerializeToString(),
+                                    frames.METHODS[number].response_type, timeout, timeout_us)
 
     async def _exchange(self, kind: int, arg: int, payload: bytes, response_type: type[Message] | None,
                         timeout: float | None = None, timeout_us: int = 0) -> Message | bytes:
@@ -168,6 +174,20 @@ class FrameChannel(asyncio.Protocol):
         if self._pending.pop(call_id, None) is not None and not self.closed:
             self._transport.write(frames.frame(frames.CANCEL, call_id))
 
+    def _refuse_version(self, reply: frames.Frame) -> None:
+        """A frame of another version (or not a frame): no call of ours may be read from
+        it. Fail every call in flight with FrameVersionMismatch, and close."""
+        details = (f"the replica speaks frame version {reply.version}, this gateway "
+                   f"version {frames.VERSION}" if reply.magic == frames.MAGIC else
+                   "the replica's answer is not an embedserve frame (a release before frame "
+                   f"version 1, or another service); this gateway speaks version {frames.VERSION}")
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(FrameVersionMismatch(grpc.StatusCode.FAILED_PRECONDITION,
+                                                          details))
+        self.close()
+
     # -- asyncio.Protocol ----------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -185,6 +205,9 @@ class FrameChannel(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for reply in self._reader.feed(data):
+            if not frames.speaks_our_version(reply):
+                self._refuse_version(reply)
+                return
             entry = self._pending.pop(reply.call_id, None)
             if entry is None or entry[0].done():
                 continue   # abandoned by its caller
@@ -194,7 +217,11 @@ class FrameChannel(asyncio.Protocol):
                 future.set_exception(ReplicaCallError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "the replica's answer is over the gateway's limit"))
             elif code is not grpc.StatusCode.OK:
-                future.set_exception(ReplicaCallError(code, reply.payload.decode(errors="replace")))
+                details = reply.payload.decode(errors="replace")
+                error = (FrameVersionMismatch if response_type is None
+                         and code is grpc.StatusCode.FAILED_PRECONDITION
+                         and details.startswith("frame version") else ReplicaCallError)
+                future.set_exception(error(code, details))
             elif response_type is None:   # HELLO: the replica's instance id
                 future.set_result(reply.payload)
             else:

@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from embedserve import frames
 from embedserve.errors import DeadlineExceeded, Unavailable
 from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
-from embedserve.gateway.frame_client import FrameChannel, FrameTarget, ReplicaCallError
+from embedserve.gateway.frame_client import FrameChannel, FrameTarget, FrameVersionMismatch, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.wire import BATCH, INTERACTIVE
 from embedserve.scheduler.auth import call_metadata
@@ -285,6 +285,13 @@ class ReplicaPool:
                                                       keepalive_s=self._ping_s)
                 except (OSError, TimeoutError, ReplicaCallError) as error:
                     failures += 1
+                    if isinstance(error, FrameVersionMismatch):
+                        # A rolling upgrade: gRPC names each method, frames number them, so
+                        # only gRPC is safe across releases. Tried again once the replica
+                        # serves anew (a restart may bring it to this release).
+                        log.warning("replica %s: frame channel refused at %s: %s; calling it "
+                                    "over gRPC", replica.address, _describe(target), error.details())
+                        return
                     if isinstance(error, ReplicaCallError) and \
                             error.code() is grpc.StatusCode.FAILED_PRECONDITION:
                         log.warning("replica %s: %s at %s (is its address a load-balanced "

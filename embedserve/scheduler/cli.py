@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "millisecond less than gRPC; a gateway learns it from Info and "
                              "falls back to gRPC when it cannot connect. 0 picks a free one "
                              "(default: %(default)s)")
+    parser.add_argument("--max-frame-connections", type=_positive, default=64, metavar="N",
+                        help="frame connections open at once (a gateway holds one per replica); "
+                             "beyond it a connection is closed at once (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="Prometheus /metrics port; 0 picks a free one (default: none)")
     add_engine_flags(parser)
@@ -235,7 +238,7 @@ def engine_flags(dtype: str | None, cuda_graphs: bool = True,
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
         model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
-        frame_port=args.frame_port,
+        frame_port=args.frame_port, max_frame_connections=args.max_frame_connections,
         metrics_port=args.metrics_port,
         device=args.device, dtype=args.dtype, dtype_probe_min_cosine=args.dtype_probe_min_cosine,
         cuda_graphs=args.cuda_graphs, cuda_attention=args.cuda_attention,

@@ -9,6 +9,12 @@ Life cycle follows the gRPC server's: ``stop`` stops accepting, lets calls in fl
 finish for ``grace_s`` (a draining replica has already stopped admitting new ones),
 then cancels the rest and closes the connections, which fails those calls on the
 gateway's side as UNAVAILABLE (retried on another replica).
+
+Bounded for a peer that is not a gateway (docs/replica-link.md): at most
+``max_connections`` connections; before HELLO a connection holds at most one header
+and ``frames.MAX_HELLO_BYTES``, and is closed unless HELLO is done within
+``handshake_timeout_s``; a HELLO of another frame version is refused; a call id
+reused while its call is in flight closes the connection.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from embedserve.scheduler.servicer import InferenceService
 from embedserve.scheduler.status import INTERNAL_MESSAGE
 
 log = logging.getLogger(__name__)
+
 
 
 class CallContext:
@@ -58,11 +65,13 @@ class FrameServer:
     at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
     def __init__(self, service: InferenceService, token: str | None, max_payload: int,
-                 max_calls: int) -> None:
+                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0) -> None:
         self.service = service
         self._token = (token or "").encode()
         self.max_payload = max_payload
         self.max_calls = max_calls
+        self.max_connections = max_connections
+        self.handshake_timeout_s = handshake_timeout_s
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
@@ -103,14 +112,25 @@ class _Connection(asyncio.Protocol):
         self._reader = frames.FrameReader(server.max_payload)
         self._transport: asyncio.Transport | None = None
         self._greeted = False
+        self._unread = bytearray()   # before HELLO: at most a header and MAX_HELLO_BYTES
+        self._timer: asyncio.TimerHandle | None = None   # the handshake deadline
         self._calls: dict[int, tuple[asyncio.Task, str]] = {}   # call id -> (task, method)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if len(self._server.connections) >= self._server.max_connections:
+            log.warning("refused a frame connection: already %d open (--max-frame-connections)",
+                        len(self._server.connections))
+            transport.close()
+            return
         self._server.connections.add(self)
+        self._timer = asyncio.get_running_loop().call_later(
+            self._server.handshake_timeout_s, self._handshake_expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
         for task, _ in self._calls.values():   # the gateway is gone: nobody awaits these
             task.cancel()
         self._transport = None
@@ -119,15 +139,71 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _handshake_expired(self) -> None:
+        log.warning("closed a frame connection that did not say HELLO within %.0f s",
+                    self._server.handshake_timeout_s)
+        self.close()
+
     def data_received(self, data: bytes) -> None:
+        if not self._greeted:
+            data = self._hello(data)
+            if not data:
+                return
         for item in self._reader.feed(data):
-            if not self._greeted:
-                if not self._greet(item):
-                    return   # refused: the connection is closing, the rest is not read
-            elif item.kind == frames.CALL:
+            if not frames.speaks_our_version(item):
+                log.warning("closed a frame connection: a frame without the magic or of "
+                            "version %d", item.version)
+                self.close()
+                return
+            if item.kind == frames.CALL:
                 self._start_call(item)
             elif item.kind == frames.CANCEL:
                 self._cancel(item.call_id)
+
+    def _hello(self, data: bytes) -> bytes:
+        """Gather the HELLO (it must come first, whole within a header and MAX_HELLO_BYTES)
+        and answer it; the bytes after it, if it was accepted (else b"")."""
+        self._unread += data
+        if len(self._unread) < frames.HEADER.size:
+            return b""
+        size, call_id, kind, _, magic, version, _ = frames.HEADER.unpack_from(self._unread)
+        # Magic and version 0: a gateway of a release before versions (padding there).
+        if (magic == frames.MAGIC or (magic, version) == (0, 0)) and version != frames.VERSION:
+            log.warning("refused a frame connection: it speaks frame version %d, this replica "
+                        "version %d (a gateway of another release; it calls over gRPC)",
+                        version, frames.VERSION)
+            self._refuse(call_id, grpc.StatusCode.FAILED_PRECONDITION,
+                         f"frame version {version} is not this replica's version {frames.VERSION}; "
+                         "call it over gRPC")
+            return b""
+        if magic != frames.MAGIC or kind != frames.HELLO or size > frames.MAX_HELLO_BYTES:
+            log.warning("refused a frame connection: its first frame is not an embedserve HELLO")
+            self._refuse(call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"the first frame must be a HELLO of at most {frames.MAX_HELLO_BYTES} bytes")
+            return b""
+        end = frames.HEADER.size + size
+        if len(self._unread) < end:
+            return b""
+        token, rest = bytes(self._unread[frames.HEADER.size:end]), bytes(self._unread[end:])
+        self._unread = bytearray()
+        if not self._server.token_matches(token):
+            log.warning("refused a frame connection: missing or wrong replica token")
+            self._refuse(call_id, grpc.StatusCode.UNAUTHENTICATED,
+                         "missing or wrong replica token; see --replica-token-file")
+            return b""
+        self._greeted = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # Answered with the id Info reports: the gateway checks both lead to one process.
+        self._reply(call_id, grpc.StatusCode.OK, self._server.service.instance_id.encode(),
+                    kind=frames.HELLO)
+        return rest
+
+    def _refuse(self, call_id: int, code: grpc.StatusCode, details: str) -> None:
+        self._reply(call_id, code, details.encode(), kind=frames.HELLO)
+        self._unread = bytearray()
+        self.close()
 
     def _cancel(self, call_id: int) -> None:
         """The gateway gave up on a call: stop its task. A CANCEL read in the same batch
@@ -141,35 +217,29 @@ class _Connection(asyncio.Protocol):
             self._server.service.count_cancelled_before_start(method)
         task.cancel()
 
-    def _greet(self, hello: frames.Frame) -> bool:
-        """Accept the connection if ``hello`` carries the token; else refuse and close it."""
-        if hello.kind == frames.HELLO and self._server.token_matches(hello.payload):
-            self._greeted = True
-            # Answered with the id Info reports: the gateway checks both lead to one process.
-            self._reply(hello.call_id, grpc.StatusCode.OK, self._server.service.instance_id.encode(),
-                        kind=frames.HELLO)
-            return True
-        log.warning("refused a frame connection: missing or wrong replica token")
-        self._reply(hello.call_id, grpc.StatusCode.UNAUTHENTICATED,
-                    b"missing or wrong replica token; see --replica-token-file", kind=frames.HELLO)
-        self.close()
-        return False
-
     def _start_call(self, call: frames.Frame) -> None:
         if call.oversized:
             self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"request larger than this replica's limit of {self._server.max_payload} "
                         f"bytes".encode())
             return
-        if call.arg >= len(frames.METHODS):
+        method = frames.METHODS.get(call.arg)
+        if method is None:
             self._reply(call.call_id, grpc.StatusCode.UNIMPLEMENTED, b"unknown method")
+            return
+        if call.call_id in self._calls:
+            # Replies are matched by id: a peer that reuses one in flight cannot tell its
+            # answers apart, nor have the earlier call cancelled. Closing cancels them all.
+            log.warning("closed a frame connection that reused call id %d while in flight",
+                        call.call_id)
+            self.close()
             return
         if len(self._server.calls) >= self._server.max_calls:
             self._reply(call.call_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         b"the replica is serving its maximum of concurrent calls")
             return
         task = asyncio.get_running_loop().create_task(self._serve(call))
-        self._calls[call.call_id] = (task, frames.METHODS[call.arg].name)
+        self._calls[call.call_id] = (task, method.name)
         self._server.calls.add(task)
         task.add_done_callback(lambda done: self._forget(call.call_id, done))
 

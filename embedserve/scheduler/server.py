@@ -42,6 +42,9 @@ SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _MESSAGE_SLACK = 64 * 1024  # protobuf framing, request ids
+# A connection (gRPC or frames) that has not finished its handshake (HTTP/2's preface;
+# frames' HELLO) in this time is closed: a gateway on a working network needs milliseconds.
+HANDSHAKE_TIMEOUT_S = 5.0
 
 
 class SchedulerServer:
@@ -95,13 +98,21 @@ class SchedulerServer:
                    # gateway/replicas.py); the default policy would answer GOAWAY.
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
-                   ("grpc.http2.max_ping_strikes", 0)]
+                   ("grpc.http2.max_ping_strikes", 0),
+                   # A connection that has not finished HTTP/2's preface in this time is
+                   # closed (the default, 120 s, lets idle connections pile up).
+                   ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000))]
+        # Vectors beyond this would not fit a message the gateway takes (either transport).
+        self.service.max_reply_bytes = min(4 * tokens * max(1, info.dimension),
+                                           frames.MAX_MESSAGE_BYTES - _MESSAGE_SLACK)
         interceptors = [TokenAuthInterceptor(settings.replica_token)] if settings.replica_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
         # Beside the Unix socket: the same calls, cheaper (embedserve/frames.py).
         self.frame_server = FrameServer(self.service, settings.replica_token, max_request_bytes,
-                                        settings.max_concurrent_rpcs)
+                                        settings.max_concurrent_rpcs,
+                                        max_connections=settings.max_frame_connections,
+                                        handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
         inference_pb2_grpc.add_InferenceServicer_to_server(self.service, self.grpc_server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         reflection.enable_server_reflection(

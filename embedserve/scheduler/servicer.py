@@ -59,6 +59,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self.active_calls = 0
         self.frame_port = 0   # the frame socket's TCP port once it listens (0: none)
         self.instance_id = secrets.token_hex(8)
+        # The largest Embed reply's vectors, in bytes (the transports' send limit, set by
+        # server.py); a call whose reply would be larger is refused before any compute.
+        self.max_reply_bytes: int | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -119,6 +122,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         if request.dtype not in (inference_pb2.DTYPE_FLOAT32, inference_pb2.DTYPE_FLOAT16):
             raise InvalidInput(f"unknown output dtype {request.dtype}", field="dtype")
         precisions = wire.precisions_from_proto(request.precisions)
+        self._check_reply_size(tokens.num_sequences, dimensions or self._info.dimension,
+                               precisions, request.dtype)
         ranged = any(p in RANGED_PRECISIONS for p in precisions)
         if ranged:
             self._require_calibration()
@@ -145,6 +150,18 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.RangesResponse(ranges=wire.array_to_tensor(ranges, "float32"),
                                             calibration_id=self.calibration.calibration_id,
                                             sample_size=self.calibration.sample_size)
+
+    def _check_reply_size(self, rows: int, width: int, precisions: list[str], dtype: int) -> None:
+        """Refuse, before compute, a call whose reply would exceed the transports' limit
+        (many rows in many precisions): the work would be done, then not sent."""
+        if self.max_reply_bytes is None:
+            return
+        per_row = (sum(_row_bytes(p, width) for p in precisions) if precisions else
+                   (2 if dtype == inference_pb2.DTYPE_FLOAT16 else 4) * width)
+        if rows * per_row > self.max_reply_bytes:
+            raise InvalidInput(f"the reply would be {rows * per_row} bytes, over this replica's "
+                               f"limit of {self.max_reply_bytes}; send fewer sequences per call "
+                               "or fewer precisions", field="precisions")
 
     def _require_calibration(self) -> None:
         if self.calibration is None:
@@ -221,7 +238,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                                      total_us=int((time.monotonic() - call.arrival) * 1e6))
 
     async def _answer(self, method: str, context: Context, handle: Callable[[], Awaitable]):
-        """Run one Embed/Score handler; map its errors to a status exactly here."""
+        """Run one Embed/Score handler; map its errors to a status exactly here.
+
+        ``max_concurrent_rpcs`` is checked here, where calls over gRPC and over frames
+        meet, so it bounds their sum (each server's own limit alone let through twice it)."""
+        if self.active_calls >= self._settings.max_concurrent_rpcs:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            self._metrics.count_call(method, code.name)
+            context.set_code(code)
+            context.set_details("the replica is serving its maximum of concurrent calls")
+            return None
         self.active_calls += 1
         self._idle.clear()
         try:
@@ -258,3 +284,10 @@ def _deadline_passed(context: Context) -> bool:
     """Whether the handler was cancelled because its deadline passed (best effort)."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= _DEADLINE_SKEW_S
+
+
+def _row_bytes(precision: str, width: int) -> int:
+    """Bytes of one ``width``-wide vector in ``precision`` (model/quantize.py's layouts)."""
+    if precision in ("binary", "ubinary"):
+        return -(-width // 8)
+    return {"float32": 4, "float16": 2}.get(precision, 1) * width

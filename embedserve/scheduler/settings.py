@@ -81,6 +81,8 @@ class SchedulerSettings:
     # the message size derived from max_queue_tokens, this bounds the memory
     # held by requests that have arrived but not yet been admitted.
     max_concurrent_rpcs: int = 1024
+    # Frame connections open at once (frame_server.py); a gateway holds one per replica.
+    max_frame_connections: int = 64
     # Where the int8/uint8 calibration is read, or computed at start-up and
     # stored (embedserve/calibration.py); None: none, Embed refuses int8/uint8.
     calibration_cache_dir: Path | None = None
@@ -90,8 +92,8 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
-                     "in_flight_depth", "max_concurrent_rpcs", "max_graphs", "graph_memory_mib",
-                     "batch_tokens_while_interactive"):
+                     "in_flight_depth", "max_concurrent_rpcs", "max_frame_connections", "max_graphs",
+                     "graph_memory_mib", "batch_tokens_while_interactive"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.interactive_window_s < 0:
