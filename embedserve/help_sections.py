@@ -18,15 +18,16 @@ import argparse
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("what to serve and where", (
         "--model", "--revision", "--served-model-name", "--url", "--served-model", "--upstream", "--host",
-        "--port", "--grpc-port", "--api-key", "--replicas", "--device", "--dtype")),
+        "--port", "--grpc-port", "--api-key", "--batch-api-key", "--replicas", "--device", "--dtype")),
     ("what to embed (embedserve embed)", (
         "--output", "--input-format", "--text-field", "--id-field", "--input-type", "--dimensions",
-        "--precision", "--format", "--errors", "--long-inputs", "--overwrite", "--no-progress")),
+        "--precision", "--top-k", "--format", "--errors", "--long-inputs", "--overwrite", "--no-progress")),
     ("requests, long inputs and batching", (
         "--max-inputs", "--max-body-bytes", "--max-inflight-tokens", "--auto-truncate",
         "--chunk-overlap", "--request-timeout", "--max-batch-tokens", "--max-batch-sequences",
         "--max-queue-tokens", "--in-flight", "--part-size", "--batch-tokens", "--batch-sequences",
-        "--sort-window", "--ray", "--ray-actors", "--ray-cpus-per-actor", "--drain-timeout")),
+        "--sort-window", "--ray", "--ray-actors", "--ray-cpus-per-actor", "--drain-timeout",
+        "--route-priority", "--interactive-window", "--batch-tokens-while-interactive")),
     ("precision and caches", (
         "--cache-dir", "--calibration", "--calibrate-only", "--dtype-probe-min-cosine")),
     ("other options", ()),
@@ -36,7 +37,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("internals and debugging", (
         "--replica-transport", "--replica-calls", "--replica-ping", "--chunk-sequences",
         "--chunk-tokens", "--unix-socket", "--frame-port", "--metrics-port",
-        "--replica-token-file", "--log-level", "--debug")),
+        "--replica-token-file", "--max-frame-connections", "--log-level", "--debug")),
 )
 OTHER = "other options"
 

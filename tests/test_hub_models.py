@@ -36,7 +36,7 @@ MIN_COSINE = 0.99999
 
 def _env(cache: Path, **more: str) -> dict[str, str]:
     """A child's environment: this checkout first, ``cache`` as the Hub cache, no token."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
     return {**env, "PYTHONPATH": str(ROOT), "HF_HUB_CACHE": str(cache), "HF_HOME": str(cache.parent),
             "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", **more}
 

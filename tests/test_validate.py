@@ -138,8 +138,10 @@ def test_an_id_outside_the_vocabulary_reads_the_same_in_every_tier(tiers):
 
 def test_a_sequence_too_long_reads_the_same_in_every_tier(tiers):
     messages = _messages(tiers, [[5] * 8, [6] * 600])
-    assert messages[0] == "sequence 1 has 602 tokens; the model takes at most 512"
-    assert len(set(messages)) == 1, messages
+    cause = "sequence 1 has 602 tokens; the model takes at most 512"
+    # Every tier names the same cause; the HTTP tier, the one users read, adds how to fix it.
+    assert messages[1:] == (cause, cause), messages
+    assert messages[0].startswith(cause + "; set the request's \"truncate\"") and "--auto-truncate" in messages[0]
 
 
 def test_dimensions_beyond_the_model_read_the_same_in_every_tier(tiers):

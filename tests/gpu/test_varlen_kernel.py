@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import varlen_reference
+from .reference import varlen_reference
 
 from embedserve.engine.modules import varlen_attention
 from embedserve.engine.modules.attention import AttentionKind

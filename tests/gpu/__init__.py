@@ -1,0 +1,1 @@
+"""Tests that need a CUDA device (a package, so its conftest never shadows tests/conftest.py)."""
