@@ -113,9 +113,9 @@ def fused_vs_plain(repeats: int = 5, seed: int = 0) -> None:
     """Single-thread CPU time per step: FusedLayer vs plain Layer, same weights."""
     import torch
 
-    from embedserve.engine import Batch, Engine
     from embedserve.defaults.build import ensure_default_model
     from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.engine import Batch, Engine
     from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(1)
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
-    from embedserve.engine import Batch, Engine
     from embedserve.defaults.build import ensure_default_model
     from embedserve.defaults.model_args import default_cache_dir
+    from embedserve.engine import Batch, Engine
     from embedserve.engine.runners.cpu import CpuRunner
 
     torch.set_num_threads(args.threads)

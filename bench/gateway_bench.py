@@ -27,11 +27,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
+from embedserve.defaults.model_args import default_cache_dir
+from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
 from embedserve.launch.processes import popen_listening
-from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import TokenizerBackend, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,6 +24,7 @@ import httpx
 from embedserve.defaults.model_args import default_cache_dir
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
+
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "bread flour water salt yeast oven hours rise bake crust crumb").split()
 

@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return MISSING_EXIT_STATUS
 
     from embedserve import calibration
-    from embedserve.defaults.model_args import default_cache_dir
     from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
     from embedserve.engine.batch import Batch
     from embedserve.model.postprocess import postprocess_embeddings
     from embedserve.scheduler.engine_loading import load_engine

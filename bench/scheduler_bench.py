@@ -40,9 +40,9 @@ import grpc
 import numpy as np
 
 from embedserve import ragged, wire
-from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
 from embedserve.defaults.model_args import default_cache_dir
+from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server

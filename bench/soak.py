@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize([row for row in rows if row["t_s"] >= 0], args.warmup, elapsed)
     load_avg = os.getloadavg()
     print(f"\n{load.requests} requests ({load.texts} texts, {load.texts / elapsed:.1f} texts/s), "
-          f"{load.errors} errors {load.error_kinds or ''} in {elapsed / 60:.1f} min; load average {load_avg[0]:.2f} {load_avg[1]:.2f} "
-          f"{load_avg[2]:.2f}; env {extra_env or '{}'}")
+          f"{load.errors} errors {load.error_kinds or ''} in {elapsed / 60:.1f} min; "
+          f"load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}; env {extra_env or '{}'}")
     print("| process | RSS at start | after warm-up | final | max | final / warm-up | last-half slope "
           "| anonymous: warm-up → final, slope |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

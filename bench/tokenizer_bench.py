@@ -298,10 +298,10 @@ def wordpiece_rows(cache_dir: Path) -> list[dict]:
     """p50/p99 of ours and tokenizers on MiniLM's WordPiece tokenizer.json, per length."""
     import tempfile
     import zipfile
+    from pydoc_data.topics import topics
 
     import all_minilm_l6_v2
     import tokenizers
-    from pydoc_data.topics import topics
 
     from embedserve.tokenizer import Tokenizer
 

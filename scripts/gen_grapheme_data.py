@@ -79,7 +79,6 @@ def classify(chars: list[str], sep: str = SEP) -> list[int]:
     after_t = probe(HANGUL_T + "C")  # T (GB8)
     before_l = probe("C" + HANGUL_L)  # L (GB6)
     before_v = probe("C" + HANGUL_V)  # L, LV, V (GB6, GB7)
-    before_t = probe("C" + HANGUL_T)  # LV, V, LVT, T (GB7, GB8)
     before_ri = probe("C" + RI_A)    # RI (GB12)
     pict_zwj = probe("C" + ZWJ_CHAR + PICT)          # Extended_Pictographic (GB11)
     zwj_between = probe(PICT + "C" + PICT)           # ZWJ (GB11)

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from leftover_processes import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401  (hooks)
 from minilm_model import extract_minilm
 from st_metadata import write_st_metadata
@@ -115,7 +116,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, xlmr_tokenizer_dir: 
 @pytest.fixture(scope="module")
 def bert_engine(tiny_bert_dir: Path):
     """A loaded Engine of tiny_bert_dir, shared by one test module's in-process servers."""
-    from embedserve.engine import Engine   # torch: only for the modules that ask for it
+    from embedserve.engine import Engine  # torch: only for the modules that ask for it
 
     engine = Engine.load(tiny_bert_dir)
     yield engine

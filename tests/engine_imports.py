@@ -17,7 +17,8 @@ def modules_after_load(*model_dirs: Path) -> set[str]:
               "from embedserve.engine import Batch, Engine\n"
               f"for d in {[str(d) for d in model_dirs]!r}:\n"
               "    with Engine.load(d, dtype='auto') as engine:\n"
-              "        engine.step(Batch.from_sequences([np.array([0, 5, 9, 2], np.int32)], task=engine.info.task)).wait()\n"
+              "        engine.step(Batch.from_sequences([np.array([0, 5, 9, 2], np.int32)],\n"
+              "                                         task=engine.info.task)).wait()\n"
               "print(json.dumps(sorted(sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                             timeout=300)

@@ -150,6 +150,7 @@ def build_family_dir(directory: Path, family: str, pooling: str = "mean", normal
     as mxbai-rerank-base-v1 is, with no sentence-transformers files.
     """
     import torch
+
     from st_metadata import write_st_metadata
 
     directory.mkdir(parents=True, exist_ok=True)

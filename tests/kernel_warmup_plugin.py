@@ -57,5 +57,5 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     status = stop_popen(process, grace_s=10)
     if finished and status != 0:
         warnings.warn(f"tests/kernel_warmup.py exited with status {status}:\n"
-                      f"{(work / 'stderr.txt').read_text()[-3000:]}")
+                      f"{(work / 'stderr.txt').read_text()[-3000:]}", stacklevel=1)
     shutil.rmtree(work, ignore_errors=True)

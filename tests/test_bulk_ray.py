@@ -20,8 +20,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk_corpus import documents, write_jsonl
-from embedserve.bulk.ray_job import (GCS_START_WAIT_VARIABLE, LOCAL_GCS_START_WAIT_S, LOCAL_START_ATTEMPTS,
-                                    child_pids, cpus_per_actor_for, environment_default, local_cpus, start_local_ray)
+from embedserve.bulk.ray_job import (
+    GCS_START_WAIT_VARIABLE,
+    LOCAL_GCS_START_WAIT_S,
+    LOCAL_START_ATTEMPTS,
+    child_pids,
+    cpus_per_actor_for,
+    environment_default,
+    local_cpus,
+    start_local_ray,
+)
 from embedserve.cli import main
 from embedserve.local.columns import embedding_matrix
 

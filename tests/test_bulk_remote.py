@@ -19,7 +19,6 @@ from serve_harness import served
 from test_bulk_embed import cosines, embed, read_output
 
 
-
 @pytest.fixture(scope="module")
 def gateway_url(default_model_dir):
     with served("--model", str(default_model_dir)) as url:

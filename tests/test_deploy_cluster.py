@@ -29,12 +29,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.load import LoadGenerator
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.launch.processes import free_port
 from gateway_harness import metric_value
 from process_tree import alive, children
 from sigterm_load import assert_nothing_lost, sigterm_under_load
+from tests.faults.load import LoadGenerator
 
 _READY = "embedserve cluster: gateway "
 

@@ -49,7 +49,7 @@ def _k8s_commands() -> list[tuple[str, list[str]]]:
 
 
 def _dockerfile_cmd() -> list[str]:
-    line = next(l for l in (DEPLOY / "Dockerfile").read_text().splitlines() if l.startswith("CMD "))
+    line = next(s for s in (DEPLOY / "Dockerfile").read_text().splitlines() if s.startswith("CMD "))
     return yaml.safe_load(line[len("CMD "):])  # a JSON array is YAML too
 
 

@@ -13,9 +13,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_validators import (COMPOSE, COMPOSE_GPU, DEPLOY, DOCKERFILE, ROOT, compose_config,
-                               compose_resolved, compose_schema_errors, flag, instructions)
-from deploy_validators import deploy_copy  # noqa: F401 (a fixture)
+from deploy_validators import (
+    COMPOSE,
+    COMPOSE_GPU,
+    DEPLOY,
+    DOCKERFILE,
+    ROOT,
+    compose_config,
+    compose_resolved,
+    compose_schema_errors,
+    deploy_copy,  # noqa: F401 (a fixture)
+    flag,
+    instructions,
+)
 from embedserve.defaults.model_args import parse_model_spec
 
 COMPOSE_RERANKER = DEPLOY / "docker-compose.reranker.yml"
@@ -42,7 +52,7 @@ def test_compose_files_match_the_compose_spec_schema() -> None:
       "    healthchek:\n      test: [\"CMD\", \"python\", \"-m\", \"embedserve.healthprobe\", \"grpc"),
      "healthchek"),
 ])
-def test_compose_validators_reject_a_broken_copy(deploy_copy: Path, broken: tuple[str, str],
+def test_compose_validators_reject_a_broken_copy(deploy_copy: Path, broken: tuple[str, str],  # noqa: F811 (fixture)
                                                  expected: str) -> None:
     compose = deploy_copy / "docker-compose.yml"
     text = compose.read_text()
@@ -54,7 +64,7 @@ def test_compose_validators_reject_a_broken_copy(deploy_copy: Path, broken: tupl
                for error in compose_schema_errors(yaml.safe_load(compose.read_text())))
 
 
-def test_compose_config_rejects_a_dependency_on_a_missing_service(deploy_copy: Path) -> None:
+def test_compose_config_rejects_a_dependency_on_a_missing_service(deploy_copy: Path) -> None:  # noqa: F811
     compose = deploy_copy / "docker-compose.yml"
     compose.write_text(compose.read_text().replace("      replica:\n        condition: service_healthy",
                                                    "      replicas:\n        condition: service_healthy"))

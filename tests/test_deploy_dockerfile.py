@@ -23,8 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy_validators import DOCKERFILE, DOCKERIGNORE, PROMETHEUS_DOCKERFILE, hadolint, instructions
-from deploy_validators import deploy_copy  # noqa: F401 (a fixture)
+from deploy_validators import (
+    DOCKERFILE,
+    DOCKERIGNORE,
+    PROMETHEUS_DOCKERFILE,
+    deploy_copy,  # noqa: F401 (a fixture)
+    hadolint,
+    instructions,
+)
 
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE, PROMETHEUS_DOCKERFILE], ids=lambda path: path.name)
@@ -33,7 +39,7 @@ def test_dockerfiles_pass_hadolint(dockerfile: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hadolint_rejects_a_broken_dockerfile(deploy_copy: Path) -> None:
+def test_hadolint_rejects_a_broken_dockerfile(deploy_copy: Path) -> None:  # noqa: F811 (the imported fixture)
     dockerfile = deploy_copy / "Dockerfile"
     text = dockerfile.read_text()
     text = text.replace("ARG PYTHON_IMAGE=python:3.11-slim-bookworm", "ARG PYTHON_IMAGE=python")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.suite import PhaseResult, render_table, run_suite
 from tests.faults.netns import namespaces_available
+from tests.faults.suite import PhaseResult, render_table, run_suite
 
 PHASE_SECONDS = 2.0
 PHASES = ("baseline", "kill -9", "restart", "hang", "link cut", "slow", "SIGTERM", "overload")

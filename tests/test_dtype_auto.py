@@ -22,9 +22,15 @@ import pytest
 
 from bulk_corpus import documents, write_jsonl
 from embedserve.cli import main
-from embedserve.engine.dtype_choice import (DtypeChoice, auto_candidate, cpu_capabilities,
-                                            cpuinfo_capabilities, native_bf16_feature,
-                                            probe_verdict, score_bound)
+from embedserve.engine.dtype_choice import (
+    DtypeChoice,
+    auto_candidate,
+    cpu_capabilities,
+    cpuinfo_capabilities,
+    native_bf16_feature,
+    probe_verdict,
+    score_bound,
+)
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
 from embedserve.local.columns import embedding_matrix
@@ -102,8 +108,8 @@ def test_a_probe_bar_outside_zero_to_one_is_a_usage_error(command: list[str], ca
 
 
 def test_launchers_pass_dtype_flags_on_only_when_not_the_default(tmp_path: Path) -> None:
-    from embedserve.scheduler.cli import engine_flags, settings_from_args
     from embedserve.cli import build_parser
+    from embedserve.scheduler.cli import engine_flags, settings_from_args
 
     assert engine_flags("auto", True, 0.9999) == ()
     flags = engine_flags("bfloat16", True, 0.99995)

@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve.engine.modules.attention import (ATTENTION_IMPLS, BIDIRECTIONAL, CAUSAL, AttentionKind,
-                                                 block_diagonal_from_seq_ids, padded_from_ids)
+from embedserve.engine.modules.attention import (
+    ATTENTION_IMPLS,
+    BIDIRECTIONAL,
+    CAUSAL,
+    AttentionKind,
+    block_diagonal_from_seq_ids,
+    padded_from_ids,
+)
 from embedserve.engine.modules.layout import build_layout
 
 LENGTHS = [1, 5, 2, 17, 9, 1, 30]

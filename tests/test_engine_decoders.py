@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from decoder_models import VARIANTS, VOCAB_SIZE, build_decoder_dir, hf_reference_model
-from engine_imports import slow_imports_after_load
 from embedserve.engine import Batch, Engine
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import read_model_info
+from engine_imports import slow_imports_after_load
 
 LENGTHS = [1, 2, 7, 33, 17, 128, 300, 512, 3]
 MIN_COSINE = 0.99999

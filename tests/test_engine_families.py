@@ -18,16 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from family_models import (
-    CORPUS,
-    FAMILIES,
-    HIDDEN,
-    QUERY_PROMPT,
-    VOCAB_SIZE,
-    build_embeddinggemma_dir,
-    build_family_dir,
-    model_class,
-)
 
 from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
@@ -39,6 +29,16 @@ from embedserve.engine.modules.layout import build_layout
 from embedserve.model.config import load_model_config
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.tokenizer.load import load_tokenizer
+from family_models import (
+    CORPUS,
+    FAMILIES,
+    HIDDEN,
+    QUERY_PROMPT,
+    VOCAB_SIZE,
+    build_embeddinggemma_dir,
+    build_family_dir,
+    model_class,
+)
 
 LENGTHS = [1, 3, 9, 17, 40, 100, 25]
 TEXTS = CORPUS + ["x", "Ünïcödé café 🙂 and byte fallback", "word " * 24 + "a long one, past every window"]

@@ -16,8 +16,7 @@ import torch
 from embedserve.engine import Batch, Engine
 from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs
 from embedserve.engine.graphs.cache import GraphCache
-from embedserve.engine.graphs.shapes import (BucketKey, bucket_for, reachable_buckets, sequence_bucket,
-                                             token_bucket)
+from embedserve.engine.graphs.shapes import BucketKey, bucket_for, reachable_buckets, sequence_bucket, token_bucket
 
 
 class FakeBackend:

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embedserve.engine import Batch, Engine
-from engine_imports import slow_imports_after_load
 from embedserve.errors import ModelLoadError
+from engine_imports import slow_imports_after_load
 
 SEQUENCES = [np.array([0, 100, 2000, 2], np.int32), np.array([0, 7, 2], np.int32)]
 

@@ -19,8 +19,8 @@ from embedserve.engine.batch import Batch
 from embedserve.engine.engine import Engine
 from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs
 from embedserve.engine.graphs.shapes import bucket_for
-from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.modules.attention import ATTENTION_IMPLS
+from embedserve.engine.modules.layout import build_layout
 from embedserve.errors import ModelLoadError
 from embedserve.model.config import load_encoder_config
 from embedserve.model.info import read_model_info

@@ -19,10 +19,10 @@ import torch
 
 from embedserve.engine import Batch, Engine
 from embedserve.engine.modules.attention import per_sequence
-from embedserve.model.config import EncoderConfig
 from embedserve.engine.modules.bert import EncoderModel
-from embedserve.engine.onednn import FusedLayer, fuse_layers, supported
 from embedserve.engine.modules.layout import build_layout
+from embedserve.engine.onednn import FusedLayer, fuse_layers, supported
+from embedserve.model.config import EncoderConfig
 
 pytestmark = pytest.mark.skipif(not supported(torch.float32), reason="torch built without oneDNN")
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine import Batch, Engine
-from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
 from embedserve.errors import InvalidInput
+from embedserve.model.postprocess import postprocess_embeddings, postprocess_scores
 
 
 def mixed_batch(seed: int, count: int, longest: int) -> list[np.ndarray]:

@@ -18,12 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from embedserve import ragged
 from embedserve.engine import Batch, Engine
 from embedserve.engine.graphs.buckets import bucket_forward, bucket_inputs
 from embedserve.engine.graphs.shapes import bucket_for
 from embedserve.engine.modules import varlen_attention
 from embedserve.engine.modules.attention import AttentionKind, per_sequence_sdpa
-from embedserve import ragged
 from embedserve.engine.modules.layout import build_layout
 
 

@@ -6,7 +6,6 @@ import ast
 from pathlib import Path
 
 from conftest import ROOT
-
 from embedserve import errors
 
 

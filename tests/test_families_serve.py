@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from family_models import build_embeddinggemma_dir, build_family_dir
 from serve_harness import served
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from gateway_harness import SchedulerProcess, gateway_in_front_of, replica_view
-from scheduler_harness import ThreadedScheduler, embed_request
 
 from embedserve import frames
 from embedserve.gateway.frame_client import FrameChannel, FrameVersionMismatch
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from gateway_harness import SchedulerProcess, gateway_in_front_of, replica_view
+from scheduler_harness import ThreadedScheduler, embed_request
 
 TOKEN = "version-test-token"
 # The header of frames before version 1: the same fields, padding where magic and version are.

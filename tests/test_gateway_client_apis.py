@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from conftest import TINY_SIZES, build_tiny_model
 from serve_harness import served
 from st_metadata import write_st_metadata

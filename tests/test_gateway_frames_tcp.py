@@ -26,11 +26,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from scheduler_harness import ThreadedScheduler, wait_until
 
 from embedserve.scheduler.settings import SchedulerSettings
-from gateway_harness import (GatewayServer, SchedulerProcess, free_port, gateway_settings, metric_value,
-                             replica_view)
+from gateway_harness import GatewayServer, SchedulerProcess, free_port, gateway_settings, metric_value, replica_view
+from scheduler_harness import ThreadedScheduler, wait_until
 
 TEXTS = ["one sentence", "and another one"]
 

@@ -23,10 +23,10 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
-from serve_harness import served_with_grpc
 
 from embedserve.protos import embeddings_pb2 as pb
 from embedserve.protos import embeddings_pb2_grpc
+from serve_harness import served_with_grpc
 
 KEY = "grpc-test-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)

@@ -26,14 +26,14 @@ import openai
 import pytest
 
 from conftest import build_short_window_model
+from embedserve.cli import build_parser
 from embedserve.entrypoint import GATEWAY_LISTENING
+from embedserve.errors import InvalidInput
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import long_input_args
 from embedserve.gateway.long_inputs import LongInputPolicy, resolve_policy, server_policy
-from embedserve.model.windows import Windows, cut_windows, pool_windows, window_bounds
-from embedserve.cli import build_parser
-from embedserve.errors import InvalidInput
 from embedserve.launch.processes import popen_listening, stop_popen
+from embedserve.model.windows import Windows, cut_windows, pool_windows, window_bounds
 from embedserve.ragged import from_sequences
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 
@@ -73,7 +73,7 @@ def test_window_bounds_cover_every_token_with_the_overlap_asked() -> None:
                 bounds = window_bounds(content, room, overlap)
                 assert bounds[0][0] == 0 and bounds[-1][1] == content
                 assert all(0 < stop - start <= room for start, stop in bounds)
-                for (a, b), (c, d) in zip(bounds, bounds[1:]):
+                for (a, b), (c, _d) in zip(bounds, bounds[1:]):
                     assert b - c == overlap and c > a   # each window moves on, sharing `overlap`
                 assert len(bounds) == 1 + max(0, -(-(content - room) // (room - overlap)))
 

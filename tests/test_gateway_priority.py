@@ -11,11 +11,11 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from gateway_harness import gateway_in_front_of, metric_value
 
 from embedserve.bulk.remote import RemoteEmbedder
 from embedserve.local.options import EmbedOptions
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from gateway_harness import gateway_in_front_of, metric_value
 
 USER_KEY = "user-key"
 BULK_KEY = "bulk-key"

@@ -15,8 +15,8 @@ import pytest
 import tokenizers
 
 from conftest import TINY_SIZES
-from st_metadata import write_st_metadata
 from gateway_harness import one_replica_stack
+from st_metadata import write_st_metadata
 from trained_tokenizers import MULTILINGUAL, qwen3_bpe
 
 TEXTS = ["The with statement wraps a block.", "日本語のテキスト", "emoji 👍🏽 and  spaces ",

@@ -12,8 +12,7 @@ from embedserve import errors
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.chunking import plan_chunks
 from embedserve.gateway.grpc_errors import from_rpc_error, is_retryable
-from embedserve.gateway.http_errors import (ERROR_RESPONSES, HTTP_STATUSES, STATUS_BY_ERROR, error_body,
-                                            status_for)
+from embedserve.gateway.http_errors import ERROR_RESPONSES, HTTP_STATUSES, STATUS_BY_ERROR, error_body, status_for
 from embedserve.gateway.middleware import server_timing
 
 
@@ -29,7 +28,7 @@ def test_chunks_cover_inputs_in_order_within_bounds(lengths, max_sequences, max_
         tokens = sum(lengths[start:stop])
         assert tokens <= max_tokens or stop - start == 1   # only a lone long sequence exceeds
     # Greedy: a chunk stops only when the next sequence would not fit.
-    for (start, stop), (next_start, _) in zip(chunks, chunks[1:]):
+    for (start, stop), _ in zip(chunks, chunks[1:]):
         assert stop - start == max_sequences or sum(lengths[start:stop + 1]) > max_tokens
 
 

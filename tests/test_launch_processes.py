@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from embedserve.entrypoint import GATEWAY_LISTENING, run_event_loop
-from embedserve.launch.processes import (PARENT_PID_VARIABLE, child_environment, popen_listening, start_child,
-                                         stop_child)
+from embedserve.launch.processes import PARENT_PID_VARIABLE, child_environment, popen_listening, start_child, stop_child
 from process_tree import alive, children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")

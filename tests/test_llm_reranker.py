@@ -49,13 +49,13 @@ def test_an_embedder_folder_of_the_same_architecture_stays_an_embedder(tmp_path:
 def test_grpc_score_of_prompted_pairs(tmp_path: Path) -> None:
     """gRPC Score on a replica takes the pairs already in the model card's prompt."""
     import transformers
-    from scheduler_harness import ThreadedScheduler
 
     from embedserve import ragged, wire
     from embedserve.engine import Engine
     from embedserve.model import llm_reranker
     from embedserve.protos import inference_pb2
     from embedserve.scheduler.settings import SchedulerSettings
+    from scheduler_harness import ThreadedScheduler
 
     directory = build_llm_reranker(tmp_path / "reranker", "Qwen3ForCausalLM", seed=9)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)

@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 from sentence_transformers.util.quantization import quantize_embeddings
 
 from embedserve.errors import InvalidInput
-from embedserve.model.quantize import (PRECISIONS, calibrate, check_precision, output_dtype,
-                                       output_width, quantize)
+from embedserve.model.quantize import PRECISIONS, calibrate, check_precision, output_dtype, output_width, quantize
 
 REFERENCE_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 from embedserve import frames
 from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 TOKEN = "cap-test-token"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)

@@ -17,13 +17,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, random_sequences, wait_until
 
 from embedserve import frames, ragged, wire
 from embedserve.engine import Engine
 from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, random_sequences, wait_until
 
 TOKEN = "frames-test-token"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)

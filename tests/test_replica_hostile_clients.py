@@ -15,12 +15,12 @@ import time
 
 import grpc
 import pytest
-from gateway_harness import SchedulerProcess
-from scheduler_harness import embed_request
 
 from embedserve import frames
 from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from gateway_harness import SchedulerProcess
+from scheduler_harness import embed_request
 
 TOKEN = "hostile-test-token"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)

@@ -17,7 +17,6 @@ import threading
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 from embedserve.errors import DeviceLost
 from embedserve.launch.processes import free_port
@@ -25,6 +24,7 @@ from embedserve.protos import inference_pb2_grpc
 from embedserve.scheduler import cli as scheduler_cli
 from embedserve.scheduler import engine_loading
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 
 def _health(port: int) -> int:

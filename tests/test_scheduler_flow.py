@@ -12,13 +12,13 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 from embedserve import wire
 from embedserve.engine import Batch
-from embedserve.protos import inference_pb2_grpc
 from embedserve.errors import InvalidInput
+from embedserve.protos import inference_pb2_grpc
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 QUEUED = "embedserve_scheduler_queue_sequences"
 

@@ -8,10 +8,10 @@ ids, so the record shows which call each stepped sequence came from.
 from __future__ import annotations
 
 import pytest
-from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
 BATCH = inference_pb2.PRIORITY_BATCH
 

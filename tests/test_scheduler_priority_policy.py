@@ -139,7 +139,7 @@ def test_every_entry_runs_within_a_bounded_number_of_steps(interactive, batch, b
     """Step the plan until both queues are empty, interactive work arriving all along:
     batch work finishes within as many steps as it has entries."""
     iq, bq = queue("i", interactive), queue("b", batch)
-    for step in range(len(batch)):
+    for _step in range(len(batch)):
         result = plan(iq + queue("n", [5]), bq, budget, max_sequences, cap, recent=True)
         iq = (iq + queue("n", [5]))[result.interactive.consumed:]
         bq = bq[result.batch.consumed:]

@@ -12,13 +12,13 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scheduler_harness import embed_request, random_sequences, wait_until
 
 from embedserve import wire
 from embedserve.cli import build_parser, main
 from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from scheduler_harness import embed_request, random_sequences, wait_until
 
 
 def port_of(address: str) -> int:
@@ -97,8 +97,12 @@ def test_flags_build_frozen_settings_with_a_device_dependent_budget(tmp_path):
 
     from embedserve.cli import build_parser
     from embedserve.scheduler.cli import settings_from_args
-    from embedserve.scheduler.settings import (CPU_BF16_MAX_BATCH_TOKENS, CPU_MAX_BATCH_TOKENS,
-                                               GPU_MAX_BATCH_TOKENS, default_max_batch_tokens)
+    from embedserve.scheduler.settings import (
+        CPU_BF16_MAX_BATCH_TOKENS,
+        CPU_MAX_BATCH_TOKENS,
+        GPU_MAX_BATCH_TOKENS,
+        default_max_batch_tokens,
+    )
 
     parser = build_parser()
     args = parser.parse_args(["scheduler", "--model", str(tmp_path), "--port", "0",

@@ -10,15 +10,14 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase)
-from scheduler_harness import ThreadedScheduler, embed_request, random_sequences
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from embedserve import ragged, wire
 from embedserve.engine import Batch, Engine
 from embedserve.model.postprocess import postprocess_embeddings, sigmoid
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import ThreadedScheduler, embed_request, random_sequences
 
 
 @pytest.fixture(scope="module")

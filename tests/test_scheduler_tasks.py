@@ -17,12 +17,12 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from scheduler_harness import ThreadedScheduler
 
 from embedserve import ragged, wire
 from embedserve.engine import Engine
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import ThreadedScheduler
 from task_models import build_classifier, build_splade
 
 LABELS = ["spam", "ham", "eggs"]

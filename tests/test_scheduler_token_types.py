@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scheduler_harness import RecordingEngine, ThreadedScheduler, wait_until
 
 from embedserve import ragged, wire
 from embedserve.engine import Batch, Engine
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
+from scheduler_harness import RecordingEngine, ThreadedScheduler, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from leftover_processes import live_descendants
 
 from embedserve.entrypoint import StartupError
 from embedserve.errors import ModelLoadError
 from embedserve.exit_errors import describe
+from leftover_processes import live_descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from serve_harness import served
 from llm_reranker_models import build_llm_reranker, model_card_scores
+from serve_harness import served
 from task_models import build_classifier, build_splade
 
 LABELS = ["negative", "neutral", "positive", "mixed"]

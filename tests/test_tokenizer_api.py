@@ -14,8 +14,8 @@ import shutil
 import numpy as np
 import pytest
 import tokenizers
-from conftest import python_docs_text
 
+from conftest import python_docs_text
 from embedserve.errors import InvalidInput
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, Tokenizer

@@ -21,11 +21,18 @@ import numpy as np
 import pytest
 import tokenizers
 
-from trained_tokenizers import (MULTILINGUAL, gpt2_bpe, docs_lines, lowercase_metaspace_bpe, qwen3_bpe,
-                                unigram_byte_fallback, unigram_metaspace)
 from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer import HfTokenizer, Tokenizer, TokenizerBackend, load_tokenizer, load_tokenizer_file
 from embedserve.tokenizer.load import native_backend_for
+from trained_tokenizers import (
+    MULTILINGUAL,
+    docs_lines,
+    gpt2_bpe,
+    lowercase_metaspace_bpe,
+    qwen3_bpe,
+    unigram_byte_fallback,
+    unigram_metaspace,
+)
 
 BUILDERS = {"gpt2": gpt2_bpe, "qwen3": qwen3_bpe, "unigram_byte_fallback": unigram_byte_fallback,
             "lowercase_metaspace_bpe": lowercase_metaspace_bpe}

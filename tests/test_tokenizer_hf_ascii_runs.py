@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from conftest import shared_file
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
 
 TEXTS = ["a_b", "xa_b_a", "a_b a_b", "ab\tab", "ab\r\nab", "ae\u0301a_b", "a\u0301_b", "ab\x00a_b",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import tokenizers
-from conftest import shared_file
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.kernels._grapheme_data import UNICODE_VERSION
 from embedserve.tokenizer.kernels.graphemes import grapheme_ends

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from conftest import python_docs_text
-from tokenizer_corpus import SCRIPTS, emoji_lines, udhr_lines
 
+from conftest import python_docs_text
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import SCRIPTS, emoji_lines, udhr_lines
 
 SMALL_VOCAB = 8000
 PRECOMPILED = "precompiled"  # placeholder replaced by the real charsmap step
@@ -248,7 +248,7 @@ def test_broken_json_fails_at_load(tmp_path, content):
     # `tokenizers` either (checked here), and each is a clear ModelLoadError.
     path = tmp_path / "tokenizer.json"
     path.write_bytes(content)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (tokenizers raises a bare Exception)
         tokenizers.Tokenizer.from_file(str(path))
     with pytest.raises(ModelLoadError, match="cannot read tokenizer.json"):
         Tokenizer.from_file(path)

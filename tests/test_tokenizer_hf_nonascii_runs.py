@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import tokenizers
-from conftest import shared_file
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
 
 BREAKERS = ["Ａ", "ﬁ", "½", "\u00a0", "е\u0301", "е\u0308", "а\u200dб", "😀", "𝐀", "a", " ", "，", "ｶ\u0301",

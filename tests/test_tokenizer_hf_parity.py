@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 import tokenizers
-from conftest import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
 SHAPES = ("xlmr/tokenizer.json", "xlmr/tokenizer.transformers5.json")
 SPECIAL_TEXTS = ("<s>", "</s>", "<pad>", "<unk>", "<mask>")

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import shared_file
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 import embedserve.tokenizer.kernels.trie as trie_module
+from conftest import shared_file
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
-from embedserve.tokenizer.spec import PieceKind
 from embedserve.tokenizer.kernels.trie import NODE_DTYPE, build_trie, spec_hash
+from embedserve.tokenizer.spec import PieceKind
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import sentencepiece
-from conftest import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

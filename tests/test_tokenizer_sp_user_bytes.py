@@ -24,10 +24,10 @@ import sentencepiece
 from hypothesis import strategies as st
 
 from conftest import python_docs_text
-from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, seeded_strings, udhr_lines, udhr_texts
-from trained_tokenizers import MULTILINGUAL
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.spec import PieceKind
+from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, seeded_strings, udhr_lines, udhr_texts
+from trained_tokenizers import MULTILINGUAL
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -20,9 +20,9 @@ import sentencepiece
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from conftest import shared_file
-from tokenizer_corpus import assert_ids_equal, udhr_texts
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.kernels.word_cache import WAYS, cached_word_count
+from tokenizer_corpus import assert_ids_equal, udhr_texts
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

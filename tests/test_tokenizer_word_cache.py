@@ -17,13 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tokenizers
-from conftest import shared_file
-from tokenizer_corpus import assert_ids_equal, udhr_texts
 
+from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.kernels.word_cache import MAX_WORD_BYTES, WAYS, cached_word_count
+from tokenizer_corpus import assert_ids_equal, udhr_texts
 
-LONG_WORDS = ["x" * (MAX_WORD_BYTES + 5) + " and " + "Grüße" * 10, "日本語のテキストは空白で区切られない長い単語になります"]
+LONG_WORDS = ["x" * (MAX_WORD_BYTES + 5) + " and " + "Grüße" * 10,
+              "日本語のテキストは空白で区切られない長い単語になります"]
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import python_docs_text
-from tokenizer_corpus import seeded_strings
 
+from conftest import python_docs_text
 from embedserve.errors import ModelLoadError
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import seeded_strings
 
 SPECIAL_TEXTS = ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")
 CONFIG_CASES = {

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from conftest import python_docs_text, shared_file
 from hypothesis import strategies as st
-from tokenizer_corpus import HYPOTHESIS_TEXT, WHITESPACE, emoji_lines, seeded_strings, udhr_lines, udhr_texts
 
+from conftest import python_docs_text, shared_file
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import HYPOTHESIS_TEXT, WHITESPACE, emoji_lines, seeded_strings, udhr_lines, udhr_texts
 
 SPECIAL_TEXTS = ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")
 # What BERT's normalizer and pre-tokenizer treat specially, to mix into generated text.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from gateway_harness import GatewayServer, gateway_settings
 
 from embedserve import ragged, validate, wire
 from embedserve.engine import Batch, Engine
@@ -19,6 +18,7 @@ from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import Tokenizer
+from gateway_harness import GatewayServer, gateway_settings
 
 
 def _batch(ids: list[int], cu_seqlens: list[int], types: list[int] | None = None) -> RaggedBatch:

@@ -9,7 +9,7 @@ decoded back to text); and seeded hypothesis-generated strings.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import cache
 
 from hypothesis import strategies as st
 
@@ -25,7 +25,7 @@ def assert_ids_equal(texts: Sequence[str], got, expected: Sequence[Sequence[int]
     assert not mismatches, f"{len(mismatches)} of {len(texts)} differ, e.g. {detail}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def udhr_texts() -> tuple[str, ...]:
     directory = shared_file("text/udhr2")
     return tuple(p.read_text(encoding="utf-8") for p in sorted(directory.iterdir()) if p.is_file())
@@ -92,7 +92,7 @@ def seeded_strings(count: int, strategy: st.SearchStrategy[str] = HYPOTHESIS_TEX
     return list(_seeded_strings(count, strategy, per_example))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _seeded_strings(count: int, strategy: st.SearchStrategy[str], per_example: int) -> tuple[str, ...]:
     from hypothesis import HealthCheck, given, settings
 

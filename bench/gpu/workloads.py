@@ -36,7 +36,8 @@ import numpy as np
 
 from bench.gpu.models import SHAPES, scaled_config, write_model
 
-EMBEDDERS = ["multilingual-e5-small", "bge-base", "bge-m3", "qwen3-embedding-0.6b", "modernbert-base", "all-mpnet-base-v2"]
+EMBEDDERS = ["multilingual-e5-small", "bge-base", "bge-m3", "qwen3-embedding-0.6b", "modernbert-base",
+             "all-mpnet-base-v2"]
 SCORERS = ["bge-reranker-base"]
 LATENCY_LENGTHS = (128, 512, 2048, 4096)
 SCORING_PAIRS = (5, 25, 50)
@@ -208,8 +209,8 @@ def measure_model(name: str, directory: Path, device: str, dry_run: bool, step_t
     try:
         for system in systems:
             if isinstance(system, PaddedSystem):
-                tune_batch_size(system, random_sequences(rng, [512 if not dry_run else 16] * (128 if not dry_run else 16),
-                                                         vocab), device, dry_run)
+                tune_batch_size(system, random_sequences(rng, [512 if not dry_run else 16]
+                                                         * (128 if not dry_run else 16), vocab), device, dry_run)
 
         def record(workload: str, system: Any, **values: Any) -> None:
             results.write(**base, workload=workload, system=system.name, **values, **system.extra(),
@@ -226,9 +227,11 @@ def measure_model(name: str, directory: Path, device: str, dry_run: bool, step_t
                     times = [timed(lambda: system.run(sequence) if isinstance(system, EngineSystem)
                                    else system.run(sequence, 1), device) * 1e3 for _ in range(runs)]
                     record("latency", system, tokens=length, **percentiles(times))
-            workloads = {"throughput-100x512": random_sequences(rng, [min(512, max_length)] * (100 if not dry_run else 6), vocab),
-                         "mixed-16-4096": random_sequences(rng, np.exp(rng.uniform(np.log(16), np.log(min(4096, max_length)),
-                                                                                    200 if not dry_run else 8)).astype(int), vocab)}
+            workloads = {"throughput-100x512": random_sequences(rng, [min(512, max_length)]
+                                                                * (100 if not dry_run else 6), vocab),
+                         "mixed-16-4096": random_sequences(
+                             rng, np.exp(rng.uniform(np.log(16), np.log(min(4096, max_length)),
+                                                     200 if not dry_run else 8)).astype(int), vocab)}
             for workload, sequences in workloads.items():
                 if time.monotonic() > deadline:
                     break

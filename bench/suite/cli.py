@@ -24,8 +24,8 @@ import argparse
 import os
 import shlex
 import signal
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,14 +123,13 @@ def main(argv: list[str] | None = None) -> int:
                DO_NOT_TRACK="1")
     os.environ.update({k: env[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")})
 
-    from embedserve.defaults.build import ensure_default_model
-    from embedserve.defaults.model_args import default_cache_dir
-
     from bench.suite.best_peer import baseline_system
     from bench.suite.plots import write_plots
     from bench.suite.report import render, write_section
     from bench.suite.results import RunRecord
     from bench.suite.run import SuiteConfig, run_suite
+    from embedserve.defaults.build import ensure_default_model
+    from embedserve.defaults.model_args import default_cache_dir
 
     model_dir = args.model or ensure_default_model(default_cache_dir())
     command = "python -m bench suite " + shlex.join(argv if argv is not None else sys.argv[1:])

@@ -93,7 +93,8 @@ def _xlmr_weights(bert: dict[str, np.ndarray], hidden: int) -> dict[str, np.ndar
 # Fixed query/document pairs (relevant and not, several languages) on which
 # the head is calibrated; they only set the logits' offset and scale.
 CALIBRATION_PAIRS = (
-    ("how much protein should a woman eat", "The average protein requirement for women aged 19 to 70 is 46 grams per day."),
+    ("how much protein should a woman eat",
+     "The average protein requirement for women aged 19 to 70 is 46 grams per day."),
     ("how much protein should a woman eat", "Summit: the highest point of a mountain."),
     ("capital of Germany", "Berlin is the capital and largest city of Germany."),
     ("capital of Germany", "The sky appears blue because of Rayleigh scattering."),

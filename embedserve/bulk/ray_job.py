@@ -36,17 +36,17 @@ import pyarrow as pa
 from embedserve.bulk import manifest as manifests
 from embedserve.bulk.job import JobPaths
 from embedserve.bulk.progress import ProgressBar, Totals
-from embedserve.bulk.reader import InputSpec, Part, parse_json_line, count_rows
+from embedserve.bulk.reader import InputSpec, Part, count_rows, parse_json_line
 from embedserve.bulk.run import part_output, prepare_output
 from embedserve.bulk.writer import assemble, write_part
+from embedserve.integrations.ray import PROBLEM, EmbedBatches
 from embedserve.local import columns
 from embedserve.local.documents import text_problem
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
+from embedserve.model.info import read_model_info
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import DEFAULT_DTYPE
-from embedserve.model.info import read_model_info
-from embedserve.integrations.ray import PROBLEM, EmbedBatches
 
 log = logging.getLogger(__name__)
 

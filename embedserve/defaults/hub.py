@@ -156,9 +156,15 @@ def _missing_files(snapshot: Path) -> str | None:
 
 def hub_error(model: HubModel, exc: Exception, cache_dir: Path | None) -> ModelLoadError:
     """One line for a huggingface_hub failure to get ``model``: the cause, then the fix."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
-                                        LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     cache = cache_location(cache_dir)
     pull = f"run `embedserve model pull {model}` where the Hub is reachable"

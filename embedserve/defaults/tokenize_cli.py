@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compat", choices=["hf", "sentencepiece"], default=None,
                         help="match tokenizers (hf, default for tokenizer.json and model "
                              "directories) or sentencepiece (default for a .model file)")
-    parser.add_argument("--no-special", action="store_true", help="leave out the special tokens (<s> / </s>, [CLS] / [SEP])")
+    parser.add_argument("--no-special", action="store_true",
+                        help="leave out the special tokens (<s> / </s>, [CLS] / [SEP])")
     parser.add_argument("--offsets", action="store_true", help="also print character offsets")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trie-cache-dir", type=Path, default=None,

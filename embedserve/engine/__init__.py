@@ -6,8 +6,8 @@ per-request post-processing in ``embedserve.model.postprocess``.
 """
 
 from embedserve.engine.batch import Batch
-from embedserve.model.info import ModelInfo
 from embedserve.engine.engine import Engine
 from embedserve.engine.lazy import LazyTensor
+from embedserve.model.info import ModelInfo
 
 __all__ = ["Batch", "Engine", "LazyTensor", "ModelInfo"]

@@ -22,24 +22,23 @@ from typing import Any
 import torch
 
 from embedserve.engine.batch import Batch
-from embedserve.engine.dtype_choice import (AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype,
-                                            probe_verdict)
-from embedserve.model.config import ModelConfig, load_model_config, load_sentence_transformer_meta
-from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.engine.dense import load_dense
+from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype, probe_verdict
 from embedserve.engine.families import FAMILIES
+from embedserve.engine.gemma3_fused import pack_gemma3_linears
+from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.forward import Model
-from embedserve.engine.gemma3_fused import pack_gemma3_linears
 from embedserve.engine.modules.gemma3 import Gemma3Model
 from embedserve.engine.modules.nomic_bert import NomicBertModel
 from embedserve.engine.nomic_bert_fused import fuse_nomic_layers
-from embedserve.engine.lazy import LazyTensor
 from embedserve.engine.onednn import fuse_layers
-from embedserve.engine.weights import load_state, read_checkpoint
 from embedserve.engine.runners.cpu import CpuRunner
-from embedserve.model.cuda_options import CudaOptions
+from embedserve.engine.weights import load_state, read_checkpoint
 from embedserve.errors import ModelLoadError, Unavailable
+from embedserve.model.config import ModelConfig, load_model_config, load_sentence_transformer_meta
+from embedserve.model.cuda_options import CudaOptions
+from embedserve.model.info import ModelInfo, read_model_info
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class Engine:
              attention: str | None = None, model_id: str | None = None,
              cuda_graphs: bool = True, cuda: CudaOptions | None = None,
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
-             probe: DtypeProbe | None = None) -> "Engine":
+             probe: DtypeProbe | None = None) -> Engine:
         """Load a Hugging Face model directory.
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | None (float32 on CPU,
@@ -144,7 +143,7 @@ class Engine:
 
     @classmethod
     def _load_probed(cls, model_dir: Path, info: ModelInfo, candidate: DtypeChoice,
-                     probe: DtypeProbe, runner_options: dict[str, Any]) -> "Engine":
+                     probe: DtypeProbe, runner_options: dict[str, Any]) -> Engine:
         """``auto`` with a reduced-precision candidate: float32's outputs on the probe's
         tokens (plain modules), then the same weights cast in place to the candidate and
         started as they will serve; kept if the two agree, else reloaded in float32. Only
@@ -184,7 +183,7 @@ class Engine:
     @classmethod
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
                cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
-               native_linears: bool) -> "Engine":
+               native_linears: bool) -> Engine:
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -230,7 +229,7 @@ class Engine:
             self._closed = True
             self._runner.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,12 +18,12 @@ from torch import nn
 from embedserve.engine.bert_variant_names import map_distilbert_names, map_mpnet_names
 from embedserve.engine.deberta_v2_names import map_deberta_v2_names
 from embedserve.engine.decoder_names import map_decoder_names
+from embedserve.engine.gemma3_names import map_gemma3_names
 from embedserve.engine.llm_head import add_score_head
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.deberta_v2 import DebertaV2Model
 from embedserve.engine.modules.decoder import DecoderModel
 from embedserve.engine.modules.gemma3 import Gemma3Model
-from embedserve.engine.gemma3_names import map_gemma3_names
 from embedserve.engine.modules.modernbert import ModernBertModel
 from embedserve.engine.modules.mpnet import MPNetModel
 from embedserve.engine.modules.nomic_bert import NomicBertModel

@@ -50,7 +50,7 @@ class LazyTensor:
 class FutureLazyTensor(LazyTensor):
     """A result computed on a worker thread (the CPU path)."""
 
-    def __init__(self, future: "concurrent.futures.Future[np.ndarray]") -> None:
+    def __init__(self, future: concurrent.futures.Future[np.ndarray]) -> None:
         self._future = future
         # Runs on the worker thread the moment it sets the result.
         future.add_done_callback(self._mark_ready)

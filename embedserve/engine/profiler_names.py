@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -13,7 +13,7 @@ AVX2_LINEAR = "embedserve::avx2_linear"
 BF16_LINEAR = "embedserve::bf16_linear"
 
 
-def named(name: str) -> ContextManager[object]:
+def named(name: str) -> AbstractContextManager[object]:
     """A profiler range called ``name`` while a profiler records; nothing (no cost) otherwise."""
     if torch.autograd.profiler._is_profiler_enabled:
         return torch.profiler.record_function(name)

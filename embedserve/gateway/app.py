@@ -23,18 +23,17 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from embedserve import __version__
-from embedserve import wire
-from embedserve.gateway.routes import classify, cohere, embed, ops, rerank, sparse, tei, tokenize
+from embedserve import __version__, wire
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
+from embedserve.gateway.discovery import source_for
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import GatewayMiddleware
-from embedserve.gateway.preprocess import Preprocessor
-from embedserve.gateway.discovery import source_for
-from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
 from embedserve.gateway.pipeline import Gateway
+from embedserve.gateway.preprocess import Preprocessor
+from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
+from embedserve.gateway.routes import classify, cohere, embed, ops, rerank, sparse, tei, tokenize
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.gateway.startup import NativeSwitch, PreparedModel, prepare_models

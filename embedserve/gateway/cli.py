@@ -27,8 +27,13 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, model_specs_from_args
-from embedserve.entrypoint import (configure_logging, gateway_banner, gateway_grpc_banner,
-                                   run_event_loop, stop_on_signals)
+from embedserve.entrypoint import (
+    configure_logging,
+    gateway_banner,
+    gateway_grpc_banner,
+    run_event_loop,
+    stop_on_signals,
+)
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.priority import parse_route_priorities
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names

@@ -29,7 +29,6 @@ from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
 from embedserve.tokenizer import EncodedBatch, TokenizerBackend
 
-
 # Texts up to this many characters in all are tokenized on the event loop: a
 # one-sentence query takes tens of microseconds there, while handing it to the
 # executor and back costs two thread wake-ups (hundreds on a busy machine).

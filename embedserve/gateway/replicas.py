@@ -41,8 +41,8 @@ from embedserve.errors import DeadlineExceeded, Unavailable
 from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
 from embedserve.gateway.frame_client import FrameChannel, FrameTarget, FrameVersionMismatch, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.wire import BATCH, INTERACTIVE
 from embedserve.scheduler.auth import call_metadata
+from embedserve.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
 

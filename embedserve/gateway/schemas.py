@@ -10,12 +10,12 @@ routes, which know them.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 TokenIds = list[StrictInt]
-EmbeddingInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+EmbeddingInput = StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
 # Checked by the route (400 naming ``embedding_types[i]``), not by pydantic.
 EMBEDDING_TYPES_HELP = (
     "Cohere-style: return the vectors in each of these types, as an object keyed by type: "
@@ -35,7 +35,7 @@ class _Request(BaseModel):
 # What the embedding routes do with an input longer than the model's window
 # (gateway/long_inputs.py). Strings are checked there, so that an unknown one
 # is a 400 naming the field and listing the accepted values.
-Truncate = Union[StrictBool, StrictStr, None]
+Truncate = StrictBool | StrictStr | None
 Direction = Literal["left", "right", "Left", "Right"]
 _TRUNCATE_DOC = (
     "Inputs longer than the model's window. Omitted: the server's --auto-truncate (default "
@@ -122,7 +122,7 @@ _MODEL_FIELD = ("embedserve extension: the served model to use (GET /v1/models);
 
 
 class EmbedRequest(_Request):
-    inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    inputs: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     normalize: StrictBool = True
     truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
@@ -175,7 +175,7 @@ class RankedText(BaseModel):
 
 
 class TokenizeRequest(_Request):
-    inputs: Union[StrictStr, list[StrictStr]]
+    inputs: StrictStr | list[StrictStr]
     model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = None
@@ -198,7 +198,7 @@ class DocumentText(_Request):
 
 class CohereRerankRequest(_Request):
     query: StrictStr
-    documents: list[Union[StrictStr, DocumentText]]
+    documents: list[StrictStr | DocumentText]
     model: StrictStr | None = None
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     instruction: StrictStr | None = Field(None, description=_INSTRUCTION_DOC)

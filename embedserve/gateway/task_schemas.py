@@ -7,12 +7,11 @@ strict types as there, unknown fields ignored as there.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from embedserve.gateway.schemas import (_DIRECTION_DOC, _MODEL_FIELD, _TRUNCATE_DOC, Direction,
-                                        TokenIds, Truncate)
+from embedserve.gateway.schemas import _DIRECTION_DOC, _MODEL_FIELD, _TRUNCATE_DOC, Direction, TokenIds, Truncate
 
 TOP_K_DOC = ("embedserve extension: keep each input's top_k largest weights (sentence-transformers' "
              "max_active_dims); omitted: every nonzero.")
@@ -23,7 +22,7 @@ class _Request(BaseModel):
 
 
 # TEI: a string, a pair [a, b], or a batch of [a] and [a, b] items.
-PredictInput = Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
+PredictInput = StrictStr | list[StrictStr] | list[list[StrictStr]]
 
 
 class PredictRequest(_Request):
@@ -36,7 +35,7 @@ class PredictRequest(_Request):
 
 
 class ClassifyRequest(_Request):
-    input: Union[StrictStr, list[StrictStr]] = Field(description="A string or a list of strings.")
+    input: StrictStr | list[StrictStr] = Field(description="A string or a list of strings.")
     model: StrictStr | None = None
     truncate_prompt_tokens: StrictInt | None = Field(
         None, description="vLLM's field: -1 or a positive count cuts inputs to the model's "
@@ -45,7 +44,7 @@ class ClassifyRequest(_Request):
 
 
 class EmbedSparseRequest(_Request):
-    inputs: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+    inputs: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
     model: StrictStr | None = Field(None, description=_MODEL_FIELD)
     truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
     truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)

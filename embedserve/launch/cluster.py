@@ -24,10 +24,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from embedserve.defaults.model_args import (ModelSpec, add_model_spec_arguments, default_cache_dir,
-                                            model_specs_from_args)
-from embedserve.entrypoint import (GATEWAY_LISTENING, StartupError, configure_logging, run_event_loop,
-                                   stop_on_signals)
+from embedserve.defaults.model_args import ModelSpec, add_model_spec_arguments, default_cache_dir, model_specs_from_args
+from embedserve.entrypoint import GATEWAY_LISTENING, StartupError, configure_logging, run_event_loop, stop_on_signals
 from embedserve.gateway.cli import add_grpc_port_flag, add_long_input_flags, long_input_args
 from embedserve.gateway.settings import GatewaySettings, check_distinct_names
 from embedserve.healthprobe import probe
@@ -36,8 +34,7 @@ from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_
 from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
-from embedserve.scheduler.cli import (add_engine_flags, add_priority_flags, cuda_flags,
-                                      engine_flags, priority_flags)
+from embedserve.scheduler.cli import add_engine_flags, add_priority_flags, cuda_flags, engine_flags, priority_flags
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.scheduler.token_file import temporary_token_file
 

@@ -4,8 +4,8 @@ Owns the mechanics every launcher shares: a port free right now, starting a
 child that dies with its parent (Linux parent-death signal) in its own
 process group, reading the line it prints once it listens (forwarding its
 output to ours), keeping the one error line a failed child prints (instead of
-forwarding it, so that the launcher reports it once, as its own), stopping it with SIGTERM and then SIGKILL after a grace
-period, and "wait for this or for a stop signal, whichever comes first".
+forwarding it, so that the launcher reports it once, as its own), stopping it with SIGTERM and then
+SIGKILL after a grace period, and "wait for this or for a stop signal, whichever comes first".
 Knows nothing about which command a child runs (``commands.py``) or what it
 serves.
 """

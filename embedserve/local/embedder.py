@@ -27,19 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
+from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.engine.batch import Batch
 from embedserve.errors import InvalidInput
-from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.embedded import EmbeddedPart, SparseRows
+from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.options import EmbedOptions, bulk_token_budget
 from embedserve.local.packing import plan_batches
-from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo
 from embedserve.model.postprocess import postprocess_embeddings, sparse_rows
+from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.model.tasks import TASK_NAMES
 from embedserve.model.windows import pool_windows
-from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.engine_loading import load_engine
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.tokenizer import load_tokenizer

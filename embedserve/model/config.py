@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model.dense_config import DenseSpec, read_dense_modules
-from embedserve.model import (deberta_v2_config, gemma3_config, llm_reranker, modernbert_config,
-                              nomic_bert_config, tasks)
+from embedserve.model import deberta_v2_config, gemma3_config, llm_reranker, modernbert_config, nomic_bert_config, tasks
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
+from embedserve.model.dense_config import DenseSpec, read_dense_modules
 
 Family = Literal["bert", "xlm-roberta", "distilbert", "mpnet"]
 

@@ -40,8 +40,8 @@ import numpy as np
 
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
-from embedserve.model.info import ModelInfo
 from embedserve.errors import DeviceLost
+from embedserve.model.info import ModelInfo
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
 from embedserve.wire import BATCH, INTERACTIVE
@@ -172,7 +172,7 @@ class Batcher:
                 await self._engine_free_or_interactive()
                 continue
             plan = self._pool.take(self._token_budget, self._max_sequences)
-            for entry, reason in plan.dropped:
+            for _entry, reason in plan.dropped:
                 self._metrics.sequences_dropped.labels(reason).inc()
             taken = plan.taken
             if taken:

@@ -18,14 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from embedserve.defaults.model_args import (add_model_arguments, default_cache_dir,
-                                            model_dir_from_args)
+from embedserve.defaults.model_args import add_model_arguments, default_cache_dir, model_dir_from_args
 from embedserve.entrypoint import configure_logging, run_event_loop, scheduler_banner, stop_on_signals
 from embedserve.model.cuda_options import ATTENTION_CHOICES
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
-from embedserve.scheduler.settings import (BATCH_TOKENS_WHILE_INTERACTIVE, DEFAULT_DTYPE,
-                                           INTERACTIVE_WINDOW_S, REPLICA_DTYPES, SchedulerSettings,
-                                           default_max_batch_tokens)
+from embedserve.scheduler.settings import (
+    BATCH_TOKENS_WHILE_INTERACTIVE,
+    DEFAULT_DTYPE,
+    INTERACTIVE_WINDOW_S,
+    REPLICA_DTYPES,
+    SchedulerSettings,
+    default_max_batch_tokens,
+)
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 
 # The exit status of a replica whose device failed for good (a poisoned CUDA context).

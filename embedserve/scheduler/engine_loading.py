@@ -48,7 +48,7 @@ def probe_tokens(model_dir: Path) -> RaggedBatch:
 
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto", *,
                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
-                cuda_graphs: bool = True, cuda: CudaOptions | None = None) -> "Engine":
+                cuda_graphs: bool = True, cuda: CudaOptions | None = None) -> Engine:
     """``Engine.load`` with the probe of ``dtype="auto"`` (see engine/dtype_choice.py)."""
     from embedserve.engine import Engine
     from embedserve.engine.dtype_choice import DtypeProbe

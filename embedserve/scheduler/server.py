@@ -172,7 +172,7 @@ class SchedulerServer:
         timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         try:
             await asyncio.wait_for(self.service.wait_idle(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("drain: %d calls still running after %.1f s",
                         self.service.active_calls, timeout_s)
             return False

@@ -24,12 +24,16 @@ import numpy as np
 
 import embedserve
 from embedserve import validate, wire
-from embedserve.engine.batch import Task
 from embedserve.calibration import Calibration
+from embedserve.engine.batch import Task
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.model.calibration_texts import TEXTS_ID
-from embedserve.model.postprocess import (classification_probabilities, postprocess_embeddings,
-                                          postprocess_scores, sparse_rows)
+from embedserve.model.postprocess import (
+    classification_probabilities,
+    postprocess_embeddings,
+    postprocess_scores,
+    sparse_rows,
+)
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.ragged import RaggedBatch

@@ -122,7 +122,7 @@ class _FirstCallListener(event.Listener):
         self._listener(ev.data)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source_tree_hash(root: Path) -> str:
     """sha256 over the relative path and content of every .py file under ``root``.
 

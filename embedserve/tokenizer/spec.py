@@ -33,8 +33,8 @@ Each stage is a Numba function writing into caller-owned scratch:
      ``normalize_hf_into`` when ``spec.compat == "hf"``; ``Tokenizer.__init__`` calls
      ``hf_params``; ``Tokenizer.from_file(".json")`` calls ``hf_json.load_tokenizer_json``;
      ``from_file(".model", compat="hf")`` calls ``hf_json.spec_for_hf_compat(spec)``
-     (the pipeline transformers' XLM-R converter builds for a .model; optional). Large constant tables a normalizer needs
-     (grapheme break properties) live as module-level NumPy arrays in that module.
+     (the pipeline transformers' XLM-R converter builds for a .model; optional). Large constant tables a
+     normalizer needs (grapheme break properties) live as module-level NumPy arrays in that module.
    - ``out_bytes``: uint8[:] normalized UTF-8, with U+2581 for whitespace where the
      mode requires (SP: escape_whitespaces; HF: Metaspace).
    - ``out_origin``: int32[:, 2]: for normalized byte i, the [start, end) byte range of

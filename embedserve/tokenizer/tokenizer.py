@@ -21,25 +21,37 @@ import functools
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from embedserve.errors import InvalidInput, ModelLoadError
-from embedserve.tokenizer.formats.charsmap import parse_charsmap
 from embedserve.tokenizer.backend import Truncation
 from embedserve.tokenizer.encoded import EncodedBatch
-from embedserve.tokenizer.kernels.encode import Model, Scratch, compiled_for, encode_run, encode_with_template, new_scratch
+from embedserve.tokenizer.formats.charsmap import parse_charsmap
 from embedserve.tokenizer.formats.model_proto import load_sentencepiece_model
+from embedserve.tokenizer.kernels.encode import (
+    Model,
+    Scratch,
+    compiled_for,
+    encode_run,
+    encode_with_template,
+    new_scratch,
+)
 from embedserve.tokenizer.kernels.normalize_sp import sp_params
-from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
-from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
-from embedserve.tokenizer.kernels.trie import (COMPACT_SCORE32, COMPACT_TOKEN, MATCHABLE_KINDS, NO_TOKEN,
-                                               load_or_build_compact_nodes)
+from embedserve.tokenizer.kernels.trie import (
+    COMPACT_SCORE32,
+    COMPACT_TOKEN,
+    MATCHABLE_KINDS,
+    NO_TOKEN,
+    load_or_build_compact_nodes,
+)
 from embedserve.tokenizer.kernels.word_cache import WordCache, clear_word_cache, new_word_cache
+from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
+from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
 
 DEFAULT_CACHE_DIR = Path("~/.cache/embedserve/tokenizer")

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.faults.netns import REPLICAS_NAME, StarNetwork
 from embedserve.entrypoint import GATEWAY_LISTENING, SCHEDULER_LISTENING
 from embedserve.launch.commands import gateway_command, scheduler_command
 from embedserve.launch.processes import free_port, stop_popen
+from tests.faults.netns import REPLICAS_NAME, StarNetwork
+
 _NS_GRPC_PORT, _NS_METRICS_PORT, _NS_HTTP_PORT = 50051, 9100, 8000
 
 
@@ -129,7 +130,7 @@ class FaultCluster:
                    HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         return env
 
-    def start(self, timeout_s: float = 240.0) -> "FaultCluster":
+    def start(self, timeout_s: float = 240.0) -> FaultCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = self._env()
         addresses = []

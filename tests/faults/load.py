@@ -137,7 +137,7 @@ class LoadGenerator:
         self._tasks: list[asyncio.Task] = []
         self._client: httpx.AsyncClient | None = None
 
-    async def __aenter__(self) -> "LoadGenerator":
+    async def __aenter__(self) -> LoadGenerator:
         limits = httpx.Limits(max_connections=128)  # room for the overload burst
         self._client = httpx.AsyncClient(timeout=self._timeout_s, limits=limits, trust_env=False)
         self._running = True

@@ -99,7 +99,7 @@ class StarNetwork:
     def namespaces(self) -> list[str]:
         return [self.gateway_ns] + [self.replica_ns(i) for i in range(self.replicas)]
 
-    def create(self) -> "StarNetwork":
+    def create(self) -> StarNetwork:
         try:
             for ns in self.namespaces():
                 _ip("netns", "add", ns)
@@ -151,7 +151,7 @@ class StarNetwork:
                 _ip("link", "del", link.near_dev, check=False)
         shutil.rmtree(_NETNS_ETC / self.gateway_ns, ignore_errors=True)
 
-    def __enter__(self) -> "StarNetwork":
+    def __enter__(self) -> StarNetwork:
         return self.create()
 
     def __exit__(self, *exc: object) -> None:

@@ -27,11 +27,10 @@ from pathlib import Path
 import httpx
 
 from bench.suite.report import write_section
-
 from tests.faults.cluster import FaultCluster, Process
 from tests.faults.load import Expected, LoadGenerator, reference_vectors
-from tests.faults.report import PhaseResult, render_report, render_table
 from tests.faults.netns import StarNetwork, namespaces_available
+from tests.faults.report import PhaseResult, render_report, render_table
 
 # The gateway's in-flight token budget during the suite: far above the steady
 # load (a few hundred tokens in flight), far below the overload burst.

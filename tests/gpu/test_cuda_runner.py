@@ -153,5 +153,5 @@ def test_a_poisoned_context_turns_every_later_step_into_device_lost(model_dir: P
         print("OUTCOMES", outcomes, engine.stats()["device_lost"])
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    line = next((l for l in result.stdout.splitlines() if l.startswith("OUTCOMES")), "")
+    line = next((s for s in result.stdout.splitlines() if s.startswith("OUTCOMES")), "")
     assert line == "OUTCOMES ['device_lost', 'device_lost'] 1.0", result.stdout + result.stderr[-2000:]

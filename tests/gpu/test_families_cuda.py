@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bench.gpu.models import SHAPES, scaled_config, write_model
 from embedserve.engine import Batch, Engine

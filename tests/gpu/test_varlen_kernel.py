@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .reference import varlen_reference
 
 from embedserve.engine.modules import varlen_attention
 from embedserve.engine.modules.attention import AttentionKind
+
+from .reference import varlen_reference
 
 # bf16 keeps 8 mantissa bits, fp16 11: the output's rounding alone is 2^-9 / 2^-12 of
 # its magnitude (|out| <= max |v| = ~4 for these inputs), and the kernel accumulates in

@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedserve.engine.modules.attention import Attend, block_diagonal_from_seq_ids, padded_from_ids
 from embedserve.engine.batch import Batch
-from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.graphs.shapes import BucketKey
+from embedserve.engine.modules.attention import Attend, block_diagonal_from_seq_ids, padded_from_ids
+from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import layout_arrays
 from embedserve.engine.modules.varlen_attention import varlen_from_lengths
 

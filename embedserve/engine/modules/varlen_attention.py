@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from embedserve.engine.modules.attention import Attend, AttentionKind
+from embedserve.engine.modules.attention import AttentionKind
 
 VarlenKernel = Callable[..., torch.Tensor]
 HALF_DTYPES = (torch.float16, torch.bfloat16)

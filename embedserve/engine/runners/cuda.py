@@ -48,8 +48,8 @@ from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules import varlen_attention
 from embedserve.engine.modules.attention import AttentionKind
 from embedserve.engine.modules.forward import Model
-from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.errors import DeviceLost
+from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.model.info import ModelInfo
 from embedserve.model.modernbert_config import LOCAL
 

@@ -24,10 +24,15 @@ from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, says_how_to_fix
 from embedserve.gateway.middleware import TIMING_KEY, since_start
 from embedserve.gateway.pipeline import Gateway, timed
-from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.gateway.priority import request_priority
-from embedserve.gateway.schemas import (EmbeddingsByType, EmbeddingsRequest, EmbeddingsResponse,
-                                        EmbedRequest, QuantizationRanges)
+from embedserve.gateway.schemas import (
+    EmbeddingsByType,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    QuantizationRanges,
+)
+from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.model.windows import Windows, pool_windows

@@ -137,7 +137,7 @@ async def metrics(request: Request) -> Response:
     text = gateway_metrics.render()
     replicas = models.gateways[0].settings.replica_metrics_urls
     if replicas:   # embedserve serve's local replicas: their scheduler and engine metrics too
-        from embedserve.gateway import replica_metrics   # httpx: only where it is used
+        from embedserve.gateway import replica_metrics  # httpx: only where it is used
 
         text += await replica_metrics.scrape(replicas)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from embedserve.gateway.long_inputs import RERANK_TOO_LONG_FIX, says_how_to_fix
-from embedserve.gateway.routes.embed import json_response
-from embedserve.gateway.schemas import CohereRerankRequest, CohereRerankResponse, RankedText, RerankRequest
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.priority import request_priority
+from embedserve.gateway.routes.embed import json_response
+from embedserve.gateway.schemas import CohereRerankRequest, CohereRerankResponse, RankedText, RerankRequest
 
 router = APIRouter()
 

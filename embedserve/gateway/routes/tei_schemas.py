@@ -13,7 +13,7 @@ as in ``gateway/schemas.py``; unknown fields are ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -84,4 +84,4 @@ class RootRequest(_Body):
 
 
 # What POST / answers: vectors (or vectors by type), similarities, or ranks.
-RootResponse = Union[list[list[float]], EmbeddingsByType, list[float], list[RankedText]]
+RootResponse = list[list[float]] | EmbeddingsByType | list[float] | list[RankedText]

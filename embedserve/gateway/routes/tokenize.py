@@ -13,9 +13,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.schemas import TokenInfo, TokenizeRequest
-from embedserve.gateway.pipeline import Gateway, timed
 
 router = APIRouter()
 

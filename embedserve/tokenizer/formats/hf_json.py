@@ -84,7 +84,7 @@ def tokenizer_json_spec(doc: Any, source: str) -> TokenizerSpec:
     kinds = np.full(len(pieces), PieceKind.NORMAL, np.uint8)
     kinds[unk_id] = PieceKind.UNKNOWN
     specials = _read_added_tokens(doc.get("added_tokens") or [], pieces, fail)
-    for content, token_id in specials.items():
+    for token_id in specials.values():
         if token_id != unk_id:
             kinds[token_id] = PieceKind.CONTROL
 

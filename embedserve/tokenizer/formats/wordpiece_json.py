@@ -24,8 +24,13 @@ from typing import Any
 import numpy as np
 
 from embedserve.errors import ModelLoadError
-from embedserve.tokenizer.formats.hf_json import (_Fail, _first_special, _last_special, _read_added_tokens,
-                                                  _read_post_processor)
+from embedserve.tokenizer.formats.hf_json import (
+    _Fail,
+    _first_special,
+    _last_special,
+    _read_added_tokens,
+    _read_post_processor,
+)
 from embedserve.tokenizer.spec import BertNormalization, PieceKind, TokenizerSpec, WordPieceParams
 
 

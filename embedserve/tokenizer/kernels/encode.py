@@ -39,6 +39,7 @@ from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
+
 class Model(NamedTuple):
     units: np.ndarray  # charsmap trie, uint32
     strings: np.ndarray  # charsmap replacement strings, uint8

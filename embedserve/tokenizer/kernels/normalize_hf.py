@@ -32,11 +32,27 @@ from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_ch
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
 from embedserve.tokenizer.kernels.origins import origin_end, origin_rows, origin_start, set_origin
-from embedserve.tokenizer.kernels.pretokenize_hf import (P_COLLAPSE_SPACES, P_PREPEND, P_REP, P_REP_LEN, P_SPLIT,
-                                                 P_WS_SPLIT, PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER,
-                                                 is_rust_whitespace, pre_tokenize, put)
-from embedserve.tokenizer.kernels.replace_hf import (STEP_REPLACE_LITERAL, STEP_REPLACE_RUN, replace_applies,
-                                             replace_into, replace_step_size)
+from embedserve.tokenizer.kernels.pretokenize_hf import (
+    P_COLLAPSE_SPACES,
+    P_PREPEND,
+    P_REP,
+    P_REP_LEN,
+    P_SPLIT,
+    P_WS_SPLIT,
+    PREPEND_ALWAYS,
+    PREPEND_FIRST,
+    PREPEND_NEVER,
+    is_rust_whitespace,
+    pre_tokenize,
+    put,
+)
+from embedserve.tokenizer.kernels.replace_hf import (
+    STEP_REPLACE_LITERAL,
+    STEP_REPLACE_RUN,
+    replace_applies,
+    replace_into,
+    replace_step_size,
+)
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
 
 # params layout (int64): a fixed header, charsmap.bmp_char_table (65,536 entries: per

@@ -43,10 +43,21 @@ import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.word_cache import (MAX_WORD_BYTES, TOKEN_INTS, claim_slot, forget, lookup,
-                                                     prefetch_slot, put_slack, put_token, put_word,
-                                                     slack_of, token_at, token_count)
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
+from embedserve.tokenizer.kernels.word_cache import (
+    MAX_WORD_BYTES,
+    TOKEN_INTS,
+    claim_slot,
+    forget,
+    lookup,
+    prefetch_slot,
+    put_slack,
+    put_token,
+    put_word,
+    slack_of,
+    token_at,
+    token_count,
+)
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # A word's cache slot starts loading this many words before it is looked up.
