@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from embedserve.protos import inference_pb2
@@ -73,7 +74,7 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 @dataclass(frozen=True)
 class Method:
     name: str
-    request_type: type
+    request_type: type[Message]
     response_type: type
 
 

@@ -179,7 +179,7 @@ def array_to_tensor(array: np.ndarray, dtype: int | str = "float32") -> inferenc
     if wire_dtype not in _WIRE_DTYPES:
         raise InvalidInput(f"unsupported tensor dtype {dtype!r}", field="dtype")
     data = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[wire_dtype])
-    return inference_pb2.Tensor(data=data.tobytes(), dtype=wire_dtype, shape=list(data.shape))
+    return inference_pb2.Tensor(data=data.tobytes(), dtype=wire_dtype, shape=list(data.shape))  # type: ignore[arg-type]  # a DType value
 
 
 def tensor_to_array(tensor: inference_pb2.Tensor, field: str = "tensor") -> np.ndarray:

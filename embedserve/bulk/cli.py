@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from embedserve.bulk.job import JobPaths
     from embedserve.bulk.progress import Totals
     from embedserve.bulk.reader import InputSpec
+    from embedserve.bulk.remote import RemoteEmbedder
+    from embedserve.local.embedder import LocalEmbedder
     from embedserve.local.options import EmbedOptions
 
 DEFAULT_PART_SIZE = 10_000
@@ -184,6 +186,7 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
                             overwrite=args.overwrite, show_progress=not args.no_progress,
                             cache_dir=args.cache_dir or default_cache_dir())
         return totals, spec, paths
+    embedder: RemoteEmbedder | LocalEmbedder
     if args.url:
         from embedserve.bulk.remote import RemoteEmbedder
 
@@ -195,7 +198,7 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
     else:
         from embedserve.local.embedder import LocalEmbedder
 
-        embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype,
+        embedder = LocalEmbedder(model_dir, options, device=args.device, dtype=args.dtype,  # type: ignore[arg-type]
                                  probe_min_cosine=args.dtype_probe_min_cosine,
                                  cache_dir=args.cache_dir or default_cache_dir())
         # The dtype auto resolved to: a resume on a machine that resolves differently

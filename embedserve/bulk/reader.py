@@ -78,7 +78,7 @@ def resolve_input(source: str, format: str | None = None, text_field: str = "tex
     elif format not in FORMATS:
         raise InvalidInput(f"input format must be one of {', '.join(FORMATS)}, got {format!r}",
                            field="input_format")
-    return InputSpec(tuple(p.resolve() for p in paths), format, text_field, id_field)
+    return InputSpec(tuple(p.resolve() for p in paths), format, text_field, id_field)  # type: ignore[arg-type]  # set above
 
 
 def count_rows(spec: InputSpec) -> int | None:
@@ -158,9 +158,9 @@ def _jsonl_blocks(path: Path, spec: InputSpec) -> Iterator[Block]:
         for line in f:
             record, problem = parse_json_line(line)
             if problem is None:
-                value = record.get(spec.text_field)
+                value = record.get(spec.text_field)  # type: ignore[union-attr]  # no problem: a dict
                 problem = text_problem(value, spec.text_field)
-                ids.append(record.get(spec.id_field) if spec.id_field else None)
+                ids.append(record.get(spec.id_field) if spec.id_field else None)  # type: ignore[union-attr]
             else:
                 value = None
                 ids.append(None)

@@ -29,7 +29,7 @@ from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.gateway.priority import HEADER as PRIORITY_HEADER
 from embedserve.local.embedded import EmbeddedPart
-from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts
+from embedserve.local.encoding import EncodedTexts, WindowTokenizer, check_overlap, encode_texts
 from embedserve.local.options import EmbedOptions
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo, read_model_info
@@ -82,6 +82,8 @@ class RemoteEmbedder:
         self.dimension = options.dimensions or self.info.dimension
         check_precision(options.precision, self.dimension)
         self.prompt = self.info.prompt(options.input_type, "input_type")
+        self.tokenizer: WindowTokenizer
+        self._tokenize_client: Any
         if model_dir is None:
             import httpx
 

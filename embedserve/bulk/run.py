@@ -41,7 +41,8 @@ BEHIND = 2   # finished parts waiting for the writer
 
 
 class PartEmbedder(Protocol):
-    dimension: int
+    @property
+    def dimension(self) -> int: ...  # read-only: LocalEmbedder's is a property
 
     def prepare(self, texts: list[str]) -> Any: ...
 
@@ -215,7 +216,7 @@ def _prepared_parts(spec: InputSpec, part_size: int, manifest: Manifest, embedde
                 terminal = True
                 if item is _DONE:
                     return
-                raise item
+                raise item  # type: ignore[misc]  # a BaseException: not _DONE
             yield item
     finally:
         stop.set()

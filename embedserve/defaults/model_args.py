@@ -125,6 +125,12 @@ class ModelSpec:
     hub: HubModel | None = None        # given as a Hub id; ``path`` is its snapshot once resolved
 
     @property
+    def model_dir(self) -> Path:
+        """``path`` of a spec model_specs_from_args returned: resolved, never None."""
+        assert self.path is not None, "a ModelSpec not resolved by model_specs_from_args"
+        return self.path
+
+    @property
     def served_names(self) -> tuple[str, ...]:
         """``names``, else the Hub id (without revision); empty: the directory's name."""
         return self.names or ((self.hub.repo_id,) if self.hub is not None else ())

@@ -58,7 +58,7 @@ class _Cursor:
         return values
 
     def array(self, dtype: type, count: int) -> np.ndarray:
-        out = np.frombuffer(self.data, dtype, count, self.pos)
+        out: np.ndarray = np.frombuffer(self.data, dtype, count, self.pos)
         self.pos += out.nbytes
         return out
 

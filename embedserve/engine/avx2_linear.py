@@ -19,7 +19,7 @@ import torch
 from embedserve.engine import profiler_names
 
 try:
-    from embedserve.engine import _avx2_linear as _native
+    from embedserve.engine import _avx2_linear as _native  # type: ignore[attr-defined]  # C extension
 except ImportError:          # not built: no compiler, or one that cannot target AVX2
     _native = None
 

@@ -59,7 +59,7 @@ def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
     dense = load_sentence_transformer_meta(model_dir, config).dense
     if dense:
         model.projection = load_dense(dense)      # sentence-transformers' Dense modules, after pooling
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.to(dtype).eval().requires_grad_(False)  # type: ignore[return-value]  # the same model
 
 
 def cuda_capability(device: str) -> tuple[int, int] | None:
@@ -124,7 +124,7 @@ class Engine:
         if device != "cpu" and not device.startswith("cuda"):
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         info = replace(read_model_info(model_dir, model_id), device=device)
-        runner_options = {"attention": attention,
+        runner_options: dict[str, Any] = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears}
         capability = cuda_capability(device)
@@ -153,7 +153,7 @@ class Engine:
         model = build_model(model_dir, torch.float32)
         plain = {**runner_options, "cuda_graphs": False, "fused_layers": False}
         try:
-            batch = Batch.of(probe.tokens(), info.task)
+            batch = Batch.of(probe.tokens(), info.task)  # type: ignore[arg-type]  # a Task: checked at load
             with cls._start(model, _chosen(info, DtypeChoice("float32", "probe")), **plain) as ref:
                 reference = ref.step(batch).wait()
         except Exception as error:

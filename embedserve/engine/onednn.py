@@ -120,7 +120,7 @@ def fuse_layers(model: EncoderModel, native_linears: bool = True) -> bool:
         return False
     layers = model.encoder.layers
     for i, layer in enumerate(layers):
-        layers[i] = FusedLayer(layer, config.hidden_act, native_linears)
+        layers[i] = FusedLayer(layer, config.hidden_act, native_linears)  # type: ignore[arg-type]  # a Layer
     return True
 
 

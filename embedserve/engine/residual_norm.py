@@ -18,7 +18,7 @@ from torch import nn
 from embedserve.engine import profiler_names
 
 try:
-    from embedserve.engine import _add_layer_norm as _native
+    from embedserve.engine import _add_layer_norm as _native  # type: ignore[attr-defined]  # C extension
 except ImportError:          # not built: no compiler, or one that cannot target AVX-512 BF16
     _native = None
 
@@ -52,7 +52,7 @@ class ResidualNorm(nn.Module):
             return self.norm(y.add_(residual))
         rows, hidden = y.shape
         with profiler_names.named(profiler_names.ADD_LAYER_NORM):
-            _native.add_layer_norm(y.data_ptr(), residual.data_ptr(), self.weight32.data_ptr(),
-                                   self.bias32.data_ptr(), rows, hidden, y.stride(0), residual.stride(0),
+            _native.add_layer_norm(y.data_ptr(), residual.data_ptr(), self.weight32.data_ptr(),  # type: ignore[operator]  # buffers
+                                   self.bias32.data_ptr(), rows, hidden, y.stride(0), residual.stride(0),  # type: ignore[operator]
                                    self.norm.eps, torch.get_num_threads())
         return y

@@ -149,7 +149,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     # The direct routes inside the drain (admitted like any request), both inside
     # GatewayMiddleware (their answers, the drain's 503s included, carry request ids
     # and are counted), FastAPI's stack innermost.
-    app.wrap(lambda fastapi: GatewayMiddleware(
+    app.wrap(lambda fastapi: GatewayMiddleware(  # type: ignore[attr-defined]  # a GatewayApp (above)
         DrainMiddleware(DirectRoutes(fastapi, routes), drain=drain),
         metrics=metrics, max_body_bytes=settings.max_body_bytes, api_key=settings.api_key,
         batch_api_keys=settings.batch_api_keys))

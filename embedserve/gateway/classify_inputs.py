@@ -50,7 +50,7 @@ async def pack_items(preprocessor: Preprocessor, items: Sequence[Item], truncate
     types: list[np.ndarray | None] = [None] * len(items)
     singles = [i for i, (_, second) in enumerate(items) if second is None]
     if singles:
-        encoded = await preprocessor.encode_texts([items[i][0] for i in singles], "", truncate,
+        encoded: RaggedBatch = await preprocessor.encode_texts([items[i][0] for i in singles], "", truncate,
                                                   direction, field)
         _place(encoded, singles, sequences, types)
     by_first: dict[str, list[int]] = {}

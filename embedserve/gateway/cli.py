@@ -178,7 +178,7 @@ def served_models(args: argparse.Namespace, specs: Sequence[ModelSpec],
                          "as --model DIR:name=NAME[,ALIAS...]")
     # A Hub model is named by its id unless told otherwise (spec.served_names).
     names = [spec.names or tuple(args.served_model_name or ()) or spec.served_names for spec in specs]
-    models = tuple(ServedModel(spec.path, addresses, model_names)
+    models = tuple(ServedModel(spec.model_dir, addresses, model_names)
                    for spec, addresses, model_names in zip(specs, upstreams, names, strict=True))
     try:
         check_distinct_names([model.names for model in models])

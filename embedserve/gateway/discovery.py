@@ -39,7 +39,7 @@ async def resolve_all(host: str, port: int) -> list[str]:
     """Every TCP address of ``host`` (A and AAAA), via the system resolver."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({format_address(info[4][0], port) for info in infos})
+    return sorted({format_address(str(info[4][0]), port) for info in infos})
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class FrameChannel(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending[call_id] = (future, response_type)
-        self._transport.write(frames.frame(kind, call_id, payload, arg=arg, timeout_us=timeout_us))
+        self._transport.write(frames.frame(kind, call_id, payload, arg=arg, timeout_us=timeout_us))  # type: ignore[union-attr]  # not closed
         # A timer that fails the future, not asyncio.timeout: no cancellation of this
         # task to undo, and a few microseconds less on every call.
         timer = None if timeout is None else loop.call_later(timeout, self._expire, call_id)
@@ -172,7 +172,7 @@ class FrameChannel(asyncio.Protocol):
     def _abandon(self, call_id: int) -> None:
         """The caller no longer waits: tell the replica, unless the answer is in."""
         if self._pending.pop(call_id, None) is not None and not self.closed:
-            self._transport.write(frames.frame(frames.CANCEL, call_id))
+            self._transport.write(frames.frame(frames.CANCEL, call_id))  # type: ignore[union-attr]  # not closed
 
     def _refuse_version(self, reply: frames.Frame) -> None:
         """A frame of another version (or not a frame): no call of ours may be read from

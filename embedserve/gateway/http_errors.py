@@ -178,7 +178,7 @@ def install_error_handlers(app: FastAPI) -> None:
     which logs it; one outside FastAPI's stack (the direct routes) is answered and
     logged there alone.
     """
-    app.add_exception_handler(errors.EmbedServeError, _on_embedserve_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(errors.EmbedServeError, _on_embedserve_error)  # type: ignore[arg-type]  # its class
+    app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]  # its class
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)  # type: ignore[arg-type]  # its class
     app.add_exception_handler(Exception, _on_unexpected)

@@ -53,8 +53,8 @@ def server_policy(name: str, overlap: int, room: int) -> LongInputPolicy:
         raise ValueError(f"--chunk-overlap {overlap} must lie in [0, {room - 1}]: the model's "
                          f"windows hold {room} tokens besides the special tokens")
     if name == "refuse" or name == "chunk":
-        return LongInputPolicy(name, "right", overlap)
-    return LongInputPolicy("truncate", name, overlap)
+        return LongInputPolicy(name, "right", overlap)  # type: ignore[arg-type]  # checked above
+    return LongInputPolicy("truncate", name, overlap)  # type: ignore[arg-type]  # checked above
 
 
 def resolve_policy(default: LongInputPolicy, truncate: bool | str | None, direction: str | None,
@@ -89,7 +89,7 @@ def resolve_policy(default: LongInputPolicy, truncate: bool | str | None, direct
     if fixed is not None and asked is not None and asked != fixed:
         raise InvalidInput(f"truncate={truncate!r} cuts from the {fixed}, but truncation_direction "
                            f"is {direction!r}", field="truncation_direction")
-    chosen: Direction = fixed or asked or (default.direction if default.mode == "truncate" else "right")
+    chosen: Direction = fixed or asked or (default.direction if default.mode == "truncate" else "right")  # type: ignore[assignment]
     return LongInputPolicy(mode, chosen, default.overlap if overlap is None else overlap)
 
 

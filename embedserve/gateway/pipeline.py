@@ -70,7 +70,7 @@ class Gateway:
             lambda: sum(budget.in_use for budget in budgets.values()))
         for priority, budget in budgets.items():
             metrics.class_inflight_tokens.labels(self.model_id, priority).set_function(
-                lambda b=budget: b.in_use)
+                lambda b=budget: b.in_use)  # type: ignore[misc]  # a bound default
         self._class_queue = {priority: metrics.class_queue.labels(priority)
                              for priority in PRIORITIES}
         self._count_retry = metrics.chunk_retries.labels(self.model_id).inc
@@ -152,7 +152,7 @@ class Gateway:
 
         def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedRequest:
             return inference_pb2.EmbedRequest(tokens=tokens, normalize=normalize, dimensions=dimensions,
-                                              precisions=wire_precisions,
+                                              precisions=wire_precisions,  # type: ignore[arg-type]  # Precision values
                                               request_id=request.scope.get(REQUEST_ID_KEY, ""))
         return await self._dispatch(request, packed, "Embed", make, route)
 

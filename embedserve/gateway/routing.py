@@ -61,7 +61,7 @@ class ModelRouter:
             return able[0], able[0].model_id
         served = ", ".join(f"`{g.model_id}`" for g in self.gateways)
         if not able:
-            raise InvalidInput(f"this route needs {TASK_NAMES[task]}; none is served here "
+            raise InvalidInput(f"this route needs {TASK_NAMES[task]}; none is served here "  # type: ignore[index]
                                f"(served: {served})", field="model")
         names = ", ".join(f"`{g.model_id}`" for g in able)
         raise InvalidInput(f"several models can serve this route ({names}); name one in `model`",

@@ -109,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
             raise StartupError(f"--model {spec.format()}: the cluster starts each model's "
                                "replicas itself", "drop :upstream= (it is for embedserve gateway)")
     try:
-        check_distinct_names([spec.served_names or (spec.path.resolve().name,)
+        check_distinct_names([spec.served_names or (spec.model_dir.resolve().name,)
                               for spec in specs])
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     for spec in specs:
-        check_model_dir(spec.path)
+        check_model_dir(spec.model_dir)
     check_port_free(args.host, args.port)
     settings = ClusterSettings(models=tuple(specs), replicas=args.replicas,
                                device=args.device, dtype=args.dtype,
@@ -146,10 +146,10 @@ async def _run_cluster_with_token(settings: ClusterSettings, token_args: tuple[s
     env = replica_env(sum(counts), settings.device)
     several = len(settings.models) > 1
     supervisors = SupervisorGroup([
-        ReplicaSupervisor(spec.path, count, settings.device, extra_args=extra, env=env,
+        ReplicaSupervisor(spec.model_dir, count, settings.device, extra_args=extra, env=env,
                           start_timeout_s=settings.start_timeout_s,
                           stop_timeout_s=settings.stop_timeout_s,
-                          label=(spec.served_names or (spec.path.name,))[0] if several else "")
+                          label=(spec.served_names or (spec.model_dir.name,))[0] if several else "")
         for spec, count in zip(settings.models, counts)])
     gateway: Child | None = None
     gateway_output: asyncio.Task | None = None

@@ -266,7 +266,7 @@ async def first_or_stop(work: asyncio.Future[T], stop: asyncio.Event) -> bool:
     """
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # two result types
     finally:
         stopped.cancel()
     if not work.done():

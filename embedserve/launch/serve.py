@@ -98,7 +98,7 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
              # where replicas keep the int8/uint8 calibration
              *(("--cache-dir", str(args.cache_dir)) if args.cache_dir else ()))
     group = SupervisorGroup([
-        ReplicaSupervisor(spec.path, count, args.device, extra_args=extra, env=env,
+        ReplicaSupervisor(spec.model_dir, count, args.device, extra_args=extra, env=env,
                           label=_label(spec, len(specs)),
                           unix_socket_dir=None if socket_root is None else socket_root / str(k))
         for k, (spec, count) in enumerate(zip(specs, counts))])

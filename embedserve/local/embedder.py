@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class LocalEmbedder:
         for those precisions, computed there on first use."""
         model_dir = Path(model_dir)
         self.engine = load_engine(model_dir, device, dtype, probe_min_cosine=probe_min_cosine)
-        kwargs = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
+        kwargs: dict[str, Any] = {} if tokenizer_cache_dir is None else {"cache_dir": tokenizer_cache_dir}
         self.tokenizer = load_tokenizer(model_dir, **kwargs)
         self.options = options
         info = self.engine.info
@@ -94,7 +95,7 @@ class LocalEmbedder:
         if cache_dir is None:
             raise InvalidInput(f"precision {self.options.precision} needs a cache directory for the "
                                "model's calibration", field="precision")
-        directory = calibration_dir(cache_dir, model_dir, self.info.dtype)
+        directory = calibration_dir(cache_dir, model_dir, self.info.dtype or "")
         calibration = load_or_calibrate(directory, model_dir, self.info,
                                         lambda tokens: self.engine.step(Batch.of(tokens)).wait())
         return calibration.ranges(self.options.dimensions, self.info.normalize)

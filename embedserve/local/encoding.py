@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -22,7 +23,8 @@ from embedserve.errors import InvalidInput
 from embedserve.local.documents import too_long
 from embedserve.model.windows import Windows, cut_windows
 from embedserve.ragged import RaggedBatch
-from embedserve.tokenizer import EncodedBatch, TokenizerBackend
+from embedserve.tokenizer import EncodedBatch
+from embedserve.tokenizer.backend import Truncation
 
 
 @dataclass
@@ -55,13 +57,24 @@ class EncodedTexts:
         return np.diff(self.windows.window_cu) > 1
 
 
-def window_room(tokenizer: TokenizerBackend, limit: int) -> int:
+class WindowTokenizer(Protocol):
+    """What encoding uses of a tokenizer: any TokenizerBackend, or the gateway's own
+    (bulk/gateway_tokenizer.py) when a remote job has no model here."""
+
+    @property
+    def single_specials(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def encode_batch(self, texts: Sequence[str], max_length: int | None = None,
+                     truncation: Truncation = None) -> EncodedBatch: ...
+
+
+def window_room(tokenizer: WindowTokenizer, limit: int) -> int:
     """Content tokens one window of ``limit`` tokens holds besides the model's specials."""
     prefix, suffix = tokenizer.single_specials
     return limit - len(prefix) - len(suffix)
 
 
-def check_overlap(tokenizer: TokenizerBackend, limit: int, overlap: int) -> None:
+def check_overlap(tokenizer: WindowTokenizer, limit: int, overlap: int) -> None:
     """InvalidInput unless windows of ``limit`` tokens can share ``overlap`` content tokens."""
     room = window_room(tokenizer, limit)
     if not 0 <= overlap < room:
@@ -69,7 +82,7 @@ def check_overlap(tokenizer: TokenizerBackend, limit: int, overlap: int) -> None
                            f"hold {room} tokens besides the special tokens", field="chunk_overlap")
 
 
-def take(encoded: EncodedBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def take(encoded: RaggedBatch, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(token_ids, lengths) of sequences ``rows`` of ``encoded``, packed in that order."""
     cu = np.asarray(encoded.cu_seqlens, dtype=np.int64)
     starts, lengths = cu[rows], cu[rows + 1] - cu[rows]
@@ -87,7 +100,7 @@ def subset(encoded: EncodedBatch, rows: np.ndarray) -> EncodedBatch:
                         original_lengths=encoded.original_lengths[rows])
 
 
-def encode_texts(tokenizer: TokenizerBackend, texts: Sequence[str], prompt: str, limit: int,
+def encode_texts(tokenizer: WindowTokenizer, texts: Sequence[str], prompt: str, limit: int,
                  long_inputs: str, overlap: int = 0) -> EncodedTexts:
     """Tokenize ``prompt + text`` on all cores and apply the long-input policy.
 

@@ -17,6 +17,7 @@ model/config.py's registry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -86,7 +87,7 @@ def parse_mpnet_config(raw: dict[str, Any], architecture: str) -> MPNetConfig:
         raise ModelLoadError(f"config.json: bad or missing field {exc}") from None
 
 
-ARCHITECTURES = {
+ARCHITECTURES: dict[str, Callable[[dict[str, Any], str], EncoderConfig]] = {
     "RobertaModel": parse_roberta_config,
     "RobertaForSequenceClassification": parse_roberta_config,
     "DistilBertModel": parse_distilbert_config,
@@ -94,4 +95,4 @@ ARCHITECTURES = {
     "MPNetModel": parse_mpnet_config,
     "MPNetForMaskedLM": parse_mpnet_config,
 }
-MODEL_TYPES = {"distilbert": "DistilBertModel", "mpnet": "MPNetModel"}
+MODEL_TYPES: dict[str, str] = {"distilbert": "DistilBertModel", "mpnet": "MPNetModel"}

@@ -42,14 +42,21 @@ ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
 class ModelConfig(Protocol):
     """What every family's config says, whatever else it holds."""
 
-    architecture: str
-    family: str
-    task: str                      # "embed" or "score"
-    vocab_size: int
-    hidden_size: int
-    type_vocab_size: int           # segment ids accepted (1: segment 0 only)
-    position_offset: int           # first position id
-
+    # Properties: read-only, as the families' frozen dataclasses provide them.
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def task(self) -> str: ...                  # "embed" or "score"
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def type_vocab_size(self) -> int: ...       # segment ids accepted (1: segment 0 only)
+    @property
+    def position_offset(self) -> int: ...       # first position id
     @property
     def max_positions(self) -> int: ...
 
@@ -192,7 +199,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         config = ARCHITECTURES[architecture](raw, architecture)
         if architecture == "Qwen3ForCausalLM" and llm_reranker.is_reranker_dir(model_dir):
             # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
-            config = dataclasses.replace(config, task="score",
+            config = dataclasses.replace(config, task="score",  # type: ignore[type-var]  # a DecoderConfig
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
         return config
     except ModelLoadError as exc:

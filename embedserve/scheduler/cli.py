@@ -224,7 +224,7 @@ def _port_or_off(text: str) -> int | None:
 
 def _cosine(text: str) -> float:
     """A cosine bar in [0, 1] (argparse type)."""
-    return _number_within(text, float, "a number", 0, 1)
+    return _number_within(text, float, "a number", 0, 1)  # type: ignore[arg-type]  # int bounds, float value
 
 
 def engine_flags(dtype: str | None, cuda_graphs: bool = True,

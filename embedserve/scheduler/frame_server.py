@@ -213,7 +213,7 @@ class _Connection(asyncio.Protocol):
         if entry is None:
             return
         task, method = entry
-        if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:
+        if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:  # type: ignore[arg-type]  # a coroutine
             self._server.service.count_cancelled_before_start(method)
         task.cancel()
 

@@ -103,7 +103,7 @@ class SchedulerMetrics:
         """Read each class's queued tokens from ``queued_tokens_of(priority)`` at each scrape."""
         for priority in priorities:
             self.class_queue_tokens.labels(priority).set_function(
-                lambda p=priority: queued_tokens_of(p))
+                lambda p=priority: queued_tokens_of(p))  # type: ignore[misc]  # a bound default
 
     def track_state(self, queued_sequences: Callable[[], float], queued_tokens: Callable[[], float],
                     active_calls: Callable[[], float], in_flight_batches: Callable[[], float]) -> None:

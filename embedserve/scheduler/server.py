@@ -59,9 +59,8 @@ class SchedulerServer:
     def __init__(self, settings: SchedulerSettings, engine: StepEngine,
                  on_device_lost: Callable[[], None] | None = None) -> None:
         info = engine.info
-        if settings.max_batch_tokens is None:
-            settings = dataclasses.replace(
-                settings, max_batch_tokens=default_max_batch_tokens(settings.device, info.dtype))
+        max_batch_tokens = settings.max_batch_tokens or default_max_batch_tokens(settings.device, info.dtype)
+        settings = dataclasses.replace(settings, max_batch_tokens=max_batch_tokens)
         if settings.max_queue_tokens < info.max_positions:
             # Every valid sequence must fit an empty queue, or it could never run.
             raise ValueError(f"max_queue_tokens ({settings.max_queue_tokens}) is below the "
@@ -73,7 +72,7 @@ class SchedulerServer:
                                 batch_token_cap=settings.batch_tokens_while_interactive,
                                 interactive_window_s=settings.interactive_window_s)
         self.service = InferenceService(engine, self.pool, settings, self.metrics)
-        self.batcher = Batcher(engine, self.pool, info.task, settings.max_batch_tokens,
+        self.batcher = Batcher(engine, self.pool, info.task, max_batch_tokens,  # type: ignore[arg-type]  # task: checked at load
                                settings.max_batch_sequences, settings.in_flight_depth,
                                self.metrics, on_device_lost=self._device_lost)
         self.device_lost = False
@@ -194,7 +193,8 @@ class SchedulerServer:
         info = self.engine.info
         length = min(8, info.max_positions)
         ids = (np.arange(2 * length) % info.vocab_size).astype(np.int32)
-        batch = Batch.from_lengths(ids, np.array([length, length], dtype=np.int32), info.task)
+        batch = Batch.from_lengths(ids, np.array([length, length], dtype=np.int32),
+                                   info.task)  # type: ignore[arg-type]  # a Task: checked at load
         try:
             await self.engine.step(batch)
         except Exception as error:
@@ -212,6 +212,7 @@ class SchedulerServer:
             if found is None:
                 log.info("calibrating int8/uint8 ranges into %s (once per model and dtype)",
                          directory)
+                assert self.settings.max_batch_tokens is not None   # resolved in __init__
                 batches = await asyncio.to_thread(
                     calibration.calibration_batches, self.settings.model_dir, info,
                     self.settings.max_batch_tokens, self.settings.max_batch_sequences)

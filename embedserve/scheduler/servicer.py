@@ -18,6 +18,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import TypeAlias
 
 import grpc
 import numpy as np
@@ -44,7 +45,8 @@ from embedserve.scheduler.settings import SchedulerSettings
 from embedserve.scheduler.status import grpc_status
 
 log = logging.getLogger(__name__)
-Context = grpc.aio.ServicerContext
+# grpc ships no types: an explicit alias (of Any) that annotations may use.
+Context: TypeAlias = grpc.aio.ServicerContext
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
@@ -99,6 +101,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def Info(self, request: inference_pb2.InfoRequest,
                    context: Context) -> inference_pb2.InfoResponse:
         s = self._settings
+        assert s.max_batch_tokens is not None   # resolved by SchedulerServer before this service
         reply = wire.model_info_to_proto(self._info, max_batch_tokens=s.max_batch_tokens,
                                          max_batch_sequences=s.max_batch_sequences,
                                          max_queue_tokens=s.max_queue_tokens,
@@ -139,7 +142,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 timings=self._timings(call), request_id=request.request_id)
         # Quantized after truncation and normalization, with ranges calibrated on
         # vectors post-processed the same way.
-        ranges = self.calibration.ranges(dimensions, request.normalize) if ranged else None
+        ranges = self._require_calibration().ranges(dimensions, request.normalize) if ranged else None
         quantized = [quantize(vectors, p, ranges) for p in precisions]
         return inference_pb2.EmbedResponse(
             quantized=[wire.array_to_tensor(q, q.dtype.name) for q in quantized],
@@ -149,11 +152,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         dimensions = request.dimensions or None
         if dimensions is not None:
             validate.check_dimensions(dimensions, self._info.dimension)
-        self._require_calibration()
-        ranges = self.calibration.ranges(dimensions, request.normalize)
+        calibration = self._require_calibration()
+        ranges = calibration.ranges(dimensions, request.normalize)
         return inference_pb2.RangesResponse(ranges=wire.array_to_tensor(ranges, "float32"),
-                                            calibration_id=self.calibration.calibration_id,
-                                            sample_size=self.calibration.sample_size)
+                                            calibration_id=calibration.calibration_id,
+                                            sample_size=calibration.sample_size)
 
     def _check_reply_size(self, rows: int, width: int, precisions: list[str], dtype: int) -> None:
         """Refuse, before compute, a call whose reply would exceed the transports' limit
@@ -167,10 +170,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                                f"limit of {self.max_reply_bytes}; send fewer sequences per call "
                                "or fewer precisions", field="precisions")
 
-    def _require_calibration(self) -> None:
+    def _require_calibration(self) -> Calibration:
         if self.calibration is None:
             raise InvalidInput(f"int8/uint8 need this replica's calibration: "
                                f"{self.calibration_error}", field="precisions")
+        return self.calibration
 
     async def _score(self, request: inference_pb2.ScoreRequest,
                      context: Context) -> inference_pb2.ScoreResponse:

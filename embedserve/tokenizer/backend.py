@@ -33,7 +33,8 @@ Truncation = Literal["right", "left"] | None
 class TokenizerBackend(Protocol):
     """What the gateway and the CLI use of a loaded tokenizer."""
 
-    backend: str  # "native-unigram", "tokenizers", ...
+    @property
+    def backend(self) -> str: ...  # "native-unigram", "tokenizers", ...
 
     @property
     def vocab_size(self) -> int: ...

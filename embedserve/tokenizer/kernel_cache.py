@@ -246,8 +246,8 @@ class KernelDispatcher(CPUDispatcher):
     _holds_compile_lock = False   # this process compiles this kernel now (a recursive call)
 
     def get_call_template(self, args, kws):
-        return super().get_call_template(tuple(types.unliteral(a) for a in args),
-                                         {k: types.unliteral(v) for k, v in kws.items()})
+        return super().get_call_template(tuple(types.unliteral(a) for a in args),  # type: ignore[attr-defined]  # numba's stubs lack unliteral
+                                         {k: types.unliteral(v) for k, v in kws.items()})  # type: ignore[attr-defined]
 
     def compile(self, sig):
         """Numba's compile (memory, else disk cache, else compile and save); a compile runs

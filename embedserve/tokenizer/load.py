@@ -44,7 +44,7 @@ def native_backend_for(doc: Any) -> tuple[str | None, str]:
     kind = model.get("type") if isinstance(model, dict) else None
     if kind not in NATIVE_MODEL_TYPES:
         return None, f"model type {kind!r} has no native encoder"
-    if model.get("byte_fallback"):
+    if model.get("byte_fallback"):  # type: ignore[union-attr]  # a dict: kind is None otherwise
         return None, f"{kind} with byte_fallback has no native encoder in hf mode"
     return NATIVE_MODEL_TYPES[kind], f"{kind} model"
 

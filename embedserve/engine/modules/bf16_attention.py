@@ -25,7 +25,7 @@ import torch
 from embedserve.engine import profiler_names
 
 try:
-    from embedserve.engine import _bf16_attention as _native
+    from embedserve.engine import _bf16_attention as _native  # type: ignore[attr-defined]  # C extension
 except ImportError:          # not built: no compiler, or one that cannot target AMX / AVX512-BF16
     _native = None
 

@@ -250,7 +250,7 @@ class DebertaV2Model(EncoderModel):
             x = layer(x, for_layer(pos_q, pos_k))
         return x
 
-    def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _apply(self, fn, *args, **kwargs):
         # .to(dtype / device) makes the cached position tables stale.
         self._positions.clear()
         return super()._apply(fn, *args, **kwargs)

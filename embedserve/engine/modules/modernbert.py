@@ -89,7 +89,7 @@ def sliding_window_from_positions(position_ids: torch.Tensor, window: int) -> At
         ctx = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)            # [nb, h, B, hd]
         return ctx.transpose(1, 2).reshape(blocks * block, heads, hd)[:tokens]       # [T, h, hd]
 
-    return attend
+    return attend  # type: ignore[return-value]  # an Attend
 
 
 class Embeddings(nn.Module):

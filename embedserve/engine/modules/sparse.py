@@ -30,7 +30,7 @@ def splade_pool(mlm: nn.Module, hidden: torch.Tensor, seq_ids: torch.Tensor, row
     """
     strategy = "sum" if pooling.startswith("splade_sum") else "max"
     twice = pooling.endswith("_log1p")
-    vocab = mlm.decoder.out_features
+    vocab: int = mlm.decoder.out_features  # type: ignore[union-attr, assignment]  # an nn.Linear
     out = torch.zeros(rows, vocab, dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], TOKEN_BLOCK):
         block = slice(start, start + TOKEN_BLOCK)

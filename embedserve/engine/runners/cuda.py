@@ -190,7 +190,7 @@ def attention_kinds(model: Model) -> set[AttentionKind]:
     kinds = {model.attention_kind}
     config = model.config
     if LOCAL in getattr(config, "layer_types", ()):
-        kinds.add(AttentionKind(window=config.local_window // 2))
+        kinds.add(AttentionKind(window=config.local_window // 2))  # type: ignore[union-attr]  # ModernBERT's
     return kinds
 
 
@@ -281,7 +281,7 @@ class CudaRunner:
             return None
         lengths = np.full(key.sequences, tokens // key.sequences, dtype=np.int32)
         lengths[:tokens % key.sequences] += 1
-        return Batch.from_lengths(np.zeros(tokens, dtype=np.int32), lengths, self._info.task)
+        return Batch.from_lengths(np.zeros(tokens, dtype=np.int32), lengths, self._info.task)  # type: ignore[arg-type]  # a Task: checked at load
 
     def _issue(self, batch: Batch, future: concurrent.futures.Future) -> None:
         """Engine thread: stage, run, copy back, record; the completion thread takes over."""

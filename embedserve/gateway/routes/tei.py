@@ -148,7 +148,7 @@ async def _classify_inputs(gateway: Gateway, body: RootRequest, request: Request
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     if not isinstance(texts, list) or not all(isinstance(item, (str, list)) for item in texts):
         raise InvalidInput("a classifier takes texts (or [text, text] pairs), not token ids", field="inputs")
-    items, _ = predict_items(body.inputs)
+    items, _ = predict_items(body.inputs)  # type: ignore[arg-type]  # texts: checked above
     gateway.check_count(len(items), "inputs")
     packed = await timed(request, "tokenize", pack_items(
         gateway.preprocessor, items, bool(body.truncate), body.truncation_direction or "right", "inputs"))

@@ -149,10 +149,10 @@ def bmp_char_table(units: np.ndarray) -> np.ndarray:
             if i == n - 1 and _has_leaf(unit):
                 rule = _value(units[node])
         if ok:
-            for c in range(1, 256):  # byte 0 is the leaf marker, never a continuation
+            for c in range(1, 256):  # type: ignore[assignment]  # numba: one int type; byte 0 is the leaf marker
                 child = node ^ c
                 if child < units.shape[0] and _label(units[child]) == c:
-                    next_min = c
+                    next_min = c  # type: ignore[assignment]  # numba: one int64 type
                     break
         table[cp] = (np.int64(next_min) << 32) | (np.int64(rule) & 0xFFFFFFFF)
     return table

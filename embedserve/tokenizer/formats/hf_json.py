@@ -268,7 +268,7 @@ def _read_pre_tokenizer(node: Any, fail: _Fail, steps: tuple[tuple, ...]) -> HfP
     return HfPipeline(
         replace_rules=replace_rules, strip_left=any(s[1] for s in strips),
         strip_right=any(s[2] for s in strips), has_precompiled=("precompiled",) in steps,
-        metaspace_replacement=replacement, prepend_scheme=scheme, split=bool(split),
+        metaspace_replacement=replacement, prepend_scheme=scheme, split=bool(split),  # type: ignore[arg-type]  # checked
         whitespace_split=whitespace_split, normalizer_steps=steps)
 
 
@@ -340,10 +340,10 @@ def _template(items: Any, field: str, tokens: dict, slots: tuple[str, ...],
         if not isinstance(type_id, int) or isinstance(type_id, bool) or type_id < 0:
             raise fail(f"{field}[{i}]", "expected a SpecialToken or Sequence item with a type_id >= 0")
         if kind == "Sequence":
-            out.append(body.get("id"))
+            out.append(body.get("id"))  # type: ignore[union-attr]  # a dict: type_id checked
             types.append(type_id)
         else:
-            name = body.get("id")
+            name = body.get("id")  # type: ignore[union-attr]  # a dict: type_id checked
             ids = (tokens.get(name) or {}).get("ids")
             if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
                 raise fail(f"{field}[{i}]", f"special token {name!r} not in post_processor.special_tokens")

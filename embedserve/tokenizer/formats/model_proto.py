@@ -69,7 +69,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
         elif wire == _LEN:
             size, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos:pos + size], pos + size  # type: ignore[assignment]  # a field is an int or bytes
         else:
             raise _WireError(f"unsupported wire type {wire}")
         if pos > len(buf):
@@ -95,7 +95,7 @@ def _varint_at(data, pos):
     while pos < data.shape[0] and shift < 64:
         byte = np.int64(data[pos])
         pos += 1
-        result |= (byte & 0x7F) << shift
+        result |= (byte & 0x7F) << shift  # type: ignore[assignment]  # numba: one int64 type
         if byte < 0x80:
             return result, pos
         shift += 7
@@ -234,7 +234,7 @@ def load_sentencepiece_model(path: str | Path, fairseq_ids: bool = False) -> Tok
     kinds = kind_array[:count].tolist()
     if not pieces:
         raise fail("pieces", "no pieces; is this a SentencePiece .model file?")
-    model_type = int(trainer[3])  # type: ignore[arg-type]
+    model_type = int(trainer[3])
     if model_type != _UNIGRAM:
         name = _MODEL_TYPES.get(model_type, str(model_type))
         raise fail("trainer_spec.model_type", f"{name} is not supported; only UNIGRAM is")

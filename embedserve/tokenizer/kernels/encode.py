@@ -88,7 +88,7 @@ def _normalize_for(model, src, scratch, hf):
     prunes it before typing when ``hf`` is None, but with the HF parameters (an array)
     it types both branches and compiles SentencePiece's normalizer as well.
     """
-    if isinstance(hf, types.NoneType):
+    if isinstance(hf, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
         def sentencepiece(model, src, scratch, hf):
             return normalize_sp_into(src, model.units, model.strings, model.params,
                                      scratch.norm_bytes, scratch.norm_origin, scratch.words)

@@ -47,7 +47,7 @@ _BLOCK_OF, _BLOCKS = _two_stage_table()
 @nb.njit(inline="always")
 def property_of(cp: int) -> int:
     """The property byte of code point ``cp``."""
-    return np.int64(_BLOCKS[np.int64(_BLOCK_OF[cp >> 8]) * 256 + (cp & 255)])
+    return np.int64(_BLOCKS[np.int64(_BLOCK_OF[cp >> 8]) * 256 + (cp & 255)])  # type: ignore[return-value]  # numba: int64 is its int
 
 
 @nb.njit(inline="always")
@@ -55,13 +55,13 @@ def decode_utf8(buf: np.ndarray, i: int) -> tuple[int, int]:
     """(code point, byte length) of the valid UTF-8 sequence starting at buf[i]."""
     b0 = np.int64(buf[i])
     if b0 < 0x80:
-        return b0, 1
+        return b0, 1  # type: ignore[return-value]  # numba: int64 is its int
     if b0 < 0xE0:
-        return ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2
+        return ((b0 & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2  # type: ignore[return-value]
     if b0 < 0xF0:
-        return (((b0 & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
+        return (((b0 & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)  # type: ignore[return-value]
                 | (np.int64(buf[i + 2]) & 0x3F)), 3
-    return (((b0 & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
+    return (((b0 & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)  # type: ignore[return-value]
             | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)), 4
 
 

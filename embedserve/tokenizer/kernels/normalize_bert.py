@@ -302,7 +302,7 @@ def normalize_bert_into(src, tables, out_cps, out_align, out_words, run_cps, run
         if p & DROP:
             continue
         if p & SPACE:
-            cp = _SPACE_CP
+            cp = _SPACE_CP  # type: ignore[assignment]  # numba: one int type
         if p & CHINESE:
             _feed(tables, _SPACE_CP, a_start, a_end, run_cps, run_change, run_ccc, run_align, runs, last, out_cps,
                   out_align, out_words, state)

@@ -129,7 +129,7 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
                 cp = ((b & 0x0F) << 12) | ((np.int64(src[pos + 1]) & 0x3F) << 6) | (np.int64(src[pos + 2]) & 0x3F)
             entry = params[_P_TABLE + cp]
             if pos + length == n or np.int64(src[pos + length]) < (entry >> 32):
-                value = np.int64(np.int32(entry & 0xFFFFFFFF))
+                value = np.int64(np.int32(entry & 0xFFFFFFFF))  # type: ignore[assignment]  # numba: one int type
         if value == _NOT_LOOKED_UP:  # no table answer: walk the trie
             match, found = longest_match(units, src, pos, n)
             value = NO_RULE

@@ -42,7 +42,7 @@ def origin_rows(origin, default):
 
 @overload(set_origin, inline="always")
 def _set_origin_for(origin, i, start, end):
-    if isinstance(origin, types.NoneType):
+    if isinstance(origin, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
         return lambda origin, i, start, end: None
 
     def write(origin, i, start, end):
@@ -53,20 +53,20 @@ def _set_origin_for(origin, i, start, end):
 
 @overload(origin_start, inline="always")
 def _origin_start_for(origin, i):
-    if isinstance(origin, types.NoneType):
+    if isinstance(origin, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
         return lambda origin, i: 0
     return lambda origin, i: origin[i, 0]
 
 
 @overload(origin_end, inline="always")
 def _origin_end_for(origin, i):
-    if isinstance(origin, types.NoneType):
+    if isinstance(origin, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
         return lambda origin, i: 0
     return lambda origin, i: origin[i, 1]
 
 
 @overload(origin_rows, inline="always")
 def _origin_rows_for(origin, default):
-    if isinstance(origin, types.NoneType):
+    if isinstance(origin, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
         return lambda origin, default: default
     return lambda origin, default: origin.shape[0]

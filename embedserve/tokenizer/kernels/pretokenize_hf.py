@@ -92,7 +92,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             cp, n, is_space = _NO_CHAR, 0, True  # the end closes the last piece
         else:
             b = buf[i]
-            cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)
+            cp, n = (np.int64(b), 1) if b < 0x80 else decode_utf8(buf, i)  # type: ignore[assignment]  # numba: one int type
             if cp == _SPACE and collapse_spaces:  # the run is one space (module docstring)
                 while i + n < e and buf[i + n] == _SPACE:
                     n += 1

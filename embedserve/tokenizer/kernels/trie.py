@@ -53,7 +53,7 @@ def _slot(layout: np.dtype, field: str, view: type) -> int:
     Raises when the field is not of the view's type or not at a multiple of its size:
     a kernel reading that column would read garbage.
     """
-    dtype, offset = layout.fields[field][:2]
+    dtype, offset = layout.fields[field][:2]  # type: ignore[index]  # a structured dtype: fields is set
     if dtype.base != np.dtype(view) or offset % dtype.base.itemsize:
         raise TypeError(f"node field {field!r} ({dtype} at byte {offset}) is not a {np.dtype(view)} column")
     return offset // dtype.base.itemsize

@@ -205,7 +205,7 @@ def put_word(cache, slot, text, start, end, h, count):
         for b in range(4):
             i = 4 * k + b
             if i < n:
-                packed |= np.int32(text[start + i]) << (8 * b)
+                packed |= np.int32(text[start + i]) << (8 * b)  # type: ignore[assignment]  # numba: one int type
         cache.records[slot, 1 + k] = packed
     cache.records[slot, 0] = n | (count << 8) | (tag_of(h) << 16)
 
