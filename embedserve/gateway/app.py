@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve import __version__
 from embedserve import wire
-from embedserve.gateway.routes import classify, cohere, embed, ops, rerank, sparse, tei, tokenize
+from embedserve.gateway.routes import classify, cohere, embed, multivector, ops, rerank, sparse, tei, tokenize
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.draining import Drain, DrainMiddleware
 from embedserve.gateway.http_errors import ERROR_RESPONSES, install_error_handlers
@@ -136,7 +136,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     # subclass that adds only methods, so the object itself can take it.
     app.__class__ = GatewayApp
     install_error_handlers(app)
-    routers = [module.router for module in (embed, rerank, tokenize, ops, classify, sparse)]
+    routers = [module.router for module in (embed, rerank, tokenize, ops, classify, sparse, multivector)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     # TEI's / and /similarity, Cohere's v2: their errors in their own shapes (their routers declare them).

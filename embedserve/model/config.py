@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
 from embedserve.model.dense_config import DenseSpec, read_dense_modules
-from embedserve.model import (deberta_v2_config, gemma3_config, llm_reranker, modernbert_config,
+from embedserve.model import (deberta_v2_config, gemma3_config, llm_reranker, modernbert_config, multivector,
                               nomic_bert_config, tasks)
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 
@@ -195,6 +195,9 @@ def load_model_config(model_dir: Path) -> ModelConfig:
             # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
             config = dataclasses.replace(config, task="score",
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
+        elif config.task == "embed" and multivector.is_multivector_dir(model_dir):
+            # A MultiVectorEncoder folder: the same encoder, every token's vector kept.
+            config = dataclasses.replace(config, task="multivector")
         return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None
