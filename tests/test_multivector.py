@@ -6,8 +6,10 @@ folder (token-level Dense projection, punctuation skiplist, Normalize, ``[Q] `` 
 replica's skiplist and normalization (``model/postprocess.token_vectors``), have the
 same token count as ``encode_query`` / ``encode_document`` and a per-token cosine of
 at least 0.99999 (float32); the gateway's MaxSim equals ``MultiVectorEncoder.similarity``;
-what is not served fails at load with its reason. The same model through
-``embedserve serve`` (HTTP and gRPC): tests/test_tasks_serve.py.
+what is not served fails at load with its reason. The replica's ``EmbedTokens`` over
+gRPC (a real scheduler, the batch class named) and ``embedserve embed`` (a Parquet
+list<list<float32>> ``embedding`` column) against the same reference. The same model
+through ``embedserve serve`` (HTTP and the public gRPC API): tests/test_tasks_serve.py.
 """
 
 from __future__ import annotations
@@ -105,3 +107,78 @@ def test_what_is_not_served_fails_at_load_saying_why(tmp_path: Path, colbert_dir
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
     with pytest.raises(ModelLoadError, match=message):
         read_model_info(directory)
+
+
+def test_replica_embed_tokens_over_grpc(colbert_dir: Path, reference) -> None:
+    """The replica's EmbedTokens, documents and queries (in the batch class), against
+    MultiVectorEncoder; a multi-vector model refuses Embed naming its task."""
+    import grpc
+    from scheduler_harness import ThreadedScheduler
+
+    from embedserve import ragged, wire
+    from embedserve.protos import inference_pb2
+    from embedserve.scheduler.settings import SchedulerSettings
+
+    def packed(texts: list[str], task: str) -> inference_pb2.PackedTokens:
+        ids = [reference.tokenizer(MULTIVECTOR_PROMPTS[task] + t)["input_ids"] for t in texts]
+        return wire.pack_tokens(ragged.from_sequences(ids))
+
+    def split(reply) -> list[np.ndarray]:
+        counts = wire.tensor_to_array(reply.counts)
+        vectors = wire.tensor_to_array(reply.vectors)
+        ends = np.cumsum(counts)
+        return [vectors[a:b] for a, b in zip(ends - counts, ends, strict=True)]
+
+    settings = SchedulerSettings(model_dir=colbert_dir, max_batch_tokens=4096, metrics_port=0)
+    with Engine.load(colbert_dir) as engine:
+        server = ThreadedScheduler(settings, engine)
+        try:
+            docs = server.stub.EmbedTokens(inference_pb2.EmbedTokensRequest(
+                tokens=packed(DOCS, "document"), priority=inference_pb2.PRIORITY_BATCH), timeout=60)
+            queries = server.stub.EmbedTokens(inference_pb2.EmbedTokensRequest(
+                tokens=packed(QUERIES, "query"), query=True), timeout=60)
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub.Embed(inference_pb2.EmbedRequest(tokens=packed(DOCS, "document")), timeout=60)
+        finally:
+            server.close()
+    for ours, expected in ((split(docs), reference.encode_document(DOCS)),
+                           (split(queries), reference.encode_query(QUERIES))):
+        for mine, theirs in zip(ours, expected, strict=True):
+            theirs = theirs.numpy()
+            assert mine.shape == theirs.shape
+            assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'multivector'" in refused.value.details()
+
+
+def test_bulk_embed_writes_a_list_of_token_vectors_per_row(tmp_path: Path, colbert_dir: Path, reference) -> None:
+    """``embedserve embed`` on a multi-vector model: the ``embedding`` column is
+    list<list<float32>>, each row its document's token vectors (document marker and
+    skiplist); a .npy output is refused before the model loads."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    root = Path(__file__).resolve().parents[1]
+
+    def embed(output: Path) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "embedserve.cli", "embed", str(corpus), "-o", str(output),
+                "--model", str(colbert_dir), "--dtype", "float32", "--no-progress"]
+        return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+
+    done = embed(tmp_path / "out.parquet")
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column_names == ["id", "embedding", "tokens", "truncated", "chunked"]
+    assert table.schema.field("embedding").type == pa.list_(pa.list_(pa.float32()))
+    for row, theirs in zip(table.column("embedding").to_pylist(), reference.encode_document(DOCS), strict=True):
+        mine, theirs = np.array(row, dtype=np.float32), theirs.numpy()
+        assert mine.shape == theirs.shape
+        assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999
+    refused = embed(tmp_path / "out.npy")
+    assert refused.returncode == 2 and "Parquet list columns" in refused.stderr

@@ -17,12 +17,9 @@ from starlette.requests import Request
 from embedserve.errors import InvalidInput
 from embedserve.gateway.long_inputs import LongInputPolicy
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.model import multivector
 from embedserve.model.info import ModelInfo
 from embedserve.ragged import RaggedBatch
-
-INPUT_TYPES = ("query", "document")
-# encode_document's prompt: the first of these the model has.
-_DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 
 
 def check_multivector_policy(policy: LongInputPolicy) -> None:
@@ -33,17 +30,9 @@ def check_multivector_policy(policy: LongInputPolicy) -> None:
 
 def marker_prompt(model: ModelInfo, input_type: str, prompt_name: str | None) -> str:
     """The text put before each input: ``prompt_name``'s prompt when given, else the
-    model's query prompt (queries) or its first document/passage/corpus prompt."""
-    if input_type not in INPUT_TYPES:
-        raise InvalidInput(f"input_type must be one of {', '.join(INPUT_TYPES)}, got {input_type!r}",
-                           field="input_type")
-    if prompt_name is not None:
-        return model.prompt(prompt_name, "prompt_name")
-    names = ("query",) if input_type == "query" else _DOCUMENT_PROMPTS
-    for name in names:
-        if name in model.prompts:
-            return model.prompts[name]
-    return ""
+    model's marker for ``input_type`` (model/multivector.py)."""
+    marker = multivector.marker_prompt(model.prompts, input_type)   # checks input_type
+    return model.prompt(prompt_name, "prompt_name") if prompt_name is not None else marker
 
 
 def split_tokens(counts: np.ndarray, vectors: np.ndarray) -> list[np.ndarray]:

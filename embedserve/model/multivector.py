@@ -31,9 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedserve.errors import ModelLoadError
+from embedserve.errors import InvalidInput, ModelLoadError
 
 SIMILARITIES = ("maxsim", "meanmaxsim")
+INPUT_TYPES = ("query", "document")
+# encode_document's prompt: the first of these the model has.
+_DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 # The module kinds a served multi-vector folder may list (the class name's last part).
 _MODULES = ("Transformer", "Dense", "MultiVectorMask", "Normalize")
 
@@ -48,6 +51,17 @@ class MultiVectorSpec:
     def skips(self, task: str) -> bool:
         """Whether ``task`` ("query" or "document") drops the skiplist's tokens."""
         return bool(self.skiplist_ids) and task in self.skiplist_tasks
+
+
+def marker_prompt(prompts: dict[str, str], input_type: str) -> str:
+    """The marker put before each input as MultiVectorEncoder does with no prompt named:
+    ``encode_query`` the ``query`` prompt, ``encode_document`` the first of
+    ``document`` / ``passage`` / ``corpus``; "" where the model has none."""
+    if input_type not in INPUT_TYPES:
+        raise InvalidInput(f"input_type must be one of {', '.join(INPUT_TYPES)}, got {input_type!r}",
+                           field="input_type")
+    names = ("query",) if input_type == "query" else _DOCUMENT_PROMPTS
+    return next((prompts[name] for name in names if name in prompts), "")
 
 
 def _json(path: Path) -> Any:
