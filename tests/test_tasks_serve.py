@@ -272,6 +272,10 @@ def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) ->
                                                   "top_n": 2}, timeout=TIMEOUT_S).json()
     np.testing.assert_allclose([r["relevance_score"] for r in cohere["results"]], np.sort(expected)[::-1][:2],
                                rtol=1e-5, atol=1e-5)
+    v2 = httpx.post(f"{url}/v2/rerank", json={"model": "colbert", "query": QUERY, "documents": DOCS},
+                    timeout=TIMEOUT_S).json()
+    np.testing.assert_allclose([r["relevance_score"] for r in v2["results"]], np.sort(expected)[::-1],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> None:
@@ -281,7 +285,9 @@ def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> No
     assert as_classifier.status_code == 400 and "task `multivector`" in as_classifier.json()["error"]["message"]
     classifier_tokens = httpx.post(f"{url}/embed_all", json={"model": "clf", "inputs": "x"}, timeout=TIMEOUT_S)
     assert classifier_tokens.status_code == 400
-    assert "task `classify`" in classifier_tokens.json()["error"]["message"]
+    assert classifier_tokens.json()["error"]["message"].startswith(
+        "this route needs a multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
+        "(task `classify`) and cannot return token vectors")
     chunked = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": "x", "truncate": "chunk"},
                          timeout=TIMEOUT_S)
     assert chunked.status_code == 400
