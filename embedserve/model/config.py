@@ -197,7 +197,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
         elif config.task == "embed" and multivector.is_multivector_dir(model_dir):
             # A MultiVectorEncoder folder: the same encoder, every token's vector kept.
-            config = dataclasses.replace(config, task="multivector")
+            config = dataclasses.replace(config, task="multivector")  # type: ignore[type-var]
         return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None
