@@ -81,7 +81,8 @@ class Method:
 # The number a CALL names each embedserve.v1 Inference method by: fixed here, not taken
 # from the proto's order (a method added or moved in the proto must not renumber the
 # others); a number is never reused for another method. Pinned by tests/test_frames_version.py.
-METHOD_NUMBERS = {"Embed": 1, "Score": 2, "Info": 3, "Ranges": 4, "Classify": 5, "EmbedSparse": 6}
+METHOD_NUMBERS = {"Embed": 1, "Score": 2, "Info": 3, "Ranges": 4, "Classify": 5, "EmbedSparse": 6,
+                  "EmbedTokens": 7}
 _SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 METHODS = {number: Method(name, GetMessageClass(_SERVICE.methods_by_name[name].input_type),
                           GetMessageClass(_SERVICE.methods_by_name[name].output_type))

@@ -81,3 +81,42 @@ def build_splade(directory: Path, tokenizer_dir: Path, pooling_strategy: str = "
         {"pooling_strategy": pooling_strategy, "activation_function": activation_function,
          "embedding_dimension": None}))
     return directory
+
+
+# The markers of the multi-vector test model: prompts prepended as text, as
+# MultiVectorEncoder's encode_query / encode_document do.
+MULTIVECTOR_PROMPTS = {"query": "[Q] ", "document": "[D] "}
+
+
+def build_multivector(directory: Path, tokenizer_dir: Path, seed: int = 0, out_features: int = 16,
+                      bias: bool = False) -> Path:
+    """A random ``BertModel`` saved by sentence-transformers as a ``MultiVectorEncoder``
+    folder: Transformer, a token-level Dense projection (hidden -> ``out_features``), a
+    MultiVectorMask with the punctuation skiplist (PyLate's default) and Normalize, with
+    ``[Q] `` / ``[D] `` marker prompts."""
+    import string
+
+    import torch
+    import transformers
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    backbone = directory.parent / f"{directory.name}-backbone"
+    backbone.mkdir(parents=True, exist_ok=True)
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **SIZES)
+    torch.manual_seed(seed)
+    transformers.BertModel(config).eval().save_pretrained(backbone, safe_serialization=True)
+    copy_minilm_tokenizer(tokenizer_dir, backbone)
+    dense = Dense(in_features=config.hidden_size, out_features=out_features, bias=bias,
+                  activation_function=torch.nn.Identity(), module_input_name="token_embeddings")
+    with torch.no_grad():   # a spread wide enough that a wrong token shows
+        dense.linear.weight.normal_(0.0, 0.5)
+    model = MultiVectorEncoder(modules=[Transformer(str(backbone)), dense,
+                                        MultiVectorMask(skiplist_words=list(string.punctuation)),
+                                        Normalize(module_input_name="token_embeddings")],
+                               prompts=dict(MULTIVECTOR_PROMPTS), device="cpu")
+    model.save(str(directory))
+    shutil.rmtree(backbone)
+    return directory

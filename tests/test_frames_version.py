@@ -37,9 +37,10 @@ OLD_HEADER = struct.Struct("<IIBBxxI")
 def test_the_method_numbers_are_pinned():
     # Changing a number misroutes calls between releases; a new method takes a new number.
     assert frames.METHOD_NUMBERS == {"Embed": 1, "Score": 2, "Info": 3, "Ranges": 4, "Classify": 5,
-                                     "EmbedSparse": 6}
+                                     "EmbedSparse": 6, "EmbedTokens": 7}
     assert {number: method.name for number, method in frames.METHODS.items()} == \
-        {1: "Embed", 2: "Score", 3: "Info", 4: "Ranges", 5: "Classify", 6: "EmbedSparse"}
+        {1: "Embed", 2: "Score", 3: "Info", 4: "Ranges", 5: "Classify", 6: "EmbedSparse",
+         7: "EmbedTokens"}
     service = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
     assert set(frames.METHOD_NUMBERS) == {m.name for m in service.methods}, \
         "a method of the proto has no frame number (or a number names no method)"

@@ -1,12 +1,15 @@
-"""Classification, sparse (SPLADE) and LLM-reranker models through ``embedserve serve``.
+"""Classification, sparse (SPLADE), LLM-reranker and multi-vector models through ``embedserve serve``.
 
 One server holds a BERT classifier (four labels, single-label softmax), a SPLADE
-model (``BertForMaskedLM`` + max pooling) and a Qwen3-Reranker-shaped causal LM; httpx (and the ``openai`` client for
+model (``BertForMaskedLM`` + max pooling), a Qwen3-Reranker-shaped causal LM and a
+ColBERT-style MultiVectorEncoder folder; httpx (and the ``openai`` client for
 ``/v1/embeddings``' sparse answer) call TEI's ``/predict`` and ``/embed_sparse``, vLLM's
 ``/classify`` (gRPC: tests/test_scheduler_tasks.py). References are
 transformers (probabilities within 1e-5) and sentence-transformers' SparseEncoder (the
 same nonzero indices, values within 1e-4) and the Qwen3-Reranker model card's code
-(scores within 1e-5); routing refusals name the model's task.
+(scores within 1e-5) and sentence-transformers' MultiVectorEncoder (token vectors of
+``/embed_all`` and the public gRPC ``EmbedTokens``, per-token cosine >= 0.99999; MaxSim on
+``/rerank`` and ``/v1/rerank`` within 1e-5); routing refusals name the model's task.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import pytest
 import torch
 
 from llm_reranker_models import build_llm_reranker, model_card_scores
-from serve_harness import served
-from task_models import build_classifier, build_splade
+from serve_harness import served_with_grpc
+from task_models import build_classifier, build_multivector, build_splade
 
 LABELS = ["negative", "neutral", "positive", "mixed"]
 TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "What is the capital of France?"]
@@ -48,10 +51,21 @@ def reranker_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def url(classifier_dir, splade_dir, reranker_dir):
-    with served("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade",
-                "--model", f"{reranker_dir}:name=qwen3-reranker") as url:
-        yield url
+def colbert_dir(tmp_path_factory, minilm_dir) -> Path:
+    return build_multivector(tmp_path_factory.mktemp("colbert") / "colbert", minilm_dir, seed=6)
+
+
+@pytest.fixture(scope="module")
+def stack(classifier_dir, splade_dir, reranker_dir, colbert_dir):
+    with served_with_grpc("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade",
+                          "--model", f"{reranker_dir}:name=qwen3-reranker",
+                          "--model", f"{colbert_dir}:name=colbert") as (url, address):
+        yield url, address
+
+
+@pytest.fixture(scope="module")
+def url(stack) -> str:
+    return stack[0]
 
 
 def _reference_probabilities(model_dir: Path, first: str, second: str | None = None) -> np.ndarray:
@@ -196,13 +210,15 @@ def test_llm_reranker_answers_the_model_card_scores(url: str, reranker_dir: Path
     """Qwen3-Reranker (a causal LM) on /rerank and /v1/rerank against the model card's code."""
     expected = np.array(model_card_scores(reranker_dir, QUERY, DOCS))
     instructed = np.array(model_card_scores(reranker_dir, QUERY, DOCS, instruction="Find the capital"))
-    tei = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS}, timeout=TIMEOUT_S)
-    cohere = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2},
-                        timeout=TIMEOUT_S)
-    own = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS,
+    # Named: the multi-vector model answers these routes too (by MaxSim).
+    model = "qwen3-reranker"
+    tei = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "model": model}, timeout=TIMEOUT_S)
+    cohere = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2,
+                                                  "model": model}, timeout=TIMEOUT_S)
+    own = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "model": model,
                                              "instruction": "Find the capital"}, timeout=TIMEOUT_S)
-    raw = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True},
-                     timeout=TIMEOUT_S)
+    raw = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True,
+                                            "model": model}, timeout=TIMEOUT_S)
     assert tei.status_code == 200, tei.text
     ranked = tei.json()
     assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
@@ -216,3 +232,91 @@ def test_llm_reranker_answers_the_model_card_scores(url: str, reranker_dir: Path
                                instructed, atol=1e-5, rtol=0)
     logits = np.array([r["score"] for r in sorted(raw.json(), key=lambda r: r["index"])])
     np.testing.assert_allclose(1 / (1 + np.exp(-logits)), expected, atol=1e-5, rtol=0)   # logit(yes) - logit(no)
+
+
+@pytest.fixture(scope="module")
+def colbert_reference(colbert_dir: Path):
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(colbert_dir), device="cpu")
+    return (model, [e.numpy() for e in model.encode_query([QUERY])],
+            [e.numpy() for e in model.encode_document(DOCS)])
+
+
+def _assert_same_token_vectors(ours: list, expected: list[np.ndarray]) -> None:
+    assert len(ours) == len(expected)
+    for mine, theirs in zip(ours, expected, strict=True):
+        mine = np.asarray(mine, dtype=np.float32)
+        assert mine.shape == theirs.shape
+        cosine = (mine * theirs).sum(-1) / (np.linalg.norm(mine, axis=-1) * np.linalg.norm(theirs, axis=-1))
+        assert cosine.min() >= 0.99999
+
+
+def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) -> None:
+    """/embed_all (TEI's shape: per input, a list of token vectors) for documents and
+    queries, and MaxSim on /rerank and /v1/rerank, against MultiVectorEncoder."""
+    model, queries, documents = colbert_reference
+    docs = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": DOCS}, timeout=TIMEOUT_S)
+    assert docs.status_code == 200, docs.text
+    _assert_same_token_vectors(docs.json(), documents)
+    query = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": QUERY, "input_type": "query"},
+                       timeout=TIMEOUT_S)
+    _assert_same_token_vectors(query.json(), queries)
+    expected = model.similarity(queries, documents).numpy()[0]
+    tei = httpx.post(f"{url}/rerank", json={"model": "colbert", "query": QUERY, "texts": DOCS},
+                     timeout=TIMEOUT_S).json()
+    assert [r["index"] for r in tei] == np.argsort(-expected, kind="stable").tolist()
+    np.testing.assert_allclose([r["score"] for r in sorted(tei, key=lambda r: r["index"])], expected,
+                               rtol=1e-5, atol=1e-5)
+    cohere = httpx.post(f"{url}/v1/rerank", json={"model": "colbert", "query": QUERY, "documents": DOCS,
+                                                  "top_n": 2}, timeout=TIMEOUT_S).json()
+    np.testing.assert_allclose([r["relevance_score"] for r in cohere["results"]], np.sort(expected)[::-1][:2],
+                               rtol=1e-5, atol=1e-5)
+    v2 = httpx.post(f"{url}/v2/rerank", json={"model": "colbert", "query": QUERY, "documents": DOCS},
+                    timeout=TIMEOUT_S).json()
+    np.testing.assert_allclose([r["relevance_score"] for r in v2["results"]], np.sort(expected)[::-1],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> None:
+    as_embedder = httpx.post(f"{url}/embed", json={"model": "colbert", "inputs": "x"}, timeout=TIMEOUT_S)
+    assert as_embedder.status_code == 400 and "task `multivector`" in as_embedder.json()["error"]["message"]
+    as_classifier = httpx.post(f"{url}/predict", json={"model": "colbert", "inputs": "x"}, timeout=TIMEOUT_S)
+    assert as_classifier.status_code == 400 and "task `multivector`" in as_classifier.json()["error"]["message"]
+    classifier_tokens = httpx.post(f"{url}/embed_all", json={"model": "clf", "inputs": "x"}, timeout=TIMEOUT_S)
+    assert classifier_tokens.status_code == 400
+    assert classifier_tokens.json()["error"]["message"].startswith(
+        "this route needs a multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
+        "(task `classify`) and cannot return token vectors")
+    chunked = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": "x", "truncate": "chunk"},
+                         timeout=TIMEOUT_S)
+    assert chunked.status_code == 400
+    info = {m["model_id"]: m for m in httpx.get(f"{url}/info", timeout=10).json()["models"]}["colbert"]
+    assert (info["task"], info["model_type"], info["outputs"], info["dimension"]) == \
+        ("multivector", "multi_vector", ["token_vectors", "maxsim_score"], 16)
+    models = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+    assert (models["colbert"]["task"], models["colbert"]["outputs"]) == \
+        ("multivector", ["token_vectors", "maxsim_score"])
+
+
+def test_multivector_over_the_public_grpc_api(stack, colbert_reference) -> None:
+    import grpc
+
+    from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
+
+    _, address = stack
+    _, queries, documents = colbert_reference
+    with grpc.insecure_channel(address) as channel:
+        stub = embeddings_pb2_grpc.EmbeddingsStub(channel)
+        reply = stub.EmbedTokens(embeddings_pb2.EmbedTokensTextRequest(inputs=DOCS, model="colbert"),
+                                 timeout=TIMEOUT_S)
+        asked = stub.EmbedTokens(embeddings_pb2.EmbedTokensTextRequest(
+            inputs=[QUERY], model="colbert", input_type=embeddings_pb2.INPUT_TYPE_QUERY), timeout=TIMEOUT_S)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.EmbedTokens(embeddings_pb2.EmbedTokensTextRequest(inputs=["x"], model="clf"), timeout=TIMEOUT_S)
+    assert reply.dimension == 16 and reply.model == "colbert"
+    _assert_same_token_vectors([np.array(r.values).reshape(r.rows, reply.dimension) for r in reply.inputs],
+                               documents)
+    _assert_same_token_vectors([np.array(r.values).reshape(r.rows, asked.dimension) for r in asked.inputs],
+                               queries)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "task `classify`" in refused.value.details()

@@ -214,14 +214,18 @@ def _run_locked(args: argparse.Namespace, spec: InputSpec, options: EmbedOptions
 
 
 def _check_sparse_job(model_dir: Path, args: argparse.Namespace, output_format: str) -> None:
-    """A sparse model's job runs here (not --url, not --ray) into Parquet list columns."""
+    """A sparse or multi-vector model's job runs here (not --url, not --ray) into Parquet
+    list columns."""
     from embedserve.errors import InvalidInput
     from embedserve.model.info import read_model_info
 
-    if read_model_info(model_dir).task != "sparse":
+    task = read_model_info(model_dir).task
+    if task not in ("sparse", "multivector"):
         return
+    kind = "sparse" if task == "sparse" else "multi-vector"
     if args.url or args.ray:
-        raise InvalidInput("a sparse model's job runs in this process; drop --url and --ray")
+        raise InvalidInput(f"a {kind} model's job runs in this process; drop --url and --ray")
     if output_format != "parquet":
-        raise InvalidInput("a sparse model's vectors are written as Parquet list columns "
-                           "(indices, values); use a .parquet output")
+        columns = "(indices, values)" if task == "sparse" else "(embedding: a list of token vectors per row)"
+        raise InvalidInput(f"a {kind} model's vectors are written as Parquet list columns "
+                           f"{columns}; use a .parquet output")

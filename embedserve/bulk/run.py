@@ -78,7 +78,8 @@ def part_output(part: Part, valid: np.ndarray, embedded: EmbeddedPart, spec: Inp
     problems.sort()
     errors = [{"row": part.first_row + i, "id": part.ids[i], "reason": reason} for i, reason in problems]
     table = part_table(part.ids, rows, embedded.stored, embedded.tokens, embedded.truncated,
-                       embedded.chunked, id_type(spec), precision, dimension, embedded.sparse)
+                       embedded.chunked, id_type(spec), precision, dimension, embedded.sparse,
+                       embedded.token_vectors)
     skipped = Counter(reason_kind(reason) for _, reason in problems)
     record = PartRecord(len(part), len(rows), int(embedded.tokens.sum()), dict(skipped))
     return PartOutput(table, errors, record)

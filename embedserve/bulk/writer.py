@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from embedserve.bulk.job import JobPaths
 from embedserve.bulk.manifest import write_atomic
 from embedserve.local import columns
-from embedserve.local.embedded import SparseRows
+from embedserve.local.embedded import SparseRows, TokenVectorRows
 from embedserve.local.precision import PACKED_PRECISIONS, output_dtype
 
 # Parquet settings fixed here so that every run writes identical bytes.
@@ -32,9 +32,17 @@ _PARQUET = dict(compression="zstd", write_statistics=False)
 
 def part_table(ids: list[Any], rows: np.ndarray, stored: np.ndarray, tokens: np.ndarray,
                truncated: np.ndarray, chunked: np.ndarray, id_type: pa.DataType, precision: str,
-               dimension: int, sparse: SparseRows | None = None) -> pa.Table:
+               dimension: int, sparse: SparseRows | None = None,
+               token_vectors: TokenVectorRows | None = None) -> pa.Table:
     """The output rows of one part (``rows``: indices of the embedded rows in ``ids``);
-    a sparse model's (``sparse``) as ``indices`` and ``values`` list columns."""
+    a sparse model's (``sparse``) as ``indices`` and ``values`` list columns, a
+    multi-vector model's (``token_vectors``) as a list<list<float32>> ``embedding``."""
+    if token_vectors is not None:
+        return pa.Table.from_arrays(
+            [pa.array([ids[i] for i in rows.tolist()], type=id_type),
+             columns.token_vectors_array(token_vectors.counts, token_vectors.vectors),
+             pa.array(tokens, type=pa.int32()), pa.array(truncated, type=pa.bool_()),
+             pa.array(chunked, type=pa.bool_())], schema=columns.token_vectors_schema(id_type))
     if sparse is not None:
         indices, values = columns.sparse_arrays(sparse.counts, sparse.indices, sparse.values)
         return pa.Table.from_arrays(

@@ -17,7 +17,7 @@ from embedserve import ragged, validate
 from embedserve.model.info import ModelInfo
 from embedserve.ragged import RaggedBatch
 
-Task = Literal["embed", "score", "classify", "sparse"]   # model/tasks.py
+Task = Literal["embed", "score", "classify", "sparse", "multivector"]   # model/tasks.py
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -124,6 +124,12 @@ class Engine:
         if device != "cpu" and not device.startswith("cuda"):
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
         info = replace(read_model_info(model_dir, model_id), device=device)
+        if info.task == "multivector":
+            if device != "cpu":
+                raise ModelLoadError("a multi-vector (ColBERT) model runs on the CPU only so far; "
+                                     "serve it with --device cpu")
+            if dtype == AUTO:
+                dtype = None   # the probe compares pooled rows; token rows are not probed yet
         runner_options: dict[str, Any] = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears}

@@ -33,7 +33,7 @@ from embedserve.gateway.middleware import GatewayMiddleware
 from embedserve.gateway.pipeline import Gateway
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.replicas import ReplicaPool, ReplicaSource
-from embedserve.gateway.routes import classify, cohere, embed, ops, rerank, sparse, tei, tokenize
+from embedserve.gateway.routes import classify, cohere, embed, multivector, ops, rerank, sparse, tei, tokenize
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.gateway.startup import NativeSwitch, PreparedModel, prepare_models
@@ -135,7 +135,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     # subclass that adds only methods, so the object itself can take it.
     app.__class__ = GatewayApp
     install_error_handlers(app)
-    routers = [module.router for module in (embed, rerank, tokenize, ops, classify, sparse)]
+    routers = [module.router for module in (embed, rerank, tokenize, ops, classify, sparse, multivector)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     # TEI's / and /similarity, Cohere's v2: their errors in their own shapes (their routers declare them).

@@ -102,12 +102,13 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
 # Replies whose first array has a row per sequence and whose others are ragged (flat,
 # the first array's counts saying how many entries each sequence owns): chunks of such
 # replies join by concatenating every array, as the others' do.
-RAGGED_REPLIES = {"EmbedSparse"}
+RAGGED_REPLIES = {"EmbedSparse", "EmbedTokens"}
 
 
 def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
     """The arrays a reply carries: scores, float vectors, the quantized vectors, a
-    classifier's [B, labels] scores, or a sparse reply's counts, indices and values."""
+    classifier's [B, labels] scores, a sparse reply's counts, indices and values, or a
+    multi-vector reply's counts and token vectors."""
     if rpc in ("Score", "Classify"):
         return [wire.tensor_to_array(reply.scores, field=field).astype(np.float32, copy=False)]
     if rpc == "EmbedSparse":
@@ -119,6 +120,14 @@ def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
             raise EmbedServeError(f"{field}: counts {list(counts.shape)} do not describe "
                                   f"{indices.shape[0]} indices and {values.shape[0]} values")
         return [counts, indices, values.astype(np.float32, copy=False)]
+    if rpc == "EmbedTokens":
+        counts = wire.tensor_to_array(reply.counts, field=f"{field}.counts")
+        vectors = wire.tensor_to_array(reply.vectors, field=f"{field}.vectors")
+        if counts.dtype != np.int32 or counts.ndim != 1 or vectors.ndim != 2 \
+                or int(counts.sum()) != vectors.shape[0]:
+            raise EmbedServeError(f"{field}: counts {list(counts.shape)} do not describe "
+                                  f"{vectors.shape[0]} token vectors")
+        return [counts, vectors.astype(np.float32, copy=False)]
     if len(reply.quantized):
         return [wire.tensor_to_array(t, field=f"{field}.quantized[{k}]")
                 for k, t in enumerate(reply.quantized)]

@@ -31,7 +31,7 @@ import numpy as np
 from starlette.requests import Request
 
 from embedserve import __version__, errors
-from embedserve.gateway import embedding_types
+from embedserve.gateway import embedding_types, multivector_outputs
 from embedserve.gateway.draining import DRAINING_MESSAGE, Drain
 from embedserve.gateway.grpc_api_errors import (
     UNAUTHENTICATED,
@@ -125,6 +125,10 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                      context: grpc.aio.ServicerContext) -> embeddings_pb2.RerankResponse:
         return await self._unary("Rerank", context, lambda call: self._rerank(request, call))
 
+    async def EmbedTokens(self, request: embeddings_pb2.EmbedTokensTextRequest,
+                          context: grpc.aio.ServicerContext) -> embeddings_pb2.EmbedTokensTextResponse:
+        return await self._unary("EmbedTokens", context, lambda call: self._embed_tokens(request, call))
+
     async def Tokenize(self, request: embeddings_pb2.TokenizeRequest,
                        context: grpc.aio.ServicerContext) -> embeddings_pb2.TokenizeResponse:
         return await self._unary("Tokenize", context, lambda call: self._tokenize(request, call))
@@ -178,6 +182,25 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                 index=i, score=float(scores[i]),
                 document=documents[i] if message.return_documents else "") for i in order],
             model=model, usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+    async def _embed_tokens(self, message: embeddings_pb2.EmbedTokensTextRequest,
+                            call: Request) -> embeddings_pb2.EmbedTokensTextResponse:
+        gateway, model = self._models().route(message.model or None, "multivector")
+        inputs = list(message.inputs)
+        if not inputs:
+            raise errors.InvalidInput("inputs must not be empty", field="inputs")
+        gateway.check_count(len(inputs), "inputs")
+        policy = gateway.preprocessor.long_input_policy(message.truncate or None, None, None)
+        multivector_outputs.check_multivector_policy(policy)
+        input_type = "query" if message.input_type == embeddings_pb2.INPUT_TYPE_QUERY else "document"
+        rows, packed = await multivector_outputs.token_vectors(
+            gateway, call, inputs, input_type, None, policy, "inputs", _route("EmbedTokens"))
+        tokens = packed.num_tokens
+        return embeddings_pb2.EmbedTokensTextResponse(
+            inputs=[embeddings_pb2.TokenVectors(rows=row.shape[0], values=row.reshape(-1).tolist())
+                    for row in rows],
+            dimension=gateway.model.dimension, model=model,
+            usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
 
     async def _tokenize(self, message: embeddings_pb2.TokenizeRequest,
                         call: Request) -> embeddings_pb2.TokenizeResponse:

@@ -103,7 +103,8 @@ class Gateway:
 
     @property
     def task(self) -> str:
-        """What the model does: "embed", "score", "classify" or "sparse" (model/tasks.py)."""
+        """What the model does: "embed", "score", "classify", "sparse" or "multivector"
+        (model/tasks.py)."""
         return self._described.task
 
     def check_model(self, name: str | None) -> str:
@@ -128,7 +129,7 @@ class Gateway:
         return dimensions
 
     def require_task(self, task: str) -> None:
-        if self._described.task != task:
+        if not tasks.answers(self._described.task, task):
             hint = (" (send \"sparse\": true for its sparse vectors)"
                     if self.task == "sparse" and task == "embed" else "")
             raise InvalidInput(f"this route needs {TASK_NAMES[task]}; the model `{self.model_id}` "
@@ -193,6 +194,15 @@ class Gateway:
                                                     request_id=request.scope.get(REQUEST_ID_KEY, ""))
         counts, indices, values = await self._dispatch(request, packed, "EmbedSparse", make, route)
         return counts, indices, values
+
+    async def embed_tokens(self, request: Request, packed: RaggedBatch, query: bool,
+                           route: str) -> tuple[np.ndarray, np.ndarray]:
+        """Each input's token vectors (multi-vector model): counts [B], vectors [N, dim]."""
+        def make(tokens: inference_pb2.PackedTokens) -> inference_pb2.EmbedTokensRequest:
+            return inference_pb2.EmbedTokensRequest(tokens=tokens, query=query,
+                                                    request_id=request.scope.get(REQUEST_ID_KEY, ""))
+        counts, vectors = await self._dispatch(request, packed, "EmbedTokens", make, route)
+        return counts, vectors
 
     async def _dispatch(self, request: Request, packed: RaggedBatch, rpc: str, make,
                         route: str) -> list[np.ndarray]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from embedserve.errors import InvalidInput, ModelNotFound
 from embedserve.gateway.pipeline import TASK_NAMES, Gateway
 from embedserve.gateway.settings import check_distinct_names
+from embedserve.model.tasks import answers
 
 
 class ModelRouter:
@@ -56,7 +57,7 @@ class ModelRouter:
             if task is not None:
                 gateway.require_task(task)
             return gateway, name
-        able = [g for g in self.gateways if task is None or g.task == task]
+        able = [g for g in self.gateways if task is None or answers(g.task, task)]
         if len(able) == 1:
             return able[0], able[0].model_id
         served = ", ".join(f"`{g.model_id}`" for g in self.gateways)

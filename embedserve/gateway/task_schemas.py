@@ -1,13 +1,13 @@
-"""Request bodies of the task routes (pydantic): classification and sparse embeddings.
+"""Request bodies of the task routes (pydantic): classification, sparse and multi-vector embeddings.
 
-Owns the shapes only: TEI's ``/predict`` and ``/embed_sparse``, vLLM's
+Owns the shapes only: TEI's ``/predict``, ``/embed_sparse`` and ``/embed_all``, vLLM's
 ``/classify``. Kept apart from schemas.py (the embedding and reranking shapes);
 strict types as there, unknown fields ignored as there.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -50,6 +50,18 @@ class EmbedSparseRequest(_Request):
     truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
     prompt_name: StrictStr | None = None
     top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description=TOP_K_DOC)
+
+
+class EmbedAllRequest(_Request):
+    inputs: StrictStr | list[StrictStr]
+    model: StrictStr | None = Field(None, description=_MODEL_FIELD)
+    truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
+    truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
+    prompt_name: StrictStr | None = None
+    input_type: Literal["query", "document"] = Field(
+        "document", description="embedserve extension: encode as queries (the model's query marker, "
+        "no skiplist) or documents (its document marker and skiplist), as MultiVectorEncoder's "
+        "encode_query / encode_document do.")
 
 
 class SparseValue(BaseModel):

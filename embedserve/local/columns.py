@@ -51,6 +51,22 @@ def sparse_arrays(counts: np.ndarray, indices: np.ndarray, values: np.ndarray) -
             pa.ListArray.from_arrays(offsets, pa.array(values, type=pa.float32())))
 
 
+def token_vectors_array(counts: np.ndarray, vectors: np.ndarray) -> pa.Array:
+    """A multi-vector model's rows -> the ``embedding`` column as list<list<float32>>: per
+    row its token vectors (shared offsets, no copy per row)."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    dim = vectors.shape[1] if vectors.ndim == 2 else 0
+    inner = pa.ListArray.from_arrays(pa.array(np.arange(vectors.shape[0] + 1, dtype=np.int32) * dim),
+                                     pa.array(vectors.reshape(-1), type=pa.float32()))
+    outer = pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
+    return pa.ListArray.from_arrays(outer, inner)
+
+
+def token_vectors_schema(id_type: pa.DataType) -> pa.Schema:
+    return pa.schema([(ID, id_type), (EMBEDDING, pa.list_(pa.list_(pa.float32()))),
+                      (TOKENS, pa.int32()), (TRUNCATED, pa.bool_()), (CHUNKED, pa.bool_())])
+
+
 def embedding_array(stored: np.ndarray, precision: str, dimension: int) -> pa.Array:
     """[B, d] numbers (or [B, ceil(d/8)] packed bytes) -> the embedding column, without a copy per row."""
     stored = np.ascontiguousarray(stored)

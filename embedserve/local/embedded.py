@@ -22,6 +22,15 @@ class SparseRows:
 
 
 @dataclass
+class TokenVectorRows:
+    """A multi-vector model's vectors: row i owns rows [sum(counts[:i]), sum(counts[:i+1]))
+    of ``vectors``, its kept tokens' vectors in token order."""
+
+    counts: np.ndarray                   # int32 [n]
+    vectors: np.ndarray                  # float32 [N, dim]
+
+
+@dataclass
 class EmbeddedPart:
     rows: np.ndarray                     # int64 [n]: indices into the part's texts, ascending
     stored: np.ndarray                   # [n, d] in the output precision (or [n, d/8] packed)
@@ -30,3 +39,4 @@ class EmbeddedPart:
     chunked: np.ndarray                  # bool [n]: pooled from several windows
     problems: list[tuple[int, str]]
     sparse: SparseRows | None = None     # a sparse model's vectors (``stored`` is then [n, 0])
+    token_vectors: TokenVectorRows | None = None   # a multi-vector model's (``stored``: [n, 0])

@@ -31,13 +31,14 @@ import numpy as np
 from embedserve.calibration import calibration_dir, load_or_calibrate
 from embedserve.engine.batch import Batch
 from embedserve.errors import InvalidInput
-from embedserve.local.embedded import EmbeddedPart, SparseRows
+from embedserve.local.embedded import EmbeddedPart, SparseRows, TokenVectorRows
 from embedserve.local.encoding import EncodedTexts, check_overlap, encode_texts, take
 from embedserve.local.options import EmbedOptions, bulk_token_budget
 from embedserve.local.packing import plan_batches
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
+from embedserve.model import multivector
 from embedserve.model.info import ModelInfo
-from embedserve.model.postprocess import postprocess_embeddings, sparse_rows
+from embedserve.model.postprocess import postprocess_embeddings, sparse_rows, token_vectors
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.model.tasks import TASK_NAMES
 from embedserve.model.windows import pool_windows
@@ -84,7 +85,14 @@ class LocalEmbedder:
             raise InvalidInput(f"dimensions must be between 1 and {info.dimension}, "
                                f"got {options.dimensions}", field="dimensions")
         check_precision(options.precision, self.dimension)
-        self.prompt = info.prompt(options.input_type, "input_type")
+        if info.task == "multivector":
+            # The document marker (encode_document), unless the job names a prompt; the
+            # skiplist applies as to documents, or as to queries under the query prompt.
+            self.prompt = (multivector.marker_prompt(info.prompts, "document") if options.input_type is None
+                           else info.prompt(options.input_type, "input_type"))
+            self.multivector_task = "query" if options.input_type == "query" else "document"
+        else:
+            self.prompt = info.prompt(options.input_type, "input_type")
         if options.long_inputs == "chunk":
             check_overlap(self.tokenizer, info.max_positions, options.chunk_overlap)
         self.token_budget = options.token_budget or bulk_token_budget(device)
@@ -125,6 +133,8 @@ class LocalEmbedder:
         """Run the planned batches (``IN_FLIGHT_STEPS`` at a time) and finish the vectors."""
         if self.info.task == "sparse":
             return self._compute_sparse(part)
+        if self.info.task == "multivector":
+            return self._compute_token_vectors(part)
         texts = part.texts
         sequences = texts.sequences
         raw = np.empty((sequences.num_sequences, self.info.dimension), dtype=np.float32)
@@ -173,6 +183,37 @@ class LocalEmbedder:
         return EmbeddedPart(texts.rows, np.empty((len(by_row), 0), np.float32), texts.tokens,
                             texts.encoded.truncated.astype(bool), texts.chunked, texts.problems, sparse)
 
+    def _compute_token_vectors(self, part: PreparedPart) -> EmbeddedPart:
+        """A multi-vector model's part: each step's token vectors, skiplist and
+        normalization applied as a replica applies them (model/postprocess.py)."""
+        texts = part.texts
+        sequences = texts.sequences
+        spec = self.info.multivector
+        assert spec is not None, "a multi-vector model's info carries its spec"
+        by_row: list[np.ndarray] = [np.empty((0, self.info.dimension), np.float32)] * sequences.num_sequences
+        pending: deque = deque()
+
+        def finish(rows: np.ndarray, batch: Batch, lazy) -> None:
+            counts, vectors = token_vectors(lazy.wait(), batch.token_ids, batch.cu_seqlens, spec,
+                                            self.info.normalize, self.multivector_task)
+            ends = np.cumsum(counts)
+            for row, a, b in zip(rows.tolist(), (ends - counts).tolist(), ends.tolist(), strict=True):
+                by_row[row] = vectors[a:b]
+
+        for batch_rows in part.batches:
+            ids, lengths = take(sequences, batch_rows)
+            batch = Batch.from_lengths(ids, lengths, "multivector")
+            pending.append((batch_rows, batch, self.engine.step(batch)))
+            if len(pending) >= IN_FLIGHT_STEPS:
+                finish(*pending.popleft())
+        while pending:
+            finish(*pending.popleft())
+        rows = TokenVectorRows(np.array([len(v) for v in by_row], dtype=np.int32),
+                               np.concatenate(by_row) if by_row else np.empty((0, self.info.dimension), np.float32))
+        return EmbeddedPart(texts.rows, np.empty((len(by_row), 0), np.float32), texts.tokens,
+                            texts.encoded.truncated.astype(bool), texts.chunked, texts.problems,
+                            token_vectors=rows)
+
     def embed(self, texts: list[str]) -> EmbeddedPart:
         return self.compute(self.prepare(texts))
 
@@ -180,17 +221,17 @@ class LocalEmbedder:
 def check_bulk_task(task: str, model_id: str, options: EmbedOptions) -> None:
     """A bulk job embeds: dense vectors, or a sparse model's nonzeros (float32, no Matryoshka
     cut, no windows pooled); a reranker or classifier has no vector to store."""
-    if task not in ("embed", "sparse"):
+    if task not in ("embed", "sparse", "multivector"):
         raise InvalidInput(f"embedserve embed needs an embedding model; {model_id} is "
                            f"{TASK_NAMES.get(task, task)} (task {task})", field="model")
-    if task == "sparse":
+    if task in ("sparse", "multivector"):
         refused = [name for name, given in (("precision", options.precision != "float32"),
                                             ("dimensions", options.dimensions is not None),
                                             ("long_inputs chunk", options.long_inputs == "chunk"))
                    if given]
         if refused:
-            raise InvalidInput(f"{refused[0]} does not apply to a sparse model's vectors ({model_id}): "
-                               f"they are float32 weights over its vocabulary", field="model")
-    elif options.top_k is not None:
+            raise InvalidInput(f"{refused[0]} does not apply to {TASK_NAMES[task]}'s vectors "
+                               f"({model_id}): they are stored as float32", field="model")
+    if task != "sparse" and options.top_k is not None:
         raise InvalidInput(f"top_k applies to a sparse model; {model_id} is {TASK_NAMES[task]}",
                            field="top_k")

@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
-from embedserve.model import deberta_v2_config, gemma3_config, llm_reranker, modernbert_config, nomic_bert_config, tasks
+from embedserve.model import (
+    deberta_v2_config,
+    gemma3_config,
+    llm_reranker,
+    modernbert_config,
+    multivector,
+    nomic_bert_config,
+    tasks,
+)
 from embedserve.model.decoder_config import DECODER_ARCHITECTURES, DECODER_MODEL_TYPES
 from embedserve.model.dense_config import DenseSpec, read_dense_modules
 
@@ -201,6 +209,9 @@ def load_model_config(model_dir: Path) -> ModelConfig:
             # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
             config = dataclasses.replace(config, task="score",  # type: ignore[type-var]  # a DecoderConfig
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
+        elif config.task == "embed" and multivector.is_multivector_dir(model_dir):
+            # A MultiVectorEncoder folder: the same encoder, every token's vector kept.
+            config = dataclasses.replace(config, task="multivector")  # type: ignore[type-var]
         return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedserve.errors import InvalidInput
-from embedserve.model import llm_reranker
+from embedserve.model import llm_reranker, multivector
 from embedserve.model.config import load_model_config, load_sentence_transformer_meta
+from embedserve.model.multivector import MultiVectorSpec
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class ModelInfo:
     pair_template: str = ""
     # That prompt's chat markers the tokenizer has as added tokens: (marker, id) pairs.
     prompt_markers: tuple[tuple[str, int], ...] = ()
+    # A multi-vector model's skiplist, similarity and truncate_dim (model/multivector.py);
+    # None for every other task.
+    multivector: MultiVectorSpec | None = None
 
     def prompt(self, name: str | None, field_name: str) -> str:
         """The prefix for prompt ``name`` (None: the model's default, if any)."""
@@ -73,20 +77,27 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
     """
     config = load_model_config(model_dir)
     meta = load_sentence_transformer_meta(model_dir, config)
+    spec = multivector.read_multivector(model_dir) if config.task == "multivector" else None
+    dimension = _dimension(config, meta)
+    if spec is not None and spec.truncate_dim:
+        dimension = min(dimension, spec.truncate_dim)
     return ModelInfo(
         model_id=model_id or model_dir.name, architecture=config.architecture, task=config.task,
-        dimension=_dimension(config, meta),
+        dimension=dimension,
         max_positions=config.max_positions, vocab_size=config.vocab_size,
         pooling=meta.pooling, normalize=meta.normalize, prompts=dict(meta.prompts),
         default_prompt_name=meta.default_prompt_name, type_vocab_size=config.type_vocab_size,
         labels=tuple(getattr(config, "labels", ())), activation=getattr(config, "activation", ""),
         pair_template=getattr(config, "pair_template", ""),
-        prompt_markers=llm_reranker.marker_ids(model_dir) if getattr(config, "pair_template", "") else ())
+        prompt_markers=llm_reranker.marker_ids(model_dir) if getattr(config, "pair_template", "") else (),
+        multivector=spec)
 
 
 def _dimension(config, meta) -> int:
     """A dense vector's width (after the model's Dense modules); a sparse one's is the
     vocabulary; 0 where there is no vector."""
     if config.task == "embed":
+        return meta.output_dimension(config.hidden_size)
+    if config.task == "multivector":   # each token vector's width (before truncate_dim)
         return meta.output_dimension(config.hidden_size)
     return config.vocab_size if config.task == "sparse" else 0

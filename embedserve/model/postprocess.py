@@ -11,6 +11,7 @@ import numpy as np
 
 from embedserve import validate
 from embedserve.errors import InvalidInput
+from embedserve.model.multivector import MultiVectorSpec
 
 
 def postprocess_embeddings(vectors: np.ndarray, normalize: bool,
@@ -82,3 +83,35 @@ def sparse_rows(rows: np.ndarray, top_k: int | None) -> tuple[np.ndarray, np.nda
     row_ids, indices = np.nonzero(rows)
     counts = np.bincount(row_ids, minlength=rows.shape[0]).astype(np.int32)
     return counts, indices.astype(np.int32), rows[row_ids, indices].astype(np.float32)
+
+
+def token_vectors(rows: np.ndarray, token_ids: np.ndarray, cu_seqlens: np.ndarray,
+                  spec: MultiVectorSpec, normalize: bool, task: str) -> tuple[np.ndarray, np.ndarray]:
+    """A multi-vector model's per-sequence token vectors (an object array of [L_i, dim],
+    engine/token_rows.py) -> counts int32 [B] and the kept vectors float32 [N, dim'].
+
+    In MultiVectorEncoder's order: the skiplist drops tokens for the tasks it names
+    (``task`` "query" or "document"), Normalize L2-normalizes each token vector, then
+    ``truncate_dim`` keeps the first dimensions and normalizes again."""
+    skip = np.asarray(spec.skiplist_ids, dtype=np.int64) if spec.skips(task) else None
+    kept: list[np.ndarray] = []
+    for i, row in enumerate(rows):
+        vectors = np.asarray(row, dtype=np.float32)
+        if skip is not None:
+            ids = token_ids[cu_seqlens[i]:cu_seqlens[i + 1]]
+            vectors = vectors[~np.isin(ids, skip)]
+        kept.append(vectors)
+    width = kept[0].shape[1] if kept else 0
+    flat = np.concatenate(kept, axis=0) if kept else np.zeros((0, width), np.float32)
+    if normalize:
+        flat = _l2(flat)
+    if spec.truncate_dim:
+        flat = _l2(flat[:, :spec.truncate_dim])
+    counts = np.array([k.shape[0] for k in kept], dtype=np.int32)
+    return counts, np.ascontiguousarray(flat, dtype=np.float32)
+
+
+def _l2(x: np.ndarray) -> np.ndarray:
+    # torch.nn.functional.normalize's eps: a zero vector stays zero.
+    norms = np.maximum(np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True), 1e-12)
+    return (x / norms).astype(np.float32)

@@ -9,7 +9,10 @@ Owns the closed set of tasks (torch-free; every tier reads it):
   with more than one label): ``/predict`` (TEI), ``/classify`` (vLLM);
 - ``sparse``: one vocabulary-sized SPLADE vector per input (``*ForMaskedLM``
   with SpladePooling), shipped as its nonzeros: ``/embed_sparse`` (TEI) and
-  ``/v1/embeddings`` with ``"sparse": true``.
+  ``/v1/embeddings`` with ``"sparse": true``;
+- ``multivector``: one vector per token (late interaction, ColBERT-style; a
+  sentence-transformers ``MultiVectorEncoder`` folder, model/multivector.py):
+  ``/embed_all`` (TEI), and MaxSim scores on ``/rerank`` and ``/v1/rerank``.
 
 Also the classifier's label names and activation (``config.json``'s
 ``id2label`` and ``problem_type``, as transformers reads them) and the SPLADE
@@ -26,16 +29,26 @@ from typing import Any
 
 from embedserve.errors import ModelLoadError
 
-TASKS = ("embed", "score", "classify", "sparse")
+TASKS = ("embed", "score", "classify", "sparse", "multivector")
 
 # How a task's model is named in messages.
 TASK_NAMES = {"embed": "an embedding model", "score": "a reranker (cross-encoder)",
-              "classify": "a sequence classifier", "sparse": "a sparse (SPLADE) embedding model"}
+              "classify": "a sequence classifier", "sparse": "a sparse (SPLADE) embedding model",
+              "multivector": "a multi-vector (ColBERT) model"}
 # The verb a refusal uses for a route's task.
-TASK_VERBS = {"embed": "embed", "score": "rerank", "classify": "classify", "sparse": "embed sparse"}
+TASK_VERBS = {"embed": "embed", "score": "rerank", "classify": "classify", "sparse": "embed sparse",
+              "multivector": "return token vectors"}
 # What each task's model returns, for /info ("output kinds").
 TASK_OUTPUTS = {"embed": ["dense_vector"], "score": ["score"], "classify": ["label_probabilities"],
-                "sparse": ["sparse_vector"]}
+                "sparse": ["sparse_vector"], "multivector": ["token_vectors", "maxsim_score"]}
+# The routes' tasks a model of each task also answers: a multi-vector model reranks by
+# MaxSim (routes that do "score" take it too).
+ALSO_ANSWERS = {"multivector": ("score",)}
+
+
+def answers(model_task: str, route_task: str) -> bool:
+    """Whether a model of ``model_task`` answers a route doing ``route_task``."""
+    return model_task == route_task or route_task in ALSO_ANSWERS.get(model_task, ())
 
 # problem_type -> what turns logits into probabilities. transformers' default for more
 # than one label (no problem_type) is single_label_classification: softmax.

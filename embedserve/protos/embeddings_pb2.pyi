@@ -207,3 +207,35 @@ class ServiceInfoResponse(_message.Message):
     max_inputs: int
     max_message_bytes: int
     def __init__(self, models: _Optional[_Iterable[_Union[ServedModelInfo, _Mapping]]] = ..., version: _Optional[str] = ..., embedding_types: _Optional[_Iterable[str]] = ..., max_inputs: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+
+class EmbedTokensTextRequest(_message.Message):
+    __slots__ = ("inputs", "model", "input_type", "truncate")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    input_type: InputType
+    truncate: str
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., input_type: _Optional[_Union[InputType, str]] = ..., truncate: _Optional[str] = ...) -> None: ...
+
+class TokenVectors(_message.Message):
+    __slots__ = ("rows", "values")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, rows: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EmbedTokensTextResponse(_message.Message):
+    __slots__ = ("inputs", "dimension", "model", "usage")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[TokenVectors]
+    dimension: int
+    model: str
+    usage: Usage
+    def __init__(self, inputs: _Optional[_Iterable[_Union[TokenVectors, _Mapping]]] = ..., dimension: _Optional[int] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...

@@ -49,6 +49,11 @@ class EmbeddingsStub:
                 request_serializer=embedserve_dot_v1_dot_embeddings__pb2.RerankRequest.SerializeToString,
                 response_deserializer=embedserve_dot_v1_dot_embeddings__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.EmbedTokens = channel.unary_unary(
+                '/embedserve.v1.Embeddings/EmbedTokens',
+                request_serializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/embedserve.v1.Embeddings/Tokenize',
                 request_serializer=embedserve_dot_v1_dot_embeddings__pb2.TokenizeRequest.SerializeToString,
@@ -80,7 +85,15 @@ class EmbeddingsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Rerank(self, request, context):
-        """A query and documents -> the documents ranked by a cross-encoder's score.
+        """A query and documents -> the documents ranked by a cross-encoder's score
+        (a multi-vector model's: MaxSim).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedTokens(self, request, context):
+        """Texts -> each text's token vectors (a multi-vector, ColBERT-style model).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,6 +130,11 @@ def add_EmbeddingsServicer_to_server(servicer, server):
                     servicer.Rerank,
                     request_deserializer=embedserve_dot_v1_dot_embeddings__pb2.RerankRequest.FromString,
                     response_serializer=embedserve_dot_v1_dot_embeddings__pb2.RerankResponse.SerializeToString,
+            ),
+            'EmbedTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedTokens,
+                    request_deserializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -210,6 +228,33 @@ class Embeddings:
             '/embedserve.v1.Embeddings/Rerank',
             embedserve_dot_v1_dot_embeddings__pb2.RerankRequest.SerializeToString,
             embedserve_dot_v1_dot_embeddings__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Embeddings/EmbedTokens',
+            embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextRequest.SerializeToString,
+            embedserve_dot_v1_dot_embeddings__pb2.EmbedTokensTextResponse.FromString,
             options,
             channel_credentials,
             insecure,

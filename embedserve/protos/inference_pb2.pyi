@@ -233,3 +233,27 @@ class EmbedSparseResponse(_message.Message):
     timings: Timings
     request_id: str
     def __init__(self, counts: _Optional[_Union[Tensor, _Mapping]] = ..., indices: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedTokensRequest(_message.Message):
+    __slots__ = ("tokens", "query", "request_id", "priority")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    tokens: PackedTokens
+    query: bool
+    request_id: str
+    priority: Priority
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., query: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+
+class EmbedTokensResponse(_message.Message):
+    __slots__ = ("counts", "vectors", "timings", "request_id")
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    counts: Tensor
+    vectors: Tensor
+    timings: Timings
+    request_id: str
+    def __init__(self, counts: _Optional[_Union[Tensor, _Mapping]] = ..., vectors: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...

@@ -64,6 +64,11 @@ class InferenceStub:
                 request_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
                 response_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
                 _registered_method=True)
+        self.EmbedTokens = channel.unary_unary(
+                '/embedserve.v1.Inference/EmbedTokens',
+                request_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedTokensRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedTokensResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -112,6 +117,13 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmbedTokens(self, request, context):
+        """A multi-vector model (task "multivector"): every kept token's vector per sequence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +156,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.EmbedSparse,
                     request_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.FromString,
                     response_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.SerializeToString,
+            ),
+            'EmbedTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedTokens,
+                    request_deserializer=embedserve_dot_v1_dot_inference__pb2.EmbedTokensRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_inference__pb2.EmbedTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +325,33 @@ class Inference:
             '/embedserve.v1.Inference/EmbedSparse',
             embedserve_dot_v1_dot_inference__pb2.EmbedSparseRequest.SerializeToString,
             embedserve_dot_v1_dot_inference__pb2.EmbedSparseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Inference/EmbedTokens',
+            embedserve_dot_v1_dot_inference__pb2.EmbedTokensRequest.SerializeToString,
+            embedserve_dot_v1_dot_inference__pb2.EmbedTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,10 +1,11 @@
-"""The ``embedserve.v1.Inference`` servicer: Embed, Score, Classify, EmbedSparse and Info over grpc.aio.
+"""The ``embedserve.v1.Inference`` servicer: Embed, Score, Classify, EmbedSparse, EmbedTokens and
+Info over grpc.aio.
 
 A thin layer over the pool: decode and validate a request, admit it as a
 ``Call``, await its rows, post-process them per call (Matryoshka dimensions,
 normalization, sigmoid, output dtype, quantization with the replica's
 calibration; a classifier's softmax or sigmoid; a SPLADE row's nonzeros, so
-only those travel) and encode the answer. Errors are
+only those travel; a multi-vector model's kept, normalized token vectors) and encode the answer. Errors are
 mapped to status codes in one place (``status.py``); this module only
 catches them at the handler boundary. Batching and the engine live in
 ``batcher.py``.
@@ -34,6 +35,7 @@ from embedserve.model.postprocess import (
     postprocess_embeddings,
     postprocess_scores,
     sparse_rows,
+    token_vectors,
 )
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.protos import inference_pb2, inference_pb2_grpc
@@ -82,6 +84,10 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def Classify(self, request: inference_pb2.ClassifyRequest,
                        context: Context) -> inference_pb2.ClassifyResponse:
         return await self._answer("Classify", context, lambda: self._classify(request, context))
+
+    async def EmbedTokens(self, request: inference_pb2.EmbedTokensRequest,
+                          context: Context) -> inference_pb2.EmbedTokensResponse:
+        return await self._answer("EmbedTokens", context, lambda: self._embed_tokens(request, context))
 
     async def EmbedSparse(self, request: inference_pb2.EmbedSparseRequest,
                           context: Context) -> inference_pb2.EmbedSparseResponse:
@@ -203,6 +209,19 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             counts=wire.array_to_tensor(counts, "int32"), indices=wire.array_to_tensor(indices, "int32"),
             values=wire.array_to_tensor(values, "float32"), timings=self._timings(call),
             request_id=request.request_id)
+
+    async def _embed_tokens(self, request: inference_pb2.EmbedTokensRequest,
+                            context: Context) -> inference_pb2.EmbedTokensResponse:
+        tokens = self._decode(request.tokens, "multivector", "tokens")
+        spec = self._info.multivector
+        assert spec is not None, "a multi-vector model's info carries its spec"
+        self._check_reply_size(tokens.num_tokens, self._info.dimension, [], inference_pb2.DTYPE_FLOAT32)
+        call, rows = await self._run(tokens, "multivector", context, request.priority)
+        counts, vectors = token_vectors(rows, tokens.token_ids, tokens.cu_seqlens, spec,
+                                        self._info.normalize, "query" if request.query else "document")
+        return inference_pb2.EmbedTokensResponse(
+            counts=wire.array_to_tensor(counts, "int32"), vectors=wire.array_to_tensor(vectors, "float32"),
+            timings=self._timings(call), request_id=request.request_id)
 
     def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> RaggedBatch:
         """The wire's layout checks, then the model's (the engine's own, run per call here so

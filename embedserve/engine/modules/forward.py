@@ -22,13 +22,20 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
                    token_type_ids: torch.Tensor, seq_ids: torch.Tensor, lengths: torch.Tensor,
                    starts: torch.Tensor, attend: Attend, pooling: str) -> torch.Tensor:
     """token_ids etc. [T]; lengths, starts [R] -> float32 [R, hidden], logits [R] (a
-    reranker) or [R, labels] (a classifier), or SPLADE weights [R, vocab] (a sparse encoder).
+    reranker) or [R, labels] (a classifier), SPLADE weights [R, vocab] (a sparse encoder),
+    or, for a multi-vector model, every token's vector [T, dim] (not one row per sequence).
 
     ``R`` rows may exceed the real sequence count (a CUDA-graph bucket): padding
     rows have length 0 and pool to zeros, and callers slice them off.
     """
     hidden = model(token_ids, position_ids, token_type_ids, attend)      # [T, hidden]
     rows = lengths.shape[0]
+    projection = getattr(model, "projection", None)
+    if getattr(model.config, "task", "") == "multivector":
+        # Every token's vector, through the Dense modules as a MultiVectorEncoder applies
+        # them (token-level); the replica splits, masks and normalizes them per sequence.
+        tokens = hidden.float()
+        return tokens if projection is None else projection(tokens)     # [T, dim]
     if model.head is not None:
         # Encoders score their first token; decoder rerankers ("lasttoken") their last.
         rows_at = (starts + lengths - 1).clamp(min=0) if pooling == "lasttoken" else starts
@@ -43,5 +50,4 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
     else:
         pooled = mean_pool(hidden, seq_ids, lengths, rows)               # [R, hidden]
     # sentence-transformers' Dense modules (engine/dense.py), where the model has them
-    projection = getattr(model, "projection", None)
     return pooled if projection is None else projection(pooled)          # [R, dim]

@@ -34,6 +34,7 @@ from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.onednn import linears_all_native
+from embedserve.engine.token_rows import token_rows
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
 
@@ -76,7 +77,11 @@ class CpuRunner:
             padded = self._token_buckets and batch.num_tokens > self._exact_up_to
             run = pad_to_bucket(batch, self._info.max_positions) if padded else batch
             with torch.inference_mode():
-                out = self._forward(run)[:batch.num_sequences]   # the padding's rows dropped
+                out = self._forward(run)
+                if self._info.task == "multivector":
+                    out = token_rows(out, batch.cu_seqlens)      # one [L, dim] per sequence
+                else:
+                    out = out[:batch.num_sequences]              # the padding's rows dropped
         except BaseException:
             self._counts["failed_steps"] += 1
             raise

@@ -38,6 +38,7 @@ from embedserve.gateway.routes.error_shapes import (
     cohere_error,
     error_responses,
 )
+from embedserve.gateway.routes.rerank import maxsim_scores
 from embedserve.model.info import ModelInfo
 
 router = APIRouter(route_class=CohereRoute, responses=error_responses(CohereErrorResponse))
@@ -157,10 +158,14 @@ async def _rerank(body: CohereV2RerankRequest, request: Request) -> Response:
         raise InvalidInput("relevant_spans is not supported", field="relevant_spans")
     _check_token_limit(body.max_tokens_per_doc, gateway, "max_tokens_per_doc")
     gateway.check_count(len(body.documents), "documents")
-    # Cohere cuts long documents; the pair template is cut to the window from the right.
-    packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
-        body.query, body.documents, True, "right", "documents"))
-    scores = await gateway.score(request, packed, True, "/v2/rerank")
+    if gateway.task == "multivector":   # MaxSim, as /v1/rerank scores such a model
+        scores, _ = await maxsim_scores(gateway, request, body.query, body.documents, "documents",
+                                        True, "right", "/v2/rerank")
+    else:
+        # Cohere cuts long documents; the pair template is cut to the window from the right.
+        packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
+            body.query, body.documents, True, "right", "documents"))
+        scores = await gateway.score(request, packed, True, "/v2/rerank")
     # Highest first; ties keep input order (a stable sort), as /v1/rerank.
     order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[:body.top_n]
     return json_response({

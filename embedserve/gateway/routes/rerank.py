@@ -4,7 +4,8 @@ Owns both JSON shapes over one path: tokenize the model's pair template per
 document (``<s> query </s></s> doc </s>``, or BERT's ``[CLS] query [SEP] doc [SEP]``
 with segment ids), score through ``Gateway.score``, sort by score (highest
 first). TEI returns sigmoid scores unless ``raw_scores``; Cohere/Jina
-return ``relevance_score`` in [0, 1].
+return ``relevance_score`` in [0, 1]. A multi-vector (ColBERT) model scores by MaxSim
+instead (gateway/multivector_outputs.py): its scores are MaxSim sums on both routes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from embedserve.gateway.long_inputs import RERANK_TOO_LONG_FIX, says_how_to_fix
+from embedserve.gateway.multivector_outputs import check_multivector_policy, maxsim, token_vectors
 from embedserve.gateway.pipeline import Gateway, timed
 from embedserve.gateway.priority import request_priority
 from embedserve.gateway.routes.embed import json_response
@@ -25,11 +27,27 @@ async def _scores(gateway: Gateway, request: Request, query: str, docs: list[str
                   truncate: bool, direction: str, sigmoid: bool, route: str,
                   instruction: str | None = None):
     gateway.check_count(len(docs), field)
+    if gateway.task == "multivector":
+        return await maxsim_scores(gateway, request, query, docs, field, truncate, direction, route)
     with says_how_to_fix(RERANK_TOO_LONG_FIX):
         packed = await timed(request, "tokenize", gateway.preprocessor.pack_pairs(
             query, docs, truncate, direction, field, instruction))
     scores = await gateway.score(request, packed, sigmoid, route)
     return scores, packed.num_tokens
+
+
+async def maxsim_scores(gateway: Gateway, request: Request, query: str, docs: list[str], field: str,
+                         truncate: bool, direction: str, route: str):
+    """A multi-vector model's scores: the query's token vectors (query marker) against each
+    document's (document marker, skiplist), by MaxSim; no sigmoid (raw_scores changes nothing)."""
+    policy = gateway.preprocessor.long_input_policy(truncate, direction, None)
+    check_multivector_policy(policy)
+    with says_how_to_fix(RERANK_TOO_LONG_FIX):
+        queries, asked = await token_vectors(gateway, request, [query], "query", None, policy, "query", route)
+        documents, packed = await token_vectors(gateway, request, docs, "document", None, policy, field, route)
+    spec = gateway.model.multivector
+    scores = maxsim(queries[0], documents, spec.similarity if spec is not None else "maxsim")
+    return scores, asked.num_tokens + packed.num_tokens
 
 
 def _ranked(scores) -> list[int]:

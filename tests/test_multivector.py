@@ -1,0 +1,184 @@
+"""A multi-vector (ColBERT) model in the engine against sentence-transformers' MultiVectorEncoder.
+
+On a tiny random ``BertModel`` saved by sentence-transformers as a MultiVectorEncoder
+folder (token-level Dense projection, punctuation skiplist, Normalize, ``[Q] `` /
+``[D] `` marker prompts; tests/task_models.py): the engine's token vectors, after the
+replica's skiplist and normalization (``model/postprocess.token_vectors``), have the
+same token count as ``encode_query`` / ``encode_document`` and a per-token cosine of
+at least 0.99999 (float32); the gateway's MaxSim equals ``MultiVectorEncoder.similarity``;
+what is not served fails at load with its reason. The replica's ``EmbedTokens`` over
+gRPC (a real scheduler, the batch class named) and ``embedserve embed`` (a Parquet
+list<list<float32>> ``embedding`` column) against the same reference. The same model
+through ``embedserve serve`` (HTTP and the public gRPC API): tests/test_tasks_serve.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedserve.engine.batch import Batch
+from embedserve.engine.engine import Engine
+from embedserve.errors import ModelLoadError
+from embedserve.gateway.multivector_outputs import maxsim
+from embedserve.model.info import read_model_info
+from embedserve.model.postprocess import token_vectors
+from task_models import MULTIVECTOR_PROMPTS, build_multivector
+
+QUERIES = ["What is the capital of France?", "bananas!"]
+# Punctuation the skiplist drops from documents (and the [ ] of the "[D] " marker).
+DOCS = ["Paris is the capital of France.", "Bananas are yellow; apples (mostly) are red!",
+        "x", "The Eiffel tower, in Paris, is 330 m tall."]
+
+
+@pytest.fixture(scope="module")
+def colbert_dir(tmp_path_factory, minilm_dir) -> Path:
+    return build_multivector(tmp_path_factory.mktemp("colbert") / "colbert", minilm_dir, seed=7)
+
+
+@pytest.fixture(scope="module")
+def reference(colbert_dir: Path):
+    from sentence_transformers import MultiVectorEncoder
+
+    return MultiVectorEncoder(str(colbert_dir), device="cpu")
+
+
+def _ours(colbert_dir: Path, reference, texts: list[str], task: str) -> list[np.ndarray]:
+    """The engine's vectors for ``texts`` as ``task``, tokenized with the model's own
+    tokenizer and marker prompt (the gateway's tokenizer: tests/test_tasks_serve.py)."""
+    info = read_model_info(colbert_dir)
+    prompt = MULTIVECTOR_PROMPTS[task]
+    ids = [reference.tokenizer(prompt + text)["input_ids"] for text in texts]
+    batch = Batch.from_sequences(ids, "multivector")
+    with Engine.load(colbert_dir) as engine:
+        rows = engine.step(batch).wait()
+    assert info.multivector is not None
+    counts, vectors = token_vectors(rows, batch.token_ids, batch.cu_seqlens, info.multivector,
+                                    info.normalize, task)
+    ends = np.cumsum(counts)
+    return [vectors[a:b] for a, b in zip(ends - counts, ends, strict=True)]
+
+
+@pytest.mark.parametrize("task", ["query", "document"])
+def test_token_vectors_equal_multivector_encoder(colbert_dir: Path, reference, task: str) -> None:
+    texts = QUERIES if task == "query" else DOCS
+    encode = reference.encode_query if task == "query" else reference.encode_document
+    expected = [e.numpy() for e in encode(texts)]
+    ours = _ours(colbert_dir, reference, texts, task)
+    for text, mine, theirs in zip(texts, ours, expected, strict=True):
+        assert mine.shape == theirs.shape, text
+        cosine = (mine * theirs).sum(-1) / (np.linalg.norm(mine, axis=-1) * np.linalg.norm(theirs, axis=-1))
+        assert cosine.min() >= 0.99999, (text, cosine.min())
+    if task == "document":   # the skiplist dropped something: punctuation, the marker's [ ]
+        tokens = [len(reference.tokenizer(MULTIVECTOR_PROMPTS["document"] + t)["input_ids"]) for t in texts]
+        assert all(len(v) < n for v, n in zip(ours, tokens, strict=True))
+
+
+def test_maxsim_equals_multivector_encoder_similarity(colbert_dir: Path, reference) -> None:
+    expected = reference.similarity(reference.encode_query(QUERIES), reference.encode_document(DOCS)).numpy()
+    queries = _ours(colbert_dir, reference, QUERIES, "query")
+    documents = _ours(colbert_dir, reference, DOCS, "document")
+    ours = np.stack([maxsim(q, documents) for q in queries])
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_info_says_multivector(colbert_dir: Path) -> None:
+    info = read_model_info(colbert_dir)
+    assert (info.task, info.dimension, info.normalize) == ("multivector", 16, True)
+    assert info.multivector is not None and info.multivector.similarity == "maxsim"
+    assert info.multivector.skiplist_tasks == ("document",) and len(info.multivector.skiplist_ids) == 32
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("sentence_bert_config.json", {"query_expansion": {"strategy": "fixed", "attend": False, "length": 32}}),
+     "query_expansion is not supported yet"),
+    (("sentence_bert_config.json", {"document_length": 180}), "document_length is not supported yet"),
+    (("config_sentence_transformers.json", {"model_type": "ColBERT"}), "PyLate v3 ColBERT folder"),
+])
+def test_what_is_not_served_fails_at_load_saying_why(tmp_path: Path, colbert_dir: Path, edit, message) -> None:
+    directory = tmp_path / "edited"
+    shutil.copytree(colbert_dir, directory)
+    name, fields = edit
+    path = directory / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    with pytest.raises(ModelLoadError, match=message):
+        read_model_info(directory)
+
+
+def test_replica_embed_tokens_over_grpc(colbert_dir: Path, reference) -> None:
+    """The replica's EmbedTokens, documents and queries (in the batch class), against
+    MultiVectorEncoder; a multi-vector model refuses Embed naming its task."""
+    import grpc
+
+    from embedserve import ragged, wire
+    from embedserve.protos import inference_pb2
+    from embedserve.scheduler.settings import SchedulerSettings
+    from scheduler_harness import ThreadedScheduler
+
+    def packed(texts: list[str], task: str) -> inference_pb2.PackedTokens:
+        ids = [reference.tokenizer(MULTIVECTOR_PROMPTS[task] + t)["input_ids"] for t in texts]
+        return wire.pack_tokens(ragged.from_sequences(ids))
+
+    def split(reply) -> list[np.ndarray]:
+        counts = wire.tensor_to_array(reply.counts)
+        vectors = wire.tensor_to_array(reply.vectors)
+        ends = np.cumsum(counts)
+        return [vectors[a:b] for a, b in zip(ends - counts, ends, strict=True)]
+
+    settings = SchedulerSettings(model_dir=colbert_dir, max_batch_tokens=4096, metrics_port=0)
+    with Engine.load(colbert_dir) as engine:
+        server = ThreadedScheduler(settings, engine)
+        try:
+            docs = server.stub.EmbedTokens(inference_pb2.EmbedTokensRequest(
+                tokens=packed(DOCS, "document"), priority=inference_pb2.PRIORITY_BATCH), timeout=60)
+            queries = server.stub.EmbedTokens(inference_pb2.EmbedTokensRequest(
+                tokens=packed(QUERIES, "query"), query=True), timeout=60)
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub.Embed(inference_pb2.EmbedRequest(tokens=packed(DOCS, "document")), timeout=60)
+        finally:
+            server.close()
+    for ours, expected in ((split(docs), reference.encode_document(DOCS)),
+                           (split(queries), reference.encode_query(QUERIES))):
+        for mine, theirs in zip(ours, expected, strict=True):
+            theirs = theirs.numpy()
+            assert mine.shape == theirs.shape
+            assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'multivector'" in refused.value.details()
+
+
+def test_bulk_embed_writes_a_list_of_token_vectors_per_row(tmp_path: Path, colbert_dir: Path, reference) -> None:
+    """``embedserve embed`` on a multi-vector model: the ``embedding`` column is
+    list<list<float32>>, each row its document's token vectors (document marker and
+    skiplist); a .npy output is refused before the model loads."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    root = Path(__file__).resolve().parents[1]
+
+    def embed(output: Path) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "embedserve.cli", "embed", str(corpus), "-o", str(output),
+                "--model", str(colbert_dir), "--dtype", "float32", "--no-progress"]
+        return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+
+    done = embed(tmp_path / "out.parquet")
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column_names == ["id", "embedding", "tokens", "truncated", "chunked"]
+    assert table.schema.field("embedding").type == pa.list_(pa.list_(pa.float32()))
+    for row, theirs in zip(table.column("embedding").to_pylist(), reference.encode_document(DOCS), strict=True):
+        mine, theirs = np.array(row, dtype=np.float32), theirs.numpy()
+        assert mine.shape == theirs.shape
+        assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999
+    refused = embed(tmp_path / "out.npy")
+    assert refused.returncode == 2 and "Parquet list columns" in refused.stderr
