@@ -24,49 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65mbedserve/v1/inference.proto\x12\rembedserve.v1\"J\n\x0cPackedTokens\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\"J\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12#\n\x05\x64type\x18\x02 \x01(\x0e\x32\x14.embedserve.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\r\"R\n\x07Timings\x12\x10\n\x08queue_us\x18\x01 \x01(\x04\x12\x12\n\ncompute_us\x18\x02 \x01(\x04\x12\x10\n\x08total_us\x18\x03 \x01(\x04\x12\x0f\n\x07wake_us\x18\x04 \x01(\x04\"\xf4\x01\n\x0c\x45mbedRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x11\n\tnormalize\x18\x02 \x01(\x08\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12#\n\x05\x64type\x18\x04 \x01(\x0e\x32\x14.embedserve.v1.DType\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\nprecisions\x18\x06 \x03(\x0e\x32\x18.embedserve.v1.Precision\x12)\n\x08priority\x18\x07 \x01(\x0e\x32\x17.embedserve.v1.Priority\"\xa1\x01\n\rEmbedResponse\x12)\n\nembeddings\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12(\n\tquantized\x18\x04 \x03(\x0b\x32\x15.embedserve.v1.Tensor\"\x8a\x01\n\x0cScoreRequest\x12*\n\x05pairs\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x0f\n\x07sigmoid\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\"s\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\x80\x03\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12\x15\n\rmax_positions\x18\x03 \x01(\r\x12\x18\n\x10max_batch_tokens\x18\x04 \x01(\r\x12\x1b\n\x13max_batch_sequences\x18\x05 \x01(\r\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x18\n\x10max_queue_tokens\x18\n \x01(\x04\x12\x16\n\x0e\x63\x61libration_id\x18\x0b \x01(\t\x12\x1f\n\x17\x63\x61libration_sample_size\x18\x0c \x01(\r\x12\x1c\n\x14\x63\x61libration_texts_id\x18\r \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0e \x01(\t\x12\x12\n\nframe_port\x18\x0f \x01(\r\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\x0e\n\x06labels\x18\x11 \x03(\t\"6\n\rRangesRequest\x12\x12\n\ndimensions\x18\x01 \x01(\r\x12\x11\n\tnormalize\x18\x02 \x01(\x08\"d\n\x0eRangesResponse\x12%\n\x06ranges\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\x16\n\x0e\x63\x61libration_id\x18\x02 \x01(\t\x12\x13\n\x0bsample_size\x18\x03 \x01(\r\"\x91\x01\n\x0f\x43lassifyRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x12\n\nraw_scores\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\"v\n\x10\x43lassifyResponse\x12%\n\x06scores\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x8f\x01\n\x12\x45mbedSparseRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\"\xc8\x01\n\x13\x45mbedSparseResponse\x12%\n\x06\x63ounts\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12&\n\x07indices\x18\x02 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12%\n\x06values\x18\x03 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x04 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t*_\n\x05\x44Type\x12\x11\n\rDTYPE_FLOAT32\x10\x00\x12\x11\n\rDTYPE_FLOAT16\x10\x01\x12\x0e\n\nDTYPE_INT8\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04*\x8f\x01\n\tPrecision\x12\x15\n\x11PRECISION_FLOAT32\x10\x00\x12\x15\n\x11PRECISION_FLOAT16\x10\x01\x12\x12\n\x0ePRECISION_INT8\x10\x02\x12\x13\n\x0fPRECISION_UINT8\x10\x03\x12\x14\n\x10PRECISION_BINARY\x10\x04\x12\x15\n\x11PRECISION_UBINARY\x10\x05*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01\x32\xbe\x03\n\tInference\x12\x42\n\x05\x45mbed\x12\x1b.embedserve.v1.EmbedRequest\x1a\x1c.embedserve.v1.EmbedResponse\x12\x42\n\x05Score\x12\x1b.embedserve.v1.ScoreRequest\x1a\x1c.embedserve.v1.ScoreResponse\x12?\n\x04Info\x12\x1a.embedserve.v1.InfoRequest\x1a\x1b.embedserve.v1.InfoResponse\x12\x45\n\x06Ranges\x12\x1c.embedserve.v1.RangesRequest\x1a\x1d.embedserve.v1.RangesResponse\x12K\n\x08\x43lassify\x12\x1e.embedserve.v1.ClassifyRequest\x1a\x1f.embedserve.v1.ClassifyResponse\x12T\n\x0b\x45mbedSparse\x12!.embedserve.v1.EmbedSparseRequest\x1a\".embedserve.v1.EmbedSparseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65mbedserve/v1/inference.proto\x12\rembedserve.v1\"J\n\x0cPackedTokens\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\"J\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12#\n\x05\x64type\x18\x02 \x01(\x0e\x32\x14.embedserve.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\r\"R\n\x07Timings\x12\x10\n\x08queue_us\x18\x01 \x01(\x04\x12\x12\n\ncompute_us\x18\x02 \x01(\x04\x12\x10\n\x08total_us\x18\x03 \x01(\x04\x12\x0f\n\x07wake_us\x18\x04 \x01(\x04\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"\xa0\x02\n\x0c\x45mbedRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x11\n\tnormalize\x18\x02 \x01(\x08\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12#\n\x05\x64type\x18\x04 \x01(\x0e\x32\x14.embedserve.v1.DType\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\nprecisions\x18\x06 \x03(\x0e\x32\x18.embedserve.v1.Precision\x12)\n\x08priority\x18\x07 \x01(\x0e\x32\x17.embedserve.v1.Priority\x12*\n\x05trace\x18\x08 \x01(\x0b\x32\x1b.embedserve.v1.TraceContext\"\xa1\x01\n\rEmbedResponse\x12)\n\nembeddings\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12(\n\tquantized\x18\x04 \x03(\x0b\x32\x15.embedserve.v1.Tensor\"\xb6\x01\n\x0cScoreRequest\x12*\n\x05pairs\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x0f\n\x07sigmoid\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\x12*\n\x05trace\x18\x05 \x01(\x0b\x32\x1b.embedserve.v1.TraceContext\"s\n\rScoreResponse\x12%\n\x06scores\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\x80\x03\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x11\n\tdimension\x18\x02 \x01(\r\x12\x15\n\rmax_positions\x18\x03 \x01(\r\x12\x18\n\x10max_batch_tokens\x18\x04 \x01(\r\x12\x1b\n\x13max_batch_sequences\x18\x05 \x01(\r\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x18\n\x10max_queue_tokens\x18\n \x01(\x04\x12\x16\n\x0e\x63\x61libration_id\x18\x0b \x01(\t\x12\x1f\n\x17\x63\x61libration_sample_size\x18\x0c \x01(\r\x12\x1c\n\x14\x63\x61libration_texts_id\x18\r \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x0e \x01(\t\x12\x12\n\nframe_port\x18\x0f \x01(\r\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\x0e\n\x06labels\x18\x11 \x03(\t\"6\n\rRangesRequest\x12\x12\n\ndimensions\x18\x01 \x01(\r\x12\x11\n\tnormalize\x18\x02 \x01(\x08\"d\n\x0eRangesResponse\x12%\n\x06ranges\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\x16\n\x0e\x63\x61libration_id\x18\x02 \x01(\t\x12\x13\n\x0bsample_size\x18\x03 \x01(\r\"\xbd\x01\n\x0f\x43lassifyRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\x12\n\nraw_scores\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\x12*\n\x05trace\x18\x05 \x01(\x0b\x32\x1b.embedserve.v1.TraceContext\"v\n\x10\x43lassifyResponse\x12%\n\x06scores\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xbb\x01\n\x12\x45mbedSparseRequest\x12+\n\x06tokens\x18\x01 \x01(\x0b\x32\x1b.embedserve.v1.PackedTokens\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12)\n\x08priority\x18\x04 \x01(\x0e\x32\x17.embedserve.v1.Priority\x12*\n\x05trace\x18\x05 \x01(\x0b\x32\x1b.embedserve.v1.TraceContext\"\xc8\x01\n\x13\x45mbedSparseResponse\x12%\n\x06\x63ounts\x18\x01 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12&\n\x07indices\x18\x02 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12%\n\x06values\x18\x03 \x01(\x0b\x32\x15.embedserve.v1.Tensor\x12\'\n\x07timings\x18\x04 \x01(\x0b\x32\x16.embedserve.v1.Timings\x12\x12\n\nrequest_id\x18\x05 \x01(\t*_\n\x05\x44Type\x12\x11\n\rDTYPE_FLOAT32\x10\x00\x12\x11\n\rDTYPE_FLOAT16\x10\x01\x12\x0e\n\nDTYPE_INT8\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04*\x8f\x01\n\tPrecision\x12\x15\n\x11PRECISION_FLOAT32\x10\x00\x12\x15\n\x11PRECISION_FLOAT16\x10\x01\x12\x12\n\x0ePRECISION_INT8\x10\x02\x12\x13\n\x0fPRECISION_UINT8\x10\x03\x12\x14\n\x10PRECISION_BINARY\x10\x04\x12\x15\n\x11PRECISION_UBINARY\x10\x05*8\n\x08Priority\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x00\x12\x12\n\x0ePRIORITY_BATCH\x10\x01\x32\xbe\x03\n\tInference\x12\x42\n\x05\x45mbed\x12\x1b.embedserve.v1.EmbedRequest\x1a\x1c.embedserve.v1.EmbedResponse\x12\x42\n\x05Score\x12\x1b.embedserve.v1.ScoreRequest\x1a\x1c.embedserve.v1.ScoreResponse\x12?\n\x04Info\x12\x1a.embedserve.v1.InfoRequest\x1a\x1b.embedserve.v1.InfoResponse\x12\x45\n\x06Ranges\x12\x1c.embedserve.v1.RangesRequest\x1a\x1d.embedserve.v1.RangesResponse\x12K\n\x08\x43lassify\x12\x1e.embedserve.v1.ClassifyRequest\x1a\x1f.embedserve.v1.ClassifyResponse\x12T\n\x0b\x45mbedSparse\x12!.embedserve.v1.EmbedSparseRequest\x1a\".embedserve.v1.EmbedSparseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'embedserve.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=2130
-  _globals['_DTYPE']._serialized_end=2225
-  _globals['_PRECISION']._serialized_start=2228
-  _globals['_PRECISION']._serialized_end=2371
-  _globals['_PRIORITY']._serialized_start=2373
-  _globals['_PRIORITY']._serialized_end=2429
+  _globals['_DTYPE']._serialized_start=2363
+  _globals['_DTYPE']._serialized_end=2458
+  _globals['_PRECISION']._serialized_start=2461
+  _globals['_PRECISION']._serialized_end=2604
+  _globals['_PRIORITY']._serialized_start=2606
+  _globals['_PRIORITY']._serialized_end=2662
   _globals['_PACKEDTOKENS']._serialized_start=48
   _globals['_PACKEDTOKENS']._serialized_end=122
   _globals['_TENSOR']._serialized_start=124
   _globals['_TENSOR']._serialized_end=198
   _globals['_TIMINGS']._serialized_start=200
   _globals['_TIMINGS']._serialized_end=282
-  _globals['_EMBEDREQUEST']._serialized_start=285
-  _globals['_EMBEDREQUEST']._serialized_end=529
-  _globals['_EMBEDRESPONSE']._serialized_start=532
-  _globals['_EMBEDRESPONSE']._serialized_end=693
-  _globals['_SCOREREQUEST']._serialized_start=696
-  _globals['_SCOREREQUEST']._serialized_end=834
-  _globals['_SCORERESPONSE']._serialized_start=836
-  _globals['_SCORERESPONSE']._serialized_end=951
-  _globals['_INFOREQUEST']._serialized_start=953
-  _globals['_INFOREQUEST']._serialized_end=966
-  _globals['_INFORESPONSE']._serialized_start=969
-  _globals['_INFORESPONSE']._serialized_end=1353
-  _globals['_RANGESREQUEST']._serialized_start=1355
-  _globals['_RANGESREQUEST']._serialized_end=1409
-  _globals['_RANGESRESPONSE']._serialized_start=1411
-  _globals['_RANGESRESPONSE']._serialized_end=1511
-  _globals['_CLASSIFYREQUEST']._serialized_start=1514
-  _globals['_CLASSIFYREQUEST']._serialized_end=1659
-  _globals['_CLASSIFYRESPONSE']._serialized_start=1661
-  _globals['_CLASSIFYRESPONSE']._serialized_end=1779
-  _globals['_EMBEDSPARSEREQUEST']._serialized_start=1782
-  _globals['_EMBEDSPARSEREQUEST']._serialized_end=1925
-  _globals['_EMBEDSPARSERESPONSE']._serialized_start=1928
-  _globals['_EMBEDSPARSERESPONSE']._serialized_end=2128
-  _globals['_INFERENCE']._serialized_start=2432
-  _globals['_INFERENCE']._serialized_end=2878
+  _globals['_TRACECONTEXT']._serialized_start=284
+  _globals['_TRACECONTEXT']._serialized_end=339
+  _globals['_EMBEDREQUEST']._serialized_start=342
+  _globals['_EMBEDREQUEST']._serialized_end=630
+  _globals['_EMBEDRESPONSE']._serialized_start=633
+  _globals['_EMBEDRESPONSE']._serialized_end=794
+  _globals['_SCOREREQUEST']._serialized_start=797
+  _globals['_SCOREREQUEST']._serialized_end=979
+  _globals['_SCORERESPONSE']._serialized_start=981
+  _globals['_SCORERESPONSE']._serialized_end=1096
+  _globals['_INFOREQUEST']._serialized_start=1098
+  _globals['_INFOREQUEST']._serialized_end=1111
+  _globals['_INFORESPONSE']._serialized_start=1114
+  _globals['_INFORESPONSE']._serialized_end=1498
+  _globals['_RANGESREQUEST']._serialized_start=1500
+  _globals['_RANGESREQUEST']._serialized_end=1554
+  _globals['_RANGESRESPONSE']._serialized_start=1556
+  _globals['_RANGESRESPONSE']._serialized_end=1656
+  _globals['_CLASSIFYREQUEST']._serialized_start=1659
+  _globals['_CLASSIFYREQUEST']._serialized_end=1848
+  _globals['_CLASSIFYRESPONSE']._serialized_start=1850
+  _globals['_CLASSIFYRESPONSE']._serialized_end=1968
+  _globals['_EMBEDSPARSEREQUEST']._serialized_start=1971
+  _globals['_EMBEDSPARSEREQUEST']._serialized_end=2158
+  _globals['_EMBEDSPARSERESPONSE']._serialized_start=2161
+  _globals['_EMBEDSPARSERESPONSE']._serialized_end=2361
+  _globals['_INFERENCE']._serialized_start=2665
+  _globals['_INFERENCE']._serialized_end=3111
 # @@protoc_insertion_point(module_scope)
