@@ -71,11 +71,12 @@ def tracing_settings(endpoint_flag: str | None, environ: Mapping[str, str],
     if exporter == "none":
         return None
     if endpoint_flag:
-        endpoint = _traces_url(endpoint_flag)
+        given, endpoint = endpoint_flag, _traces_url(endpoint_flag)
     elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        endpoint = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]   # used as it is (the spec)
+        given = endpoint = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]   # used as it is (the spec)
     elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        endpoint = _traces_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        given = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        endpoint = _traces_url(given)
     else:
         return None
     if exporter != "otlp":
@@ -87,8 +88,8 @@ def tracing_settings(endpoint_flag: str | None, environ: Mapping[str, str],
         raise StartupError(f"OTLP protocol {protocol}: embedserve exports traces as OTLP "
                            "http/protobuf", "point it at the collector's OTLP/HTTP port (4318) "
                            "and set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
-    if not endpoint.startswith(("http://", "https://")):
-        raise StartupError(f"OTLP endpoint {endpoint!r} is not an http:// or https:// URL",
+    if not given.strip().startswith(("http://", "https://")):
+        raise StartupError(f"OTLP endpoint {given!r} is not an http:// or https:// URL",
                            "give the collector's OTLP/HTTP address, e.g. http://localhost:4318")
     sampler = environ.get("OTEL_TRACES_SAMPLER", DEFAULT_SAMPLER).strip().lower()
     if sampler not in SAMPLERS:

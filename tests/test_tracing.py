@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tokenizers
+from gateway_harness import GatewayServer, gateway_settings
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -35,9 +37,10 @@ from opentelemetry.trace import SpanKind
 from scheduler_harness import ThreadedScheduler, wait_until
 from serve_harness import served
 
+from embedserve.entrypoint import StartupError
 from embedserve.otel import Tracer
 from embedserve.scheduler.settings import SchedulerSettings
-from gateway_harness import GatewayServer, gateway_settings
+from embedserve.tracing import tracing_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["one short sentence", "and another, a little longer than the first one"]
@@ -295,3 +298,61 @@ def test_tracing_off_loads_no_sdk(tiny_bert_dir: Path):
     status, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert status == 200
     assert loaded == []
+
+
+# --- what turns tracing on: --otlp-endpoint and the OTEL_* variables -------------------
+
+@pytest.mark.parametrize(("flag", "environ", "endpoint"), [
+    (None, {}, None),                                                       # off by default
+    ("http://collector:4318", {}, "http://collector:4318/v1/traces"),
+    ("http://collector:4318/v1/traces", {}, "http://collector:4318/v1/traces"),
+    (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, "http://c:4318/v1/traces"),
+    # the per-signal variable is a full URL, used as it is (the OTLP exporter specification)
+    (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:9999/traces"}, "http://c:9999/traces"),
+    ("http://flag:4318", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://env:4318"}, "http://flag:4318/v1/traces"),
+    ("http://c:4318", {"OTEL_SDK_DISABLED": "true"}, None),
+    ("http://c:4318", {"OTEL_TRACES_EXPORTER": "none"}, None),
+])
+def test_what_turns_tracing_on(flag, environ, endpoint):
+    settings = tracing_settings(flag, environ, "embedserve-gateway")
+    assert (settings.endpoint if settings is not None else None) == endpoint
+
+
+def test_the_standard_variables_name_the_service_sampler_and_headers():
+    settings = tracing_settings(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318",
+                                       "OTEL_SERVICE_NAME": "search-embedder",
+                                       "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                                       "OTEL_TRACES_SAMPLER_ARG": "0.25",
+                                       "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s3cret,x-team=search",
+                                       "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod"},
+                                "embedserve-replica")
+    assert settings is not None
+    assert (settings.service_name, settings.sampler, settings.sampler_arg) == \
+        ("search-embedder", "parentbased_traceidratio", 0.25)
+    assert settings.headers == (("x-api-key", "s3cret"), ("x-team", "search"))
+    assert settings.resource_attributes == (("deployment.environment", "prod"),)
+    assert "s3cret" not in repr(settings)
+    assert tracing_settings("http://c:4318", {}, "embedserve-replica").service_name == "embedserve-replica"
+
+
+@pytest.mark.parametrize(("flag", "environ", "says"), [
+    ("collector:4318", {}, "not an http:// or https:// URL"),
+    ("http://c:4317", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "http/protobuf"),
+    ("http://c:4318", {"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER=sometimes"),
+    ("http://c:4318", {"OTEL_TRACES_SAMPLER_ARG": "2"}, "OTEL_TRACES_SAMPLER_ARG=2"),
+    ("http://c:4318", {"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin"),
+])
+def test_a_setting_that_cannot_work_is_refused_with_its_fix(flag, environ, says):
+    with pytest.raises(StartupError, match=re.escape(says)):
+        tracing_settings(flag, environ, "embedserve-gateway")
+
+
+def test_a_bad_endpoint_stops_the_gateway_with_one_line():
+    done = subprocess.run([sys.executable, "-m", "embedserve.cli", "gateway", "--upstream",
+                           "127.0.0.1:1", "--otlp-endpoint", "collector:4318"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "embedserve: error: OTLP endpoint 'collector:4318' is not an http:// or https:// "
+        "URL; give the collector's OTLP/HTTP address, e.g. http://localhost:4318"]

@@ -202,8 +202,9 @@ def _dispatch_span(trace: RequestTrace, waited_from_ns: int, replica: Replica, r
                    chunk: RaggedBatch, priority: str, attempt: int, message):
     """Record the chunk's wait for a replica (``queue``), begin its call's ``dispatch`` span,
     and name that span in ``message`` as the parent of the replica's spans."""
-    sizes = {"embedserve.sequences": chunk.num_sequences, "embedserve.tokens": chunk.num_tokens,
-             "embedserve.priority": priority, "embedserve.attempt": attempt}
+    sizes: dict[str, str | int] = {"embedserve.sequences": chunk.num_sequences,
+                                   "embedserve.tokens": chunk.num_tokens,
+                                   "embedserve.priority": priority, "embedserve.attempt": attempt}
     trace.phase("queue", waited_from_ns, attributes=sizes)
     span = trace.dispatch({**sizes, "rpc.system": "grpc" if replica.transport == "grpc"
                            else "embedserve.frames",
