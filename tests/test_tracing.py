@@ -234,20 +234,19 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 def test_serve_exports_both_tiers_spans_to_an_otlp_receiver(tiny_bert_dir: Path):
     trace_id, parent_id, traceparent = _traceparent()
     with otlp_receiver() as receiver:
-        # Spans batched for 100 ms at most (the SDK's OTEL_BSP_SCHEDULE_DELAY), and the rest
-        # sent when the processes stop.
+        # The SDK's batch processor holds spans for an hour here (OTEL_BSP_SCHEDULE_DELAY):
+        # what arrives was sent by each process as it stopped.
         with served("--model", str(tiny_bert_dir), "--otlp-endpoint", receiver.url,
-                    env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as url:
+                    env={"OTEL_BSP_SCHEDULE_DELAY": "3600000"}) as url:
             reply = httpx.post(url + "/v1/embeddings", json={"input": TEXTS},
                                headers={"traceparent": traceparent}, timeout=60)
             assert reply.status_code == 200, reply.text
-
-            def of_trace() -> list[tuple[str, object]]:
-                return [(service, span) for service, span in receiver.spans
-                        if span.trace_id.hex() == trace_id]
-            wait_until(lambda: len(of_trace()) >= 8, timeout=60, what="the exported spans")
+            assert receiver.spans == []
+        of_trace = [(service, span) for service, span in receiver.spans
+                    if span.trace_id.hex() == trace_id]
     assert receiver.paths == {"/v1/traces"}
-    spans = {(service, span.name): span for service, span in of_trace()}
+    assert len(of_trace) == 8, [(service, span.name) for service, span in of_trace]
+    spans = {(service, span.name): span for service, span in of_trace}
     request = spans[GATEWAY_SERVICE, "POST /v1/embeddings"]
     assert request.parent_span_id.hex() == parent_id
     dispatch = spans[GATEWAY_SERVICE, "dispatch"]
@@ -356,3 +355,15 @@ def test_a_bad_endpoint_stops_the_gateway_with_one_line():
     assert done.stderr.strip().splitlines() == [
         "embedserve: error: OTLP endpoint 'collector:4318' is not an http:// or https:// "
         "URL; give the collector's OTLP/HTTP address, e.g. http://localhost:4318"]
+
+
+def test_probes_and_scrapes_make_no_spans(gateway, exporter):
+    trace_id, parent_id, traceparent = _traceparent()
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(gateway.url + path, headers={"traceparent": traceparent}, timeout=30).status_code == 200
+    marker, _, sampled = _traceparent()    # a traced request after them: their spans would be in by then
+    assert httpx.post(gateway.url + "/v1/embeddings", json={"input": TEXTS},
+                      headers={"traceparent": sampled}, timeout=60).status_code == 200
+    _spans_of(exporter, marker, 8)
+    assert not [s for s in exporter.get_finished_spans()
+                if format(s.context.trace_id, "032x") == trace_id]

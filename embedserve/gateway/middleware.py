@@ -39,6 +39,8 @@ TIMING_KEY = "embedserve.timing"
 REQUEST_ID_KEY = "embedserve.request_id"
 STARTED_KEY = "embedserve.started"   # time.perf_counter() when the middleware saw the request
 TRACE_KEY = "embedserve.trace"       # the request's embedserve.otel.RequestTrace, when traced
+# Probes and scrapes make no trace: a kubelet's every-few-seconds checks would bury the requests.
+UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # Probes and docs stay open when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
                         "/docs/oauth2-redirect"})
@@ -67,7 +69,7 @@ class GatewayMiddleware:
         request_id = _clean_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
         scope[REQUEST_ID_KEY] = request_id
         trace = None
-        if self.tracer is not None:
+        if self.tracer is not None and scope["path"] not in UNTRACED_PATHS:
             trace = scope[TRACE_KEY] = self.tracer.request(
                 scope["method"], scope["path"], _header(headers, b"traceparent"),
                 _header(headers, b"tracestate"),
