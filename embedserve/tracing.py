@@ -12,6 +12,7 @@ environment (``tracing_settings(flag, os.environ, ...)``); it never reads it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -103,6 +104,7 @@ def tracing_settings(endpoint_flag: str | None, environ: Mapping[str, str],
     if not 0.0 <= ratio <= 1.0:
         raise StartupError(f"OTEL_TRACES_SAMPLER_ARG={ratio_text} is not a ratio",
                            "give a number from 0 to 1")
+    _require_sdk()
     headers = _pairs(environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS",
                                  environ.get("OTEL_EXPORTER_OTLP_HEADERS", "")))
     return TracingSettings(endpoint=endpoint,
@@ -123,6 +125,20 @@ def start_tracer(settings: TracingSettings | None) -> Tracer | None:
                            "OTEL_EXPORTER_OTLP_* variables") from None
     return Tracer.exporting(settings.endpoint, settings.service_name, settings.sampler,
                             settings.sampler_arg, settings.headers, settings.resource_attributes)
+
+
+def _require_sdk() -> None:
+    """StartupError unless the otel extra is installed: found now, at the entry point, rather
+    than when a process that the launcher started first loads it."""
+    for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise StartupError(f"tracing needs OpenTelemetry, which is not installed ({module})",
+                               "pip install 'embedserve[otel]', or drop --otlp-endpoint and the "
+                               "OTEL_EXPORTER_OTLP_* variables")
 
 
 def _traces_url(base: str) -> str:
