@@ -37,7 +37,8 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("internals and debugging", (
         "--replica-transport", "--replica-calls", "--replica-ping", "--chunk-sequences",
         "--chunk-tokens", "--unix-socket", "--frame-port", "--metrics-port",
-        "--replica-token-file", "--max-frame-connections", "--log-level", "--debug")),
+        "--replica-token-file", "--max-frame-connections", "--otlp-endpoint", "--log-level",
+        "--debug")),
 )
 OTHER = "other options"
 

@@ -103,9 +103,9 @@ class SchedulerProcess:
 class GatewayServer:
     """The gateway app under uvicorn on a background thread, bound to port 0."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, tracer=None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, tracer=tracer)   # tracer: embedserve.otel.Tracer
         sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))

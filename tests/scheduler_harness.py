@@ -73,12 +73,12 @@ class RecordingEngine:
 class ThreadedScheduler:
     """A started SchedulerServer on a private event loop thread, with a sync channel."""
 
-    def __init__(self, settings: SchedulerSettings, engine) -> None:
+    def __init__(self, settings: SchedulerSettings, engine, tracer=None) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.server: SchedulerServer
-        self.server, self.port = self.call(create_server(settings, engine))
+        self.server, self.port = self.call(create_server(settings, engine, tracer=tracer))
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = inference_pb2_grpc.InferenceStub(self.channel)
 

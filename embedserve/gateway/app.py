@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -39,6 +40,10 @@ from embedserve.gateway.settings import GatewaySettings, ServedModel, check_dist
 from embedserve.gateway.startup import NativeSwitch, PreparedModel, prepare_models
 from embedserve.model.info import ModelInfo
 from embedserve.tokenizer.kernel_cache import on_first_call
+from embedserve.tracing import start_tracer
+
+if TYPE_CHECKING:
+    from embedserve.otel import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,8 @@ class GatewayApp(FastAPI):
 
 
 def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
-               prepared: dict[Path, PreparedModel] | None = None) -> FastAPI:
+               prepared: dict[Path, PreparedModel] | None = None,
+               tracer: Tracer | None = None) -> FastAPI:
     """An app serving ``settings.models``, each over its own replicas.
 
     ``source`` (tests) replaces the first model's replicas; otherwise each
@@ -74,12 +80,17 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     (those not in ``prepared``: ``startup.prepare_models``' answer, by resolved
     directory), so a bad model directory fails at start-up (``ModelLoadError``),
     not on a request; so do two models answering to one name (``ValueError``).
+    ``tracer`` (tests): where its spans go; default: as ``settings.tracing`` says
+    (docs/tracing.md), shut down (flushed) with the app.
     """
     # One thread for every model's tokenizer: the Numba encoder already runs
     # in parallel inside a call, and its threading layer must not be entered
     # from two threads at once (settings.tokenizer_threads).
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
     metrics = GatewayMetrics()
+    owns_tracer = tracer is None
+    if tracer is None:
+        tracer = start_tracer(settings.tracing)
     # Tokenizers warmed: no request waits for a tokenizer kernel (gateway/startup.py).
     prepared = dict(prepared or {})
     prepared.update(prepare_models(served.model_dir for served in settings.models
@@ -126,6 +137,8 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
             for gateway in router.gateways:
                 await gateway.pool.close()
             executor.shutdown(wait=False, cancel_futures=True)
+            if tracer is not None and owns_tracer:
+                await asyncio.to_thread(tracer.shutdown)   # sends the spans still batched
 
     # /docs and /redoc serve their scripts from the fastapi-offline package, not a
     # CDN, so they work on a machine without internet access.
@@ -152,5 +165,5 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     app.wrap(lambda fastapi: GatewayMiddleware(  # type: ignore[attr-defined]  # a GatewayApp (above)
         DrainMiddleware(DirectRoutes(fastapi, routes), drain=drain),
         metrics=metrics, max_body_bytes=settings.max_body_bytes, api_key=settings.api_key,
-        batch_api_keys=settings.batch_api_keys))
+        batch_api_keys=settings.batch_api_keys, tracer=tracer))
     return app

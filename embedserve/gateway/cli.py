@@ -38,6 +38,7 @@ from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.priority import parse_route_priorities
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+from embedserve.tracing import add_otlp_endpoint_flag, tracing_settings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -127,6 +128,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser, starts_replicas: bool = F
                         help="after SIGTERM, seconds that requests admitted before it may run "
                              "while new ones get 503; then the process exits "
                              "(default: %(default)s)")
+    add_otlp_endpoint_flag(parser)
     parser.add_argument("--log-level", default="info", help="default: %(default)s")
 
 
@@ -207,7 +209,8 @@ def gateway_settings(args: argparse.Namespace, models: Sequence[ServedModel],
         request_timeout_s=args.request_timeout, chunk_max_sequences=args.chunk_sequences,
         chunk_max_tokens=args.chunk_tokens, replica_ping_s=args.replica_ping,
         drain_timeout_s=args.drain_timeout, replica_token=replica_token,
-        replica_calls=args.replica_calls)
+        replica_calls=args.replica_calls,
+        tracing=tracing_settings(args.otlp_endpoint, os.environ, "embedserve-gateway"))
 
 
 def run_gateway(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -27,6 +28,9 @@ from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPoo
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
 from embedserve.wire import INTERACTIVE
+
+if TYPE_CHECKING:
+    from embedserve.otel import RequestTrace
 
 
 @dataclass
@@ -70,11 +74,13 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
                              make_request: MakeRequest, deadline: float, request_id: str,
                              timings: DispatchTimings,
                              on_retry: Callable[[], None] | None = None,
-                             priority: str = INTERACTIVE) -> list[np.ndarray]:
+                             priority: str = INTERACTIVE,
+                             trace: RequestTrace | None = None) -> list[np.ndarray]:
     """``run_chunks`` for replies carrying several arrays (Embed with ``precisions``: one
     per precision, in request order); each array's rows in input order. ``priority``:
     the class whose room on a replica the chunks take (``ReplicaPool.acquire``); the
-    messages carry it themselves."""
+    messages carry it themselves. ``trace``: the request's spans, when it is traced
+    (each chunk's wait for a replica and each call; docs/tracing.md)."""
     max_tokens = policy.max_tokens
     info = pool.info()
     if info is not None and info.max_queue_tokens:
@@ -85,12 +91,12 @@ async def run_chunks_outputs(pool: ReplicaPool, packed: RaggedBatch, policy: Chu
         a, b = ranges[0]
         chunk = packed if (a, b) == (0, packed.num_sequences) else packed.slice(a, b)
         return await _run_chunk(pool, chunk, policy.max_attempts, rpc, make_request, deadline,
-                                request_id, timings, on_retry, priority)
+                                request_id, timings, on_retry, priority, trace)
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_run_chunk(pool, packed.slice(a, b), policy.max_attempts, rpc,
                                                   make_request, deadline, request_id, timings, on_retry,
-                                                  priority))
+                                                  priority, trace))
                      for a, b in ranges]
     except* Exception as group_error:
         # Report the first failure as itself, not wrapped in a group.
@@ -137,25 +143,33 @@ def reply_arrays(rpc: str, reply, field: str) -> list[np.ndarray]:
 async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, rpc: str,
                      make_request: MakeRequest, deadline: float, request_id: str,
                      timings: DispatchTimings, on_retry: Callable[[], None] | None,
-                     priority: str = INTERACTIVE) -> list[np.ndarray]:
+                     priority: str = INTERACTIVE, trace: RequestTrace | None = None) -> list[np.ndarray]:
     tokens = chunk.num_tokens
     message = make_request(wire.pack_tokens(chunk))
     tried: set[Replica] = set()
     last_error: EmbedServeError | None = None
     for attempt in range(max_attempts):
         waited_from = time.monotonic()
+        waited_from_ns = time.time_ns() if trace is not None else 0
         replica = await pool.acquire(tokens, frozenset(tried), deadline, priority)
         gateway_wait = time.monotonic() - waited_from
         timings.attempts += 1
+        span = None
+        outcome = "CANCELLED"
         try:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceeded("the request timed out waiting for a replica")
+            if trace is not None:
+                span = _dispatch_span(trace, waited_from_ns, replica, rpc, chunk, priority, attempt,
+                                      message)
             called_at = time.perf_counter()
             reply = await replica.call(rpc, message, remaining, request_id)
             timings.rpc_s = max(timings.rpc_s, time.perf_counter() - called_at)
+            outcome = "OK"
         except REPLICA_CALL_ERRORS as exc:
             code = exc.code()
+            outcome = code.name
             last_error = from_rpc_error(code, exc.details())
             # A lost frame connection says nothing of the replica's gRPC side: the
             # retry goes to another replica, or back to this one over gRPC (``acquire``
@@ -174,6 +188,8 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             continue
         finally:
             await pool.release(replica, tokens, priority)
+            if span is not None:
+                trace.end_dispatch(span, outcome)  # type: ignore[union-attr]
         queue_s = gateway_wait + reply.timings.queue_us / 1e6
         timings.queue_s = max(timings.queue_s, queue_s)
         if reply.timings.compute_us / 1e6 >= timings.inference_s:
@@ -189,3 +205,20 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
         return arrays
     assert last_error is not None
     raise last_error
+
+
+def _dispatch_span(trace: RequestTrace, waited_from_ns: int, replica: Replica, rpc: str,
+                   chunk: RaggedBatch, priority: str, attempt: int, message):
+    """Record the chunk's wait for a replica (``queue``), begin its call's ``dispatch`` span,
+    and name that span in ``message`` as the parent of the replica's spans."""
+    sizes: dict[str, str | int] = {"embedserve.sequences": chunk.num_sequences,
+                                   "embedserve.tokens": chunk.num_tokens,
+                                   "embedserve.priority": priority, "embedserve.attempt": attempt}
+    trace.phase("queue", waited_from_ns, attributes=sizes)
+    span = trace.dispatch({**sizes, "rpc.system": "grpc" if replica.transport == "grpc"
+                           else "embedserve.frames",
+                           "rpc.service": "embedserve.v1.Inference", "rpc.method": rpc,
+                           "server.address": replica.address,
+                           "embedserve.replica.transport": replica.transport})
+    message.trace.traceparent, message.trace.tracestate = trace.context_headers(span)
+    return span

@@ -9,6 +9,9 @@ route still sees the client's disconnect and no extra task sits on each request.
 Routes record phase durations in ``scope["embedserve.timing"]`` (a dict of
 name -> seconds); ``total`` is added here, and ``since_start`` measures a
 phase that began when the request did (``parse``: up to the route handler).
+With tracing on (docs/tracing.md), the request's span (``embedserve.otel.RequestTrace``,
+continuing the client's ``traceparent``) is begun and ended here and kept in
+``scope["embedserve.trace"]``, where the phases add theirs; off, that key is never set.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,11 +30,17 @@ from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.priority import FORCED_KEY, PRIORITY_KEY
 from embedserve.wire import BATCH
 
+if TYPE_CHECKING:
+    from embedserve.otel import Tracer
+
 log = logging.getLogger(__name__)
 
 TIMING_KEY = "embedserve.timing"
 REQUEST_ID_KEY = "embedserve.request_id"
 STARTED_KEY = "embedserve.started"   # time.perf_counter() when the middleware saw the request
+TRACE_KEY = "embedserve.trace"       # the request's embedserve.otel.RequestTrace, when traced
+# Probes and scrapes make no trace: a kubelet's every-few-seconds checks would bury the requests.
+UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # Probes and docs stay open when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
                         "/docs/oauth2-redirect"})
@@ -40,8 +50,10 @@ DOCS_ASSETS_PREFIX = "/static-offline-docs/"
 
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics, max_body_bytes: int,
-                 api_key: str | None, batch_api_keys: tuple[str, ...] = ()) -> None:
+                 api_key: str | None, batch_api_keys: tuple[str, ...] = (),
+                 tracer: Tracer | None = None) -> None:
         self.app = app
+        self.tracer = tracer
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key
@@ -56,6 +68,13 @@ class GatewayMiddleware:
         headers = dict(scope.get("headers") or [])
         request_id = _clean_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
         scope[REQUEST_ID_KEY] = request_id
+        trace = None
+        if self.tracer is not None and scope["path"] not in UNTRACED_PATHS:
+            trace = scope[TRACE_KEY] = self.tracer.request(
+                scope["method"], scope["path"], _header(headers, b"traceparent"),
+                _header(headers, b"tracestate"),
+                {"http.request.method": scope["method"], "url.path": scope["path"],
+                 "embedserve.request_id": request_id})
         timing: dict[str, float] = {}
         scope[TIMING_KEY] = timing
         status_seen = [500]
@@ -97,6 +116,9 @@ class GatewayMiddleware:
             self.metrics.count_request(_route_label(scope), status_seen[0], seconds)
             if PRIORITY_KEY in scope:   # a request that reached a model route
                 self.metrics.count_class_request(scope[PRIORITY_KEY], seconds)
+            if trace is not None:
+                route = scope.get("route")
+                trace.end(status_seen[0], getattr(route, "path", None))
 
     def _refuse(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, str, str | None] | None:
         """(status, message, error.code) of a request refused before routing, or None."""
@@ -133,11 +155,19 @@ def since_start(scope: Scope, phase: str) -> None:
     started = scope.get(STARTED_KEY)
     if started is not None:
         scope.setdefault(TIMING_KEY, {})[phase] = time.perf_counter() - started
+    trace = scope.get(TRACE_KEY)
+    if trace is not None:
+        trace.phase(phase, trace.start_ns)
 
 
 def server_timing(timing: dict[str, float]) -> str:
     """``{"tokenize": 0.0012, ...}`` -> ``tokenize;dur=1.200, ...`` (milliseconds)."""
     return ", ".join(f"{name};dur={seconds * 1e3:.3f}" for name, seconds in timing.items())
+
+
+def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _clean_request_id(raw: bytes | None) -> str | None:

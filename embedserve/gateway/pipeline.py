@@ -26,7 +26,7 @@ from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
 from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
+from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, TRACE_KEY
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.priority import scope_priority
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, ReplicaPool
@@ -221,12 +221,18 @@ class Gateway:
             message = make(tokens)
             message.priority = wire_priority
             return message
+        trace = request.scope.get(TRACE_KEY)
+        if trace is not None:   # docs/tracing.md
+            trace.set_attributes({"embedserve.model": self.model_id, "embedserve.route": route,
+                                  "embedserve.priority": priority, "embedserve.rpc": rpc,
+                                  "embedserve.sequences": packed.num_sequences,
+                                  "embedserve.tokens": tokens})
         with self.budgets[priority].hold(tokens):
             try:
                 result = await cancel_on_disconnect(request, run_chunks_outputs(
                     self.pool, packed, self.policy, rpc, make_in_class, deadline,
                     request.scope.get(REQUEST_ID_KEY, ""), timings,
-                    on_retry=self._count_retry, priority=priority))
+                    on_retry=self._count_retry, priority=priority, trace=trace))
                 self._class_queue[priority].observe(timings.queue_s)
             finally:
                 timing["dispatch"] = time.perf_counter() - started - timings.rpc_s
@@ -240,13 +246,18 @@ class Gateway:
 
 
 async def timed(request: Request, phase: str, work: Awaitable[T]) -> T:
-    """Await ``work`` and record its duration as ``phase`` in Server-Timing."""
+    """Await ``work`` and record its duration as ``phase`` in Server-Timing (and as a span,
+    when the request is traced)."""
+    trace = request.scope.get(TRACE_KEY)
+    started_ns = time.time_ns() if trace is not None else 0
     started = time.perf_counter()
     try:
         return await work
     finally:
         timing = request.scope.setdefault(TIMING_KEY, {})
         timing[phase] = timing.get(phase, 0.0) + time.perf_counter() - started
+        if trace is not None:
+            trace.phase(phase, started_ns)
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedserve.tracing import TracingSettings
+
 # How a gateway may call its replicas' Embed/Score/Ranges (``replica_calls``).
 REPLICA_CALLS = ("frames", "grpc")
 
@@ -121,6 +123,8 @@ class GatewaySettings:
     # metrics /metrics merges into its own, each sample labelled replica=LABEL:
     # ``embedserve serve``'s local replicas (elsewhere each is scraped itself).
     replica_metrics_urls: tuple[tuple[str, str], ...] = ()
+    # OpenTelemetry export (docs/tracing.md); None: no tracing, nothing of it loaded.
+    tracing: TracingSettings | None = None
 
     @property
     def models(self) -> tuple[ServedModel, ...]:

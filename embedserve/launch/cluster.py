@@ -37,6 +37,7 @@ from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.cli import add_engine_flags, add_priority_flags, cuda_flags, engine_flags, priority_flags
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 from embedserve.scheduler.token_file import temporary_token_file
+from embedserve.tracing import add_otlp_endpoint_flag, otlp_endpoint_args
 
 log = logging.getLogger("embedserve.launch.cluster")
 # Beyond its drain timeout, the time the gateway may take to close before SIGKILL.
@@ -86,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--route-priority", action="append", default=[], metavar="ROUTE=CLASS",
                         help="run every request to ROUTE in CLASS (interactive or batch); repeatable")
     add_long_input_flags(parser)
+    add_otlp_endpoint_flag(parser)
     parser.add_argument("--drain-timeout", type=float, default=GatewaySettings.drain_timeout_s,
                         help="after SIGTERM, seconds the gateway lets admitted requests run "
                              "while new ones get 503 (default: %(default)s)")
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     gateway_args = (*(("--api-key", args.api_key) if args.api_key else ()), *long_input_args(args),
                     *(("--grpc-port", str(args.grpc_port)) if args.grpc_port is not None else ()),
                     *(arg for key in args.batch_api_key for arg in ("--batch-api-key", key)),
-                    *(arg for rule in args.route_priority for arg in ("--route-priority", rule)))
+                    *(arg for rule in args.route_priority for arg in ("--route-priority", rule)),
+                    *otlp_endpoint_args(args))
     if args.calibration:   # the replicas write int8/uint8 calibration ranges there
         check_cache_dir(args.cache_dir or default_cache_dir())
     specs = model_specs_from_args(args)
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                                drain_timeout_s=args.drain_timeout,
                                # where replicas keep the int8/uint8 calibration
                                replica_args=(*cuda_flags(args), *priority_flags(args),
+                                             *otlp_endpoint_args(args),
                                              *(("--cache-dir", str(args.cache_dir))
                                                if args.cache_dir else ())))
     return run_event_loop(run_cluster(settings))

@@ -33,6 +33,7 @@ from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import add_engine_flags, add_priority_flags, cuda_flags, engine_flags, priority_flags
 from embedserve.scheduler.token_file import read_token_file, temporary_token_file
+from embedserve.tracing import otlp_endpoint_args
 
 log = logging.getLogger("embedserve.serve")
 
@@ -92,7 +93,7 @@ async def _serve_with_token(args: argparse.Namespace, specs: list[ModelSpec], to
     env = replica_env(sum(counts), args.device)
     extra = (*engine_flags(args.dtype, args.cuda_graphs, args.dtype_probe_min_cosine,
                           args.calibration), *cuda_flags(args), *priority_flags(args),
-             "--replica-token-file", str(token_file),
+             "--replica-token-file", str(token_file), *otlp_endpoint_args(args),
              # each replica's Prometheus endpoint, merged into the gateway's /metrics
              "--metrics-port", "0",
              # where replicas keep the int8/uint8 calibration

@@ -74,8 +74,16 @@ class Timings(_message.Message):
     wake_us: int
     def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ..., wake_us: _Optional[int] = ...) -> None: ...
 
+class TraceContext(_message.Message):
+    __slots__ = ("traceparent", "tracestate")
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    traceparent: str
+    tracestate: str
+    def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
 class EmbedRequest(_message.Message):
-    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions", "priority")
+    __slots__ = ("tokens", "normalize", "dimensions", "dtype", "request_id", "precisions", "priority", "trace")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +91,7 @@ class EmbedRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRECISIONS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     normalize: bool
     dimensions: int
@@ -90,7 +99,8 @@ class EmbedRequest(_message.Message):
     request_id: str
     precisions: _containers.RepeatedScalarFieldContainer[Precision]
     priority: Priority
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., precisions: _Optional[_Iterable[_Union[Precision, str]]] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    trace: TraceContext
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., request_id: _Optional[str] = ..., precisions: _Optional[_Iterable[_Union[Precision, str]]] = ..., priority: _Optional[_Union[Priority, str]] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "timings", "request_id", "quantized")
@@ -105,16 +115,18 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ..., quantized: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("pairs", "sigmoid", "request_id", "priority")
+    __slots__ = ("pairs", "sigmoid", "request_id", "priority", "trace")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     SIGMOID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     pairs: PackedTokens
     sigmoid: bool
     request_id: str
     priority: Priority
-    def __init__(self, pairs: _Optional[_Union[PackedTokens, _Mapping]] = ..., sigmoid: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    trace: TraceContext
+    def __init__(self, pairs: _Optional[_Union[PackedTokens, _Mapping]] = ..., sigmoid: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("scores", "timings", "request_id")
@@ -187,16 +199,18 @@ class RangesResponse(_message.Message):
     def __init__(self, ranges: _Optional[_Union[Tensor, _Mapping]] = ..., calibration_id: _Optional[str] = ..., sample_size: _Optional[int] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("tokens", "raw_scores", "request_id", "priority")
+    __slots__ = ("tokens", "raw_scores", "request_id", "priority", "trace")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     raw_scores: bool
     request_id: str
     priority: Priority
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., raw_scores: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    trace: TraceContext
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., raw_scores: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
 
 class ClassifyResponse(_message.Message):
     __slots__ = ("scores", "timings", "request_id")
@@ -209,16 +223,18 @@ class ClassifyResponse(_message.Message):
     def __init__(self, scores: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EmbedSparseRequest(_message.Message):
-    __slots__ = ("tokens", "top_k", "request_id", "priority")
+    __slots__ = ("tokens", "top_k", "request_id", "priority", "trace")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     top_k: int
     request_id: str
     priority: Priority
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    trace: TraceContext
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedSparseResponse(_message.Message):
     __slots__ = ("counts", "indices", "values", "timings", "request_id")
@@ -235,16 +251,18 @@ class EmbedSparseResponse(_message.Message):
     def __init__(self, counts: _Optional[_Union[Tensor, _Mapping]] = ..., indices: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EmbedTokensRequest(_message.Message):
-    __slots__ = ("tokens", "query", "request_id", "priority")
+    __slots__ = ("tokens", "query", "request_id", "priority", "trace")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     tokens: PackedTokens
     query: bool
     request_id: str
     priority: Priority
-    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., query: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    trace: TraceContext
+    def __init__(self, tokens: _Optional[_Union[PackedTokens, _Mapping]] = ..., query: _Optional[bool] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedTokensResponse(_message.Message):
     __slots__ = ("counts", "vectors", "timings", "request_id")

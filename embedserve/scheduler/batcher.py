@@ -246,7 +246,14 @@ class Batcher:
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._engine_free_at = finished_at
         self._metrics.step_seconds.observe(compute_s)
+        step_tokens = -1
         for run in runs:
+            if run.call.steps is not None:   # a traced call (docs/tracing.md)
+                if step_tokens < 0:
+                    step_tokens = sum(int(r.call.tokens.lengths[r.first_index:r.first_index + r.count].sum())
+                                      for r in runs)
+                run.call.steps.append((finished_at - compute_s, finished_at, expected, step_tokens,
+                                       len(runs), run.count))
             run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s, wake_s)
 
     def _fail(self, runs: list[Run], error: Exception) -> None:

@@ -31,6 +31,7 @@ from embedserve.scheduler.settings import (
     default_max_batch_tokens,
 )
 from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+from embedserve.tracing import add_otlp_endpoint_flag, tracing_settings
 
 # The exit status of a replica whose device failed for good (a poisoned CUDA context).
 EXIT_DEVICE_LOST = 3
@@ -87,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_replica_token_argument(parser, "refuse calls (UNAUTHENTICATED) that do not carry the "
                                        "token in this file as 'authorization: Bearer TOKEN'; "
                                        "health checks stay open")
+    add_otlp_endpoint_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -254,7 +256,8 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         batch_tokens_while_interactive=args.batch_tokens_while_interactive,
         interactive_window_s=args.interactive_window,
         calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
-        replica_token=replica_token_from_args(args, os.environ))
+        replica_token=replica_token_from_args(args, os.environ),
+        tracing=tracing_settings(args.otlp_endpoint, os.environ, "embedserve-replica"))
 
 
 def run(args: argparse.Namespace) -> int:

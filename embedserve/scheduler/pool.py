@@ -56,6 +56,9 @@ class Call:
         self.compute_s = 0.0
         self.wake_s = 0.0
         self.gone_reason: str | None = None  # set once: CANCELLED, DEADLINE or FAILED
+        # The engine steps that carried its rows (otel.StepRecord tuples), kept only
+        # while the call is traced (None: not traced, the batcher records nothing).
+        self.steps: list[tuple[float, float, int, int, int, int]] | None = None
 
     @property
     def num_tokens(self) -> int:

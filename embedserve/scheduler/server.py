@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -34,7 +35,11 @@ from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
 from embedserve.scheduler.servicer import InferenceService
 from embedserve.scheduler.settings import SchedulerSettings, default_max_batch_tokens
+from embedserve.tracing import start_tracer
 from embedserve.wire import PRIORITIES
+
+if TYPE_CHECKING:
+    from embedserve.otel import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,8 @@ class SchedulerServer:
     """
 
     def __init__(self, settings: SchedulerSettings, engine: StepEngine,
-                 on_device_lost: Callable[[], None] | None = None) -> None:
+                 on_device_lost: Callable[[], None] | None = None,
+                 tracer: Tracer | None = None) -> None:
         info = engine.info
         max_batch_tokens = settings.max_batch_tokens or default_max_batch_tokens(settings.device, info.dtype)
         settings = dataclasses.replace(settings, max_batch_tokens=max_batch_tokens)
@@ -71,7 +77,11 @@ class SchedulerServer:
         self.pool = RequestPool(settings.max_queue_tokens,
                                 batch_token_cap=settings.batch_tokens_while_interactive,
                                 interactive_window_s=settings.interactive_window_s)
-        self.service = InferenceService(engine, self.pool, settings, self.metrics)
+        # Spans of each call (docs/tracing.md): ``tracer`` (tests), else one exporting as
+        # ``settings.tracing`` says, shut down (flushed) by ``stop``; None: no tracing.
+        self._owns_tracer = tracer is None
+        self.tracer = tracer if tracer is not None else start_tracer(settings.tracing)
+        self.service = InferenceService(engine, self.pool, settings, self.metrics, self.tracer)
         self.batcher = Batcher(engine, self.pool, info.task, max_batch_tokens,  # type: ignore[arg-type]  # task: checked at load
                                settings.max_batch_sequences, settings.in_flight_depth,
                                self.metrics, on_device_lost=self._device_lost)
@@ -187,6 +197,8 @@ class SchedulerServer:
         await self.batcher.stop()
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
+        if self.tracer is not None and self._owns_tracer:
+            await asyncio.to_thread(self.tracer.shutdown)   # sends the spans still batched
 
     async def _warm_up(self) -> None:
         """One real step before SERVING: first-call costs (allocations, kernels) happen here."""
@@ -246,9 +258,10 @@ class SchedulerServer:
 
 async def create_server(settings: SchedulerSettings, engine: StepEngine,
                         on_device_lost: Callable[[], None] | None = None,
-                        ) -> tuple[SchedulerServer, int]:
-    """Build and start a replica around a loaded engine; returns it and its port."""
-    server = SchedulerServer(settings, engine, on_device_lost)
+                        tracer: Tracer | None = None) -> tuple[SchedulerServer, int]:
+    """Build and start a replica around a loaded engine; returns it and its port.
+    ``tracer``: its spans' (tests); default: as ``settings.tracing`` says."""
+    server = SchedulerServer(settings, engine, on_device_lost, tracer)
     try:
         port = await server.start()
     except BaseException:

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 import numpy as np
@@ -46,17 +46,24 @@ from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
 from embedserve.scheduler.settings import SchedulerSettings
 from embedserve.scheduler.status import grpc_status
 
+if TYPE_CHECKING:
+    from embedserve.otel import CallTrace, Tracer
+
 log = logging.getLogger(__name__)
 # grpc ships no types: an explicit alias (of Any) that annotations may use.
 Context: TypeAlias = grpc.aio.ServicerContext
+# The RPC that serves each task: the name of a traced call's span (docs/tracing.md).
+TASK_METHODS = {"embed": "Embed", "score": "Score", "classify": "Classify", "sparse": "EmbedSparse",
+                "multivector": "EmbedTokens"}
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     """Handlers for one engine. ``accepting`` is False while warming up and draining."""
 
     def __init__(self, engine: StepEngine, pool: RequestPool, settings: SchedulerSettings,
-                 metrics: SchedulerMetrics) -> None:
+                 metrics: SchedulerMetrics, tracer: Tracer | None = None) -> None:
         self._engine = engine
+        self._tracer = tracer   # None: no tracing (docs/tracing.md)
         self._info = engine.info
         self._pool = pool
         self._settings = settings
@@ -140,7 +147,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         ranged = any(p in RANGED_PRECISIONS for p in precisions)
         if ranged:
             self._require_calibration()
-        call, rows = await self._run(tokens, "embed", context, request.priority)
+        call, rows = await self._run(tokens, "embed", context, request.priority, request.trace)
         vectors = postprocess_embeddings(rows, request.normalize, dimensions)
         if not precisions:
             return inference_pb2.EmbedResponse(
@@ -185,7 +192,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _score(self, request: inference_pb2.ScoreRequest,
                      context: Context) -> inference_pb2.ScoreResponse:
         tokens = self._decode(request.pairs, "score", "pairs")
-        call, rows = await self._run(tokens, "score", context, request.priority)
+        call, rows = await self._run(tokens, "score", context, request.priority, request.trace)
         scores = postprocess_scores(rows.reshape(-1), request.sigmoid)
         return inference_pb2.ScoreResponse(scores=wire.array_to_tensor(scores, "float32"),
                                            timings=self._timings(call),
@@ -194,7 +201,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _classify(self, request: inference_pb2.ClassifyRequest,
                         context: Context) -> inference_pb2.ClassifyResponse:
         tokens = self._decode(request.tokens, "classify", "tokens")
-        call, rows = await self._run(tokens, "classify", context, request.priority)
+        call, rows = await self._run(tokens, "classify", context, request.priority, request.trace)
         scores = rows if request.raw_scores else classification_probabilities(rows, self._info.activation)
         return inference_pb2.ClassifyResponse(scores=wire.array_to_tensor(scores, "float32"),
                                               timings=self._timings(call),
@@ -203,7 +210,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _embed_sparse(self, request: inference_pb2.EmbedSparseRequest,
                             context: Context) -> inference_pb2.EmbedSparseResponse:
         tokens = self._decode(request.tokens, "sparse", "tokens")
-        call, rows = await self._run(tokens, "sparse", context, request.priority)
+        call, rows = await self._run(tokens, "sparse", context, request.priority, request.trace)
         counts, indices, values = sparse_rows(rows, request.top_k or None)
         return inference_pb2.EmbedSparseResponse(
             counts=wire.array_to_tensor(counts, "int32"), indices=wire.array_to_tensor(indices, "int32"),
@@ -216,7 +223,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         spec = self._info.multivector
         assert spec is not None, "a multi-vector model's info carries its spec"
         self._check_reply_size(tokens.num_tokens, self._info.dimension, [], inference_pb2.DTYPE_FLOAT32)
-        call, rows = await self._run(tokens, "multivector", context, request.priority)
+        call, rows = await self._run(tokens, "multivector", context, request.priority, request.trace)
         counts, vectors = token_vectors(rows, tokens.token_ids, tokens.cu_seqlens, spec,
                                         self._info.normalize, "query" if request.query else "document")
         return inference_pb2.EmbedTokensResponse(
@@ -231,10 +238,10 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         validate.check_fits_model(tokens, self._info, field)
         return tokens
 
-    async def _run(self, tokens: RaggedBatch, task: Task, context: Context,
-                   wire_priority: int) -> tuple[Call, np.ndarray]:
+    async def _run(self, tokens: RaggedBatch, task: Task, context: Context, wire_priority: int,
+                   trace: inference_pb2.TraceContext) -> tuple[Call, np.ndarray]:
         """Admit a call in its class's queue, wait for its rows; a caller who leaves marks
-        it gone."""
+        it gone. ``trace``: the caller's span, which a traced call's spans continue."""
         priority = wire.priority_from_proto(wire_priority)
         if not self.accepting:
             raise Unavailable("the scheduler is not serving (warming up or draining)")
@@ -243,18 +250,40 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining,
                     read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority)
-        self._pool.admit(call)  # raises Overloaded at once when full
+        # Traced (docs/tracing.md): the call's span, its queue wait and the steps that served it.
+        span = self._call_span(call, trace) if self._tracer is not None else None
         try:
-            rows = await call.future
-        except asyncio.CancelledError:
-            call.cancel(DEADLINE if _deadline_passed(context) else CANCELLED)
-            self._metrics.calls_dropped.labels(call.gone_reason or CANCELLED).inc()
+            self._pool.admit(call)  # raises Overloaded at once when full
+            try:
+                rows = await call.future
+            except asyncio.CancelledError:
+                call.cancel(DEADLINE if _deadline_passed(context) else CANCELLED)
+                self._metrics.calls_dropped.labels(call.gone_reason or CANCELLED).inc()
+                raise
+            except BaseException:
+                self._metrics.calls_dropped.labels(call.gone_reason or "failed").inc()
+                raise
+        except BaseException as error:
+            if span is not None:
+                _end_call_span(span, call, error)
             raise
-        except BaseException:
-            self._metrics.calls_dropped.labels(call.gone_reason or "failed").inc()
-            raise
+        if span is not None:
+            _end_call_span(span, call, None)
         self._metrics.observe_call(priority, time.monotonic() - call.arrival)
         return call, rows
+
+    def _call_span(self, call: Call, trace: inference_pb2.TraceContext) -> CallTrace:
+        """The span of ``call``, continuing the caller's ``trace``; the batcher records the
+        steps that carry its rows from now on."""
+        assert self._tracer is not None
+        method = TASK_METHODS[call.task]
+        call.steps = []
+        return self._tracer.call(method, trace.traceparent, trace.tracestate, call.arrival, {
+            "rpc.system": "embedserve.frames" if call.read_in_bulk else "grpc",
+            "rpc.service": "embedserve.v1.Inference", "rpc.method": method,
+            "embedserve.model": self._info.model_id, "embedserve.priority": call.priority,
+            "embedserve.sequences": call.tokens.num_sequences,
+            "embedserve.tokens": call.tokens.num_tokens})
 
     @staticmethod
     def _timings(call: Call) -> inference_pb2.Timings:
@@ -305,6 +334,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 # when the request arrived, one network hop later). So a cancel this close to
 # the deadline is counted as the deadline. Only the metrics label depends on it.
 _DEADLINE_SKEW_S = 0.05
+
+
+def _end_call_span(span: CallTrace, call: Call, error: BaseException | None) -> None:
+    span.end(call.arrival, call.first_batched_at, call.steps or (), error,
+             {"embedserve.compute_us": int(call.compute_s * 1e6)})
 
 
 def _deadline_passed(context: Context) -> bool:

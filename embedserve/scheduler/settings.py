@@ -11,6 +11,7 @@ from pathlib import Path
 
 from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.tracing import TracingSettings
 
 # Token budget per step when the flag is not given. On a GPU, 512 keeps a
 # CUDA-graph bucket busy without long waits. On CPU the budget was chosen by
@@ -89,6 +90,8 @@ class SchedulerSettings:
     # Calls must carry ``authorization: Bearer <replica_token>`` (auth.py);
     # None: no check. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
+    # OpenTelemetry export (docs/tracing.md); None: no tracing, nothing of it loaded.
+    tracing: TracingSettings | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_sequences", "max_queue_tokens",
