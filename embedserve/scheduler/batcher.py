@@ -140,7 +140,9 @@ class Batcher:
         self._clock = clock
         self._on_device_lost = on_device_lost
         self._in_flight: set[LazyTensor] = set()
-        self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
+        # When the engine finished its last step (monotonic), per lane (None: one lane):
+        # steps of a lane run one after another, those of two lanes inside each other.
+        self._free_at: dict[str | None, float] = {None: 0.0, INTERACTIVE: 0.0, BATCH: 0.0}
         self._step_finished = asyncio.Event()   # set as each step finishes
         self._run_task: asyncio.Task | None = None
 
@@ -287,13 +289,13 @@ class Batcher:
             return   # stopped meanwhile
         self._in_flight.discard(lazy)
         try:
-            self._finish(lazy, runs, submitted_at, lane == INTERACTIVE)
+            self._finish(lazy, runs, submitted_at, lane)
         finally:
             self._release(lane)
             self._step_finished.set()
 
     def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float,
-                preempting: bool = False) -> None:
+                lane: str | None = None) -> None:
         try:
             rows = lazy.wait(0)
         except Exception as error:
@@ -305,14 +307,11 @@ class Batcher:
                                           f"for {expected} sequences"))
             return
         finished_at = self._clock()
-        if preempting:
-            # It ran inside a batch step (or on its own): its time is from its submission.
-            compute_s = finished_at - submitted_at
-        else:
-            # Steps run one after another in the engine: this one's own compute
-            # began when it was submitted or when the previous one finished.
-            compute_s = finished_at - max(submitted_at, self._engine_free_at)
-            self._engine_free_at = finished_at
+        # A lane's steps run one after another in the engine: this one's own compute
+        # began when it was submitted or when the lane's previous one finished (a batch
+        # step's time includes the interactive steps run inside it).
+        compute_s = finished_at - max(submitted_at, self._free_at[lane])
+        self._free_at[lane] = finished_at
         # The part of it between the engine finishing and this callback running.
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._metrics.step_seconds.observe(compute_s)
