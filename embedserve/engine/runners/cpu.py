@@ -134,6 +134,7 @@ class CpuRunner:
     def close(self) -> None:
         # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._preemption.cancel_pending()
 
 
 def _run_here(run: Callable[[Batch], np.ndarray], batch: Batch) -> concurrent.futures.Future:

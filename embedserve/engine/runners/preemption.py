@@ -68,6 +68,11 @@ class LayerPreemption:
         while self._run_one():
             pass
 
+    def cancel_pending(self) -> None:
+        """Cancel the urgent steps not run yet (the runner is closing)."""
+        while self._urgent:
+            self._urgent.popleft()[1].cancel()
+
     def _before_layer(self, _module: nn.Module, _args: tuple) -> None:
         if not self._in_urgent_step and self._run_one():
             self.preempted += 1
