@@ -179,7 +179,7 @@ def test_lanes_refuse_bad_limits():
             lanes([], [], budget, max_sequences)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(interactive=entry_lists, batch=entry_lists, budget=st.integers(1, 100),
        max_sequences=st.integers(1, 12), interactive_room=st.booleans(), batch_room=st.booleans())
 def test_lane_properties(interactive, batch, budget, max_sequences, interactive_room, batch_room):
