@@ -57,6 +57,15 @@ def test_serve_and_cluster_pass_only_the_changed_replica_flags_on(command):
     assert scheduler_cli.priority_flags(parse(command, "--batch-tokens-while-interactive", "64",
                                               "--interactive-window", "0.25")) == \
         ("--batch-tokens-while-interactive", "64", "--interactive-window", "0.25")
+    assert scheduler_cli.priority_flags(parse(command, "--no-preempt-batch-steps")) == \
+        ("--no-preempt-batch-steps",)
+    assert scheduler_cli.priority_flags(parse(command, "--preempt-batch-steps")) == ()
+
+
+def test_preemption_is_on_by_default_and_can_be_turned_off():
+    assert scheduler_cli.settings_from_args(parse("scheduler"), Path("/models/m")).preempt_batch_steps
+    off = scheduler_cli.settings_from_args(parse("scheduler", "--no-preempt-batch-steps"), Path("/models/m"))
+    assert not off.preempt_batch_steps
 
 
 def gateway_args(*argv: str) -> argparse.Namespace:

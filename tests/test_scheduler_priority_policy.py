@@ -1,4 +1,5 @@
-"""The two-class batching rule (embedserve.scheduler.policy.plan_priority_batch):
+"""The two-class batching rules (embedserve.scheduler.policy.plan_priority_batch, and
+plan_lane_steps where the engine preempts steps):
 table cases and properties (docs/priority.md)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedserve.scheduler.policy import plan_batch, plan_priority_batch
+from embedserve.scheduler.policy import plan_batch, plan_lane_steps, plan_priority_batch
 
 # An entry is (name, length, drop_reason or None); interactive names start with "i",
 # batch names with "b".
@@ -143,6 +144,79 @@ def test_every_entry_runs_within_a_bounded_number_of_steps(interactive, batch, b
         result = plan(iq + queue("n", [5]), bq, budget, max_sequences, cap, recent=True)
         iq = (iq + queue("n", [5]))[result.interactive.consumed:]
         bq = bq[result.batch.consumed:]
+        if not bq:
+            break
+    assert bq == []
+
+
+# plan_lane_steps: the rule where the engine preempts steps between layers (each class
+# in steps of its own; interactive steps run inside the batch step being computed).
+
+def lanes(interactive, batch, budget, max_sequences=100, interactive_room=True, batch_room=True):
+    return plan_lane_steps(interactive, batch, budget, max_sequences, interactive_room, batch_room,
+                           length=lambda e: e[1], drop_reason=lambda e: e[2])
+
+
+@pytest.mark.parametrize("interactive, batch, budget, max_sequences, rooms, steps", [
+    # Each class alone in its step, both at the full budget (no cap on batch tokens).
+    ([2, 2], [4, 4, 4], 10, 8, (True, True), (["i0", "i1"], ["b0", "b1"])),
+    ([], [4, 4, 4], 12, 8, (True, True), ([], ["b0", "b1", "b2"])),
+    # A lane without room gets no step and its queue is left alone.
+    ([2], [4], 10, 8, (False, True), ([], ["b0"])),
+    ([2], [4], 10, 8, (True, False), (["i0"], [])),
+    # FCFS within a class: stop at the first misfit; a lone oversize entry runs alone.
+    ([4, 9, 1], [12, 1], 10, 8, (True, True), (["i0"], ["b0"])),
+    ([1, 1, 1], [1, 1, 1], 100, 2, (True, True), (["i0", "i1"], ["b0", "b1"])),
+])
+def test_lane_table(interactive, batch, budget, max_sequences, rooms, steps):
+    result = lanes(queue("i", interactive), queue("b", batch), budget, max_sequences, *rooms)
+    assert (names(result.interactive.taken), names(result.batch.taken)) == steps
+
+
+def test_lanes_refuse_bad_limits():
+    for budget, max_sequences in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError):
+            lanes([], [], budget, max_sequences)
+
+
+@settings(max_examples=200, deadline=None)
+@given(interactive=entry_lists, batch=entry_lists, budget=st.integers(1, 100),
+       max_sequences=st.integers(1, 12), interactive_room=st.booleans(), batch_room=st.booleans())
+def test_lane_properties(interactive, batch, budget, max_sequences, interactive_room, batch_room):
+    iq, bq = build("i", interactive), build("b", batch)
+    result = lanes(iq, bq, budget, max_sequences, interactive_room, batch_room)
+    for part, whole, room in ((result.interactive, iq, interactive_room),
+                              (result.batch, bq, batch_room)):
+        # A lane without room consumes nothing; with room, exactly FCFS at the full budget:
+        # the other class's queue never changes what it takes (no starvation either way).
+        fcfs = plan_batch(whole, budget, max_sequences, lambda e: e[1], lambda e: e[2])
+        assert (part.taken, part.dropped) == ((fcfs.taken, fcfs.dropped) if room else ([], []))
+        # FCFS: taken + dropped is a prefix of the class's queue, in order.
+        consumed = whole[:part.consumed]
+        assert part.taken == [e for e in consumed if e[2] is None]
+        live = [e for e in whole if e[2] is None]
+        if room and live:
+            assert part.taken[0] is live[0]
+        assert len(part.taken) <= max_sequences
+        assert part.tokens <= max(budget, part.taken[0][1] if part.taken else 0)
+    # Never a step of mixed classes.
+    assert all(e[0].startswith("i") for e in result.interactive.taken)
+    assert all(e[0].startswith("b") for e in result.batch.taken)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=st.lists(st.integers(1, 30), min_size=1, max_size=15), budget=st.integers(30, 100),
+       max_sequences=st.integers(1, 8), depth=st.integers(1, 3))
+def test_batch_lanes_finish_while_interactive_work_arrives_all_along(batch, budget, max_sequences, depth):
+    """A batch step a turn, interactive work arriving before every plan, the interactive lane
+    sometimes full: batch work finishes within as many plans as it has entries."""
+    bq = queue("b", batch)
+    iq: list = []
+    for turn in range(len(batch)):
+        iq = iq + queue("n", [5])
+        result = lanes(iq, bq, budget, max_sequences, interactive_room=turn % 2 == 0,
+                       batch_room=True)
+        iq, bq = iq[result.interactive.consumed:], bq[result.batch.consumed:]
         if not bq:
             break
     assert bq == []

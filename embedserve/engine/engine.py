@@ -209,11 +209,18 @@ class Engine:
     def config(self) -> ModelConfig:
         return self.model.config
 
-    def step(self, batch: Batch, inline: bool = False) -> LazyTensor:
+    @property
+    def preempts_steps(self) -> bool:
+        """Whether ``step(batch, preempt=True)`` runs ``batch`` at the next layer boundary
+        of the step being computed (CPU: runners/preemption.py), not after it (CUDA)."""
+        return bool(self._runner.preempts_steps)
+
+    def step(self, batch: Batch, inline: bool = False, preempt: bool = False) -> LazyTensor:
         """Start one forward pass; returns at once. ``inline`` (CPU): compute it on the
         calling thread, after the steps already queued, and return it finished
         (runners/cpu.py says when that is faster); ignored on CUDA, whose steps are
-        asynchronous anyway.
+        asynchronous anyway. ``preempt``: an urgent step, run between two layers of the
+        step being computed, which then resumes (where ``preempts_steps``; else ignored).
 
         The result is float32 [B, dim] raw pooled vectors (un-normalized) for
         ``task="embed"`` and float32 [B] raw logits for ``task="score"``.
@@ -222,7 +229,7 @@ class Engine:
         """
         if self._closed:
             raise Unavailable("the engine is closed")
-        return self._runner.submit(batch, inline)
+        return self._runner.submit(batch, inline, preempt)
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics: steps, failed_steps, tokens, eager_runs, captures,

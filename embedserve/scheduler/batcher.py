@@ -16,6 +16,16 @@ step of batch work alone is not formed while another step is in the engine
 when the engine is free, or at once with the interactive call that arrives.
 Which sequences a step holds is ``policy.plan_priority_batch``'s.
 
+Where the engine preempts steps (the CPU engine: ``engine.preempts_steps``) and
+``preempt`` is on, the loop runs two lanes instead (``_run_lanes``): each class in
+steps of its own, ``policy.plan_lane_steps``, up to ``in_flight_depth`` steps of each
+in the engine. Batch steps run at the full budget on the engine's worker, never
+inline, so the loop stays free to read the calls that arrive meanwhile; an
+interactive step is submitted with ``preempt``: it runs at the next layer boundary
+of the batch step being computed, which then resumes, so a query waits for one
+layer of a batch step, not for the step (or for two). An interactive step with no
+step in the engine runs inline as before.
+
 When no step is in the engine and every call in the batch came over frames,
 the step runs inline: the loop computes it itself (on CPU; runners/cpu.py says
 why that is faster) and its rows go to their calls at once. Nothing was read
@@ -43,6 +53,7 @@ from embedserve.engine.lazy import LazyTensor
 from embedserve.errors import DeviceLost
 from embedserve.model.info import ModelInfo
 from embedserve.scheduler.metrics import SchedulerMetrics
+from embedserve.scheduler.policy import BatchPlan
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
 from embedserve.wire import BATCH, INTERACTIVE
 
@@ -113,8 +124,13 @@ class Batcher:
     def __init__(self, engine: StepEngine, pool: RequestPool, task: Task, token_budget: int,
                  max_sequences: int, in_flight_depth: int, metrics: SchedulerMetrics,
                  clock: Callable[[], float] = time.monotonic,
-                 on_device_lost: Callable[[DeviceLost], None] | None = None) -> None:
+                 on_device_lost: Callable[[DeviceLost], None] | None = None,
+                 preempt: bool = True) -> None:
         self._engine = engine
+        # Lanes (module docstring) where asked for and the engine can preempt its steps.
+        self._lanes = preempt and bool(getattr(engine, "preempts_steps", False))
+        self._depth = in_flight_depth
+        self._lane_steps = {INTERACTIVE: 0, BATCH: 0}   # each lane's steps in the engine
         self._pool = pool
         self._task = task
         self._token_budget = token_budget
@@ -124,9 +140,16 @@ class Batcher:
         self._clock = clock
         self._on_device_lost = on_device_lost
         self._in_flight: set[LazyTensor] = set()
-        self._engine_free_at = 0.0  # when the engine finished its last step (monotonic)
+        # When the engine finished its last step (monotonic), per lane (None: one lane):
+        # steps of a lane run one after another, those of two lanes inside each other.
+        self._free_at: dict[str | None, float] = {None: 0.0, INTERACTIVE: 0.0, BATCH: 0.0}
         self._step_finished = asyncio.Event()   # set as each step finishes
         self._run_task: asyncio.Task | None = None
+
+    @property
+    def preempts(self) -> bool:
+        """Whether interactive steps preempt batch steps (the two-lane loop runs)."""
+        return self._lanes
 
     @property
     def in_flight(self) -> int:
@@ -142,7 +165,8 @@ class Batcher:
             await asyncio.gather(self._run_task, return_exceptions=True)
 
     def start(self) -> None:
-        self._run_task = asyncio.create_task(self._run(), name="embedserve-batcher")
+        self._run_task = asyncio.create_task(self._run_lanes() if self._lanes else self._run(),
+                                             name="embedserve-batcher")
         self._run_task.add_done_callback(_report_crash)
 
     async def _run(self) -> None:
@@ -155,6 +179,35 @@ class Batcher:
                 raise
             if self._submit(runs):
                 await self._let_arrivals_in()
+
+    async def _run_lanes(self) -> None:
+        while True:
+            self._pool.interactive_arrived.clear()
+            self._pool.batch_arrived.clear()
+            self._step_finished.clear()
+            plan = self._pool.take_lanes(self._token_budget, self._max_sequences,
+                                         self._lane_steps[INTERACTIVE] < self._depth,
+                                         self._lane_steps[BATCH] < self._depth)
+            inline = False
+            for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
+                self._observe_plan(part.dropped, part.taken, part.tokens, {priority: part})
+                if part.taken:
+                    self._lane_steps[priority] += 1
+                    inline |= self._submit(group_runs(part.taken), lane=priority)
+            if inline:
+                await self._let_arrivals_in()
+            elif not plan.interactive.taken and not plan.batch.taken:
+                await self._work_or_room()
+
+    async def _work_or_room(self) -> None:
+        """Until a step finishes or a call arrives that a lane with room can take (the
+        loop cleared the three events before it last planned)."""
+        events = [self._step_finished]
+        if self._lane_steps[INTERACTIVE] < self._depth:
+            events.append(self._pool.interactive_arrived)
+        if self._lane_steps[BATCH] < self._depth:
+            events.append(self._pool.batch_arrived)
+        await _first_of(events)
 
     async def _let_arrivals_in(self) -> None:
         """After an inline step: turns of the loop for what arrived meanwhile."""
@@ -172,30 +225,31 @@ class Batcher:
                 await self._engine_free_or_interactive()
                 continue
             plan = self._pool.take(self._token_budget, self._max_sequences)
-            for _entry, reason in plan.dropped:
-                self._metrics.sequences_dropped.labels(reason).inc()
-            taken = plan.taken
-            if taken:
-                self._metrics.batch_sequences.observe(len(taken))
-                self._metrics.batch_tokens.observe(plan.tokens)
-                for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
-                    if part.taken:
-                        self._metrics.class_step_tokens.labels(priority).observe(part.tokens)
-                return group_runs(taken)
+            self._observe_plan(plan.dropped, plan.taken, plan.tokens,
+                               {INTERACTIVE: plan.interactive, BATCH: plan.batch})
+            if plan.taken:
+                return group_runs(plan.taken)
+
+    def _observe_plan(self, dropped: list[tuple[SequenceEntry, str]], taken: list[SequenceEntry],
+                      tokens: int, parts: Mapping[str, BatchPlan[SequenceEntry]]) -> None:
+        for _entry, reason in dropped:
+            self._metrics.sequences_dropped.labels(reason).inc()
+        if taken:
+            self._metrics.batch_sequences.observe(len(taken))
+            self._metrics.batch_tokens.observe(tokens)
+            for priority, part in parts.items():
+                if part.taken:
+                    self._metrics.class_step_tokens.labels(priority).observe(part.tokens)
 
     async def _engine_free_or_interactive(self) -> None:
         self._pool.interactive_arrived.clear()
         self._step_finished.clear()
-        waits = [asyncio.ensure_future(self._step_finished.wait()),
-                 asyncio.ensure_future(self._pool.interactive_arrived.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await _first_of([self._step_finished, self._pool.interactive_arrived])
 
-    def _submit(self, runs: list[Run]) -> bool:
-        """Step ``runs``; True if the step had finished when the engine returned it."""
+    def _submit(self, runs: list[Run], lane: str | None = None) -> bool:
+        """Step ``runs``; True if the step had finished when the engine returned it.
+
+        ``lane``: the class of a two-lane step (``_run_lanes``), else None."""
         now = self._clock()
         for run in runs:
             if run.call.first_batched_at is None:
@@ -203,31 +257,45 @@ class Batcher:
                 self._metrics.queue_seconds.observe(now - run.call.arrival)
                 self._metrics.class_queue_seconds.labels(run.call.priority).observe(
                     now - run.call.arrival)
-        inline = not self._in_flight and all(run.call.read_in_bulk for run in runs)
+        inline = not self._in_flight and lane != BATCH and all(run.call.read_in_bulk for run in runs)
+        batch = assemble_batch(runs, self._task)
         try:
-            lazy = self._engine.step(assemble_batch(runs, self._task), inline=inline)
+            if lane == INTERACTIVE and not inline:
+                # Between two layers of the batch step in the engine, or on its own.
+                # (an engine with preempts_steps takes it; StepEngine's fakes need not)
+                lazy = self._engine.step(batch, preempt=True)  # type: ignore[call-arg]
+            else:
+                lazy = self._engine.step(batch, inline=inline)
         except Exception as error:  # a step that cannot even start fails like one that ran
             self._fail(runs, error)
-            self._slots.release()
+            self._release(lane)
             return False
         self._in_flight.add(lazy)
         if lazy.ready():
-            self._step_done(lazy, runs, now)
+            self._step_done(lazy, runs, now, lane)
             return True
-        lazy.on_ready(lambda done: self._step_done(done, runs, now))
+        lazy.on_ready(lambda done: self._step_done(done, runs, now, lane))
         return False
 
-    def _step_done(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+    def _release(self, lane: str | None) -> None:
+        if lane is None:
+            self._slots.release()
+        else:
+            self._lane_steps[lane] -= 1
+
+    def _step_done(self, lazy: LazyTensor, runs: list[Run], submitted_at: float,
+                   lane: str | None = None) -> None:
         if lazy not in self._in_flight:
             return   # stopped meanwhile
         self._in_flight.discard(lazy)
         try:
-            self._finish(lazy, runs, submitted_at)
+            self._finish(lazy, runs, submitted_at, lane)
         finally:
-            self._slots.release()
+            self._release(lane)
             self._step_finished.set()
 
-    def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float) -> None:
+    def _finish(self, lazy: LazyTensor, runs: list[Run], submitted_at: float,
+                lane: str | None = None) -> None:
         try:
             rows = lazy.wait(0)
         except Exception as error:
@@ -239,12 +307,13 @@ class Batcher:
                                           f"for {expected} sequences"))
             return
         finished_at = self._clock()
-        # Steps run one after another in the engine: this one's own compute
-        # began when it was submitted or when the previous one finished.
-        compute_s = finished_at - max(submitted_at, self._engine_free_at)
+        # A lane's steps run one after another in the engine: this one's own compute
+        # began when it was submitted or when the lane's previous one finished (a batch
+        # step's time includes the interactive steps run inside it).
+        compute_s = finished_at - max(submitted_at, self._free_at[lane])
+        self._free_at[lane] = finished_at
         # The part of it between the engine finishing and this callback running.
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
-        self._engine_free_at = finished_at
         self._metrics.step_seconds.observe(compute_s)
         step_tokens = -1
         for run in runs:
@@ -263,6 +332,16 @@ class Batcher:
             run.call.fail(error)
         if isinstance(error, DeviceLost) and self._on_device_lost is not None:
             self._on_device_lost(error)
+
+
+async def _first_of(events: list[asyncio.Event]) -> None:
+    """Return once one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _report_crash(task: asyncio.Task) -> None:

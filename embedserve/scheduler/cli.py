@@ -26,6 +26,7 @@ from embedserve.scheduler.settings import (
     BATCH_TOKENS_WHILE_INTERACTIVE,
     DEFAULT_DTYPE,
     INTERACTIVE_WINDOW_S,
+    PREEMPT_BATCH_STEPS,
     REPLICA_DTYPES,
     SchedulerSettings,
     default_max_batch_tokens,
@@ -139,18 +140,26 @@ def add_cuda_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_priority_flags(parser: argparse.ArgumentParser) -> None:
     """The replica's priority-class flags (docs/priority.md); ``serve`` passes them on."""
+    parser.add_argument("--preempt-batch-steps", action=argparse.BooleanOptionalAction,
+                        default=PREEMPT_BATCH_STEPS,
+                        help="CPU only: an interactive step runs between two layers of the "
+                             "batch step being computed, which then resumes, so a query waits "
+                             "for one layer, and batch steps keep the full --max-batch-tokens "
+                             "(--batch-tokens-while-interactive and --interactive-window do not "
+                             "apply). --no-preempt-batch-steps: the classes share steps, bounded "
+                             "by those two flags, as on CUDA always (default: on)")
     parser.add_argument("--batch-tokens-while-interactive", type=_positive,
                         default=BATCH_TOKENS_WHILE_INTERACTIVE, metavar="N",
-                        help="while interactive calls are queued or arrived within "
-                             "--interactive-window, a step carries at most N batch-class tokens "
+                        help="without preemption: while interactive calls are queued or "
+                             "arrived within --interactive-window, a step carries at most N batch-class tokens "
                              "(and always one batch sequence): smaller keeps an interactive "
                              "query's wait behind a step shorter, larger keeps more of a bulk "
                              "job's tokens/s (default, by measurement: %(default)s)")
     parser.add_argument("--interactive-window", type=_non_negative_float,
                         default=INTERACTIVE_WINDOW_S, metavar="SECONDS",
-                        help="how long after an interactive call arrives steps stay bounded "
-                             "for the next one, which then waits behind a smaller step; costs a "
-                             "bulk job tokens/s all that time. 0: bounded only while one is "
+                        help="without preemption: how long after an interactive call arrives "
+                             "steps stay bounded for the next one, which then waits behind a "
+                             "smaller step; costs a bulk job tokens/s all that time. 0: bounded only while one is "
                              "queued (default: %(default)s)")
 
 
@@ -159,7 +168,8 @@ def priority_flags(args: argparse.Namespace) -> tuple[str, ...]:
     return (*(("--batch-tokens-while-interactive", str(args.batch_tokens_while_interactive))
               if args.batch_tokens_while_interactive != BATCH_TOKENS_WHILE_INTERACTIVE else ()),
             *(("--interactive-window", repr(args.interactive_window))
-              if args.interactive_window != INTERACTIVE_WINDOW_S else ()))
+              if args.interactive_window != INTERACTIVE_WINDOW_S else ()),
+            *(("--no-preempt-batch-steps",) if args.preempt_batch_steps != PREEMPT_BATCH_STEPS else ()))
 
 
 def _non_negative_float(text: str) -> float:
@@ -254,7 +264,7 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         max_batch_sequences=args.max_batch_sequences, max_queue_tokens=args.max_queue_tokens,
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
         batch_tokens_while_interactive=args.batch_tokens_while_interactive,
-        interactive_window_s=args.interactive_window,
+        interactive_window_s=args.interactive_window, preempt_batch_steps=args.preempt_batch_steps,
         calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
         replica_token=replica_token_from_args(args, os.environ),
         tracing=tracing_settings(args.otlp_endpoint, os.environ, "embedserve-replica"))

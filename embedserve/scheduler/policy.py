@@ -20,6 +20,14 @@ recently (the caller says which: it owns the clock), the batch class's tokens in
 a step are capped, so an interactive call never waits long behind a running
 step; without interactive traffic batch work runs at the full budget. Batch
 work is never starved: every step takes the first live batch entry.
+
+``plan_lane_steps`` is the rule where the engine preempts a running step between
+its layers (the CPU engine): the classes never share a step. Each class has its
+own lane of steps in the engine; an interactive step runs at the next layer
+boundary of the batch step being computed, so batch steps need no cap and run at
+the full budget, and a lane with room always gets its class's next step, FCFS,
+whatever the other class holds (neither starves the other's planning; the engine
+bounds what preemption takes from a batch step: one interactive step per layer).
 """
 
 from __future__ import annotations
@@ -154,6 +162,38 @@ def plan_priority_batch(interactive: Sequence[Entry], batch: Iterable[Entry], to
         plan.batch.taken.append(entry)
         plan.batch.tokens += n
         sequences += 1
+    return plan
+
+
+@dataclass
+class LanePlan(Generic[Entry]):
+    """What ``plan_lane_steps`` decided: up to two steps, one per class; the caller pops
+    each part's ``consumed`` entries off its queue."""
+
+    interactive: BatchPlan[Entry] = field(default_factory=BatchPlan)
+    batch: BatchPlan[Entry] = field(default_factory=BatchPlan)
+
+
+def plan_lane_steps(interactive: Iterable[Entry], batch: Iterable[Entry], token_budget: int,
+                    max_sequences: int, interactive_room: bool, batch_room: bool,
+                    length: Callable[[Entry], int],
+                    drop_reason: Callable[[Entry], str | None]) -> LanePlan[Entry]:
+    """Plan the next step of each class's lane, for an engine that preempts steps.
+
+    A lane with room (the caller counts its steps in the engine) gets a step of its
+    own class alone, ``plan_batch`` over its queue at the full ``token_budget`` and
+    ``max_sequences``; a lane without room gets nothing and its queue is left as it
+    is. So: FCFS within a class, an interactive sequence never waits for batch
+    tokens to share its step, and a batch step is formed whenever its lane has room,
+    however much interactive work there is (no starvation).
+    """
+    if token_budget < 1 or max_sequences < 1:
+        raise ValueError("token_budget and max_sequences must be >= 1")
+    plan: LanePlan[Entry] = LanePlan()
+    if interactive_room:
+        plan.interactive = plan_batch(interactive, token_budget, max_sequences, length, drop_reason)
+    if batch_room:
+        plan.batch = plan_batch(batch, token_budget, max_sequences, length, drop_reason)
     return plan
 
 

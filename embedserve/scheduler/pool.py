@@ -26,7 +26,7 @@ import numpy as np
 from embedserve.engine.batch import Task
 from embedserve.errors import DeadlineExceeded, InvalidInput, Overloaded
 from embedserve.ragged import RaggedBatch
-from embedserve.scheduler.policy import PriorityPlan, plan_priority_batch
+from embedserve.scheduler.policy import LanePlan, PriorityPlan, plan_lane_steps, plan_priority_batch
 from embedserve.wire import BATCH, INTERACTIVE
 
 # Why a queued sequence is dropped instead of computed (a metrics label).
@@ -138,6 +138,7 @@ class RequestPool:
         self._not_empty = asyncio.Event()
         # Set when an interactive call is admitted; the batcher clears it before waiting.
         self.interactive_arrived = asyncio.Event()
+        self.batch_arrived = asyncio.Event()   # the same for batch calls
         self._clock = clock
 
     @property
@@ -172,6 +173,8 @@ class RequestPool:
         if call.priority == INTERACTIVE:
             self._last_interactive = call.arrival
             self.interactive_arrived.set()
+        else:
+            self.batch_arrived.set()
         self._not_empty.set()
 
     async def wait_for_work(self) -> None:
@@ -194,10 +197,28 @@ class RequestPool:
         plan = plan_priority_batch(self._queues[INTERACTIVE], self._queues[BATCH], token_budget,
                                    max_sequences, self.batch_token_cap or token_budget, recent,
                                    _entry_length, lambda entry: entry.call.drop_reason(now))
+        self._pop(plan)
+        return plan
+
+    def take_lanes(self, token_budget: int, max_sequences: int, interactive_room: bool,
+                   batch_room: bool) -> LanePlan[SequenceEntry]:
+        """Pop the next step of each class with room (``policy.plan_lane_steps``: for an
+        engine that preempts its steps, each class in steps of its own)."""
+        now = self._clock()
+        plan = plan_lane_steps(self._queues[INTERACTIVE], self._queues[BATCH], token_budget,
+                               max_sequences, interactive_room, batch_room, _entry_length,
+                               lambda entry: entry.call.drop_reason(now))
+        self._pop(plan)
+        return plan
+
+    def holds(self, priority: str) -> bool:
+        """Whether the class's queue holds an entry (live or not)."""
+        return bool(self._queues[priority])
+
+    def _pop(self, plan: PriorityPlan[SequenceEntry] | LanePlan[SequenceEntry]) -> None:
         for priority, part in ((INTERACTIVE, plan.interactive), (BATCH, plan.batch)):
             queue = self._queues[priority]
             for _ in range(part.consumed):
                 self._queued_tokens[priority] -= queue.popleft().length
         if not any(self._queues.values()):
             self._not_empty.clear()
-        return plan

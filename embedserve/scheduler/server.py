@@ -84,7 +84,8 @@ class SchedulerServer:
         self.service = InferenceService(engine, self.pool, settings, self.metrics, self.tracer)
         self.batcher = Batcher(engine, self.pool, info.task, max_batch_tokens,  # type: ignore[arg-type]  # task: checked at load
                                settings.max_batch_sequences, settings.in_flight_depth,
-                               self.metrics, on_device_lost=self._device_lost)
+                               self.metrics, on_device_lost=self._device_lost,
+                               preempt=settings.preempt_batch_steps)
         self.device_lost = False
         self._on_device_lost = on_device_lost
         self._health_tasks: set[asyncio.Task] = set()

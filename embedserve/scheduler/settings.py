@@ -38,8 +38,13 @@ REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # steps in between (in bf16 on a 2-core CPU a 1024-token step runs ~1.75x the
 # tokens/s of a 256-token one); with a window every step is bounded, which
 # shortens the wait behind a step but cost the bulk job 30-45 % of its rate.
+# Both apply where steps are not preempted (CUDA, or --no-preempt-batch-steps):
+# with preemption the classes never share a step and batch steps run at the full budget.
 BATCH_TOKENS_WHILE_INTERACTIVE = 128
 INTERACTIVE_WINDOW_S = 0.0
+# Where the engine can (CPU), an interactive step runs between two layers of the batch
+# step being computed (engine/runners/preemption.py, scheduler/batcher.py).
+PREEMPT_BATCH_STEPS = True
 DEFAULT_DTYPE = "auto"
 
 
@@ -77,6 +82,7 @@ class SchedulerSettings:
     # interactive work is queued or arrived less than interactive_window_s ago.
     batch_tokens_while_interactive: int = BATCH_TOKENS_WHILE_INTERACTIVE
     interactive_window_s: float = INTERACTIVE_WINDOW_S
+    preempt_batch_steps: bool = PREEMPT_BATCH_STEPS
     drain_timeout_s: float = 25.0        # SIGTERM: longest wait (under the usual 30 s kill grace)
     # RPCs handled at once (gRPC answers RESOURCE_EXHAUSTED beyond it). With
     # the message size derived from max_queue_tokens, this bounds the memory

@@ -16,11 +16,17 @@ exact counts, so a 20-token query computes 20 rows, not 24. Larger steps keep th
 buckets: with exact counts up to 512 such a replica still grew by ~130 MB over 400
 mixed steps (about 25 MB with buckets; cause not identified), where 64 exact counts
 added ~13 MB and stayed there.
+
+``submit(batch, preempt=True)`` queues an urgent step: it runs at the next layer
+boundary of the step being computed, which then resumes (``preemption.py``), or
+before the next step if none is running. The scheduler sends interactive steps so
+while a batch step is in the engine (docs/priority.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -34,6 +40,7 @@ from embedserve.engine.modules.attention import ATTENTION_IMPLS
 from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.onednn import linears_all_native
+from embedserve.engine.runners.preemption import LayerPreemption
 from embedserve.engine.token_rows import token_rows
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
@@ -60,15 +67,34 @@ class CpuRunner:
         self._exact_up_to = TOKEN_STEP_SMALL if linears_all_native(model) else 0
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
         self._padded_tokens = 0   # tokens run, padding included
+        self._preemption = LayerPreemption(self._run)
+        # Held while a thread computes a step (the worker, or an inline caller): an urgent
+        # step's own job never runs beside an inline step, whose layers run it instead.
+        self._computing = threading.Lock()
+        self.preempts_steps = self._preemption.install(model) > 0
 
-    def submit(self, batch: Batch, inline: bool = False) -> LazyTensor:
+    def submit(self, batch: Batch, inline: bool = False, preempt: bool = False) -> LazyTensor:
+        if preempt and self.preempts_steps:
+            urgent = self._preemption.push(batch)
+            # Where no layer boundary comes first, it runs as a job of its own.
+            self._last_queued = self._executor.submit(self._run_urgent)
+            return FutureLazyTensor(urgent)
         if inline:
             if self._last_queued is not None:
                 # In submission order, and never two steps on the OpenMP threads at once.
                 concurrent.futures.wait([self._last_queued])
-            return FutureLazyTensor(_run_here(self._run, batch))
-        self._last_queued = self._executor.submit(self._run, batch)
+            return FutureLazyTensor(_run_here(self._run_queued, batch))
+        self._last_queued = self._executor.submit(self._run_queued, batch)
         return FutureLazyTensor(self._last_queued)
+
+    def _run_queued(self, batch: Batch) -> np.ndarray:
+        with self._computing:
+            self._preemption.run_pending()   # urgent steps go before the steps queued ahead of them
+            return self._run(batch)
+
+    def _run_urgent(self) -> None:
+        with self._computing:
+            self._preemption.run_pending()
 
     def _run(self, batch: Batch) -> np.ndarray:
         self._counts["steps"] += 1
@@ -106,13 +132,14 @@ class CpuRunner:
     def stats(self) -> dict[str, float]:
         # The same keys as the CUDA runner's, so metrics code needs no device check.
         padded, real = self._padded_tokens, self._counts["tokens"]
-        return {**self._counts, "captures": 0, "replays": 0, "evictions": 0, "capture_failures": 0,
-                "capture_time_s": 0.0, "graphs": 0,
+        return {**self._counts, "preempted_steps": self._preemption.preempted, "captures": 0, "replays": 0,
+                "evictions": 0, "capture_failures": 0, "capture_time_s": 0.0, "graphs": 0,
                 "padding_waste": (padded - real) / padded if padded else 0.0}
 
     def close(self) -> None:
         # Queued steps are cancelled: their LazyTensors raise concurrent.futures.CancelledError.
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._preemption.cancel_pending()
 
 
 def _run_here(run: Callable[[Batch], np.ndarray], batch: Batch) -> concurrent.futures.Future:

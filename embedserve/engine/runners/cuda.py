@@ -248,9 +248,14 @@ class CudaRunner:
         if options.capture_at_start and use_graphs:
             self.capture_all()
 
-    def submit(self, batch: Batch, inline: bool = False) -> LazyTensor:
+    # Steps are not preempted between layers (docs/priority.md): a step is a graph
+    # replay or a stream of kernels already issued, and a GPU step is short.
+    preempts_steps = False
+
+    def submit(self, batch: Batch, inline: bool = False, preempt: bool = False) -> LazyTensor:
         """Issue ``batch`` on the engine thread. ``inline`` is ignored: a CUDA step is
-        asynchronous on its stream, so the caller's thread has nothing to compute."""
+        asynchronous on its stream, so the caller's thread has nothing to compute;
+        ``preempt`` too: steps run in submission order (``preempts_steps``)."""
         self._count("steps")
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
         try:
@@ -345,7 +350,7 @@ class CudaRunner:
     def stats(self) -> dict[str, float]:
         with self._counts_lock:
             counts = dict(self._counts)
-        return {**counts, **self._cache.stats(), "device_lost": float(self._lost is not None),
+        return {**counts, **self._cache.stats(), "preempted_steps": 0, "device_lost": float(self._lost is not None),
                 "varlen_attention": float(self.varlen)}
 
     def close(self) -> None:
