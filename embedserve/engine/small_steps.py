@@ -10,7 +10,7 @@ every step although nothing in it depends on the tokens. Here every check is mad
 at load, into a per-layer tuple of what the kernels are called with; a step is the
 embedding sum, then per layer four linears and three native calls (attention and the two
 add + LayerNorms) on data pointers, then the same pooling. The attention's output lives in
-one buffer the step reuses in every layer (no allocation for it per layer).
+one buffer the step's layers share (one allocation per step for it, not one per layer).
 
 The ops, their order and their kernels are those of the fused path (``FusedLayer.forward``,
 ``ResidualNorm``, ``bf16_attention.attend_sequences``, ``mean_pool``): the vectors are
@@ -111,8 +111,6 @@ class SmallStepForward:
         self._position = embeddings.position.weight
         self._embedding_norm = embeddings.norm
         self._projection = getattr(model, "projection", None)
-        # the attention's output, reused by every layer of every step: [tokens, heads, hd]
-        self._context = torch.empty(SMALL_STEP_TOKENS, self._heads, self._head_dim, dtype=torch.bfloat16)
         self._no_types = torch.zeros(SMALL_STEP_TOKENS, dtype=torch.int64)
 
     @classmethod
@@ -161,7 +159,9 @@ class SmallStepForward:
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         x = self._embed(token_ids, types, positions)
         threads = torch.get_num_threads()
-        context = self._context[:tokens]
+        # the attention's output, one buffer every layer reuses; per step, so that steps on
+        # several threads (a second runner on the same model) never share it
+        context = torch.empty(tokens, self._heads, self._head_dim, dtype=torch.bfloat16)
         flat_context = context.view(tokens, self._hidden)
         heads, head_dim, hidden = self._heads, self._head_dim, self._hidden
         sequences = int(starts.shape[0])
