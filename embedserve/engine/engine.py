@@ -97,7 +97,7 @@ class Engine:
              attention: str | None = None, model_id: str | None = None,
              cuda_graphs: bool = True, cuda: CudaOptions | None = None,
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
-             probe: DtypeProbe | None = None) -> Engine:
+             probe: DtypeProbe | None = None, small_steps: bool = True) -> Engine:
         """Load a Hugging Face model directory.
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | None (float32 on CPU,
@@ -116,7 +116,9 @@ class Engine:
         (tests and benchmarks A/B). native_linears (CPU only): the fused layers'
         linears run on a native kernel where one covers them (float32 on CPUs without
         AVX-512: avx2_linear.py; bf16 on AVX512-BF16 CPUs without AMX: bf16_linear.py);
-        False keeps oneDNN (benchmarks A/B).
+        False keeps oneDNN (benchmarks A/B). small_steps (CPU only): steps of few tokens
+        on the fused bf16 encoder run as one flat loop over the kernels (small_steps.py);
+        False runs them through the modules (benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -132,7 +134,8 @@ class Engine:
                 dtype = None   # the probe compares pooled rows; token rows are not probed yet
         runner_options: dict[str, Any] = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
-                          "token_buckets": token_buckets, "native_linears": native_linears}
+                          "token_buckets": token_buckets, "native_linears": native_linears,
+                          "small_steps": small_steps}
         capability = cuda_capability(device)
         if dtype == AUTO:
             choice = auto_candidate(device, cuda_capability=capability)
@@ -189,7 +192,7 @@ class Engine:
     @classmethod
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
                cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
-               native_linears: bool) -> Engine:
+               native_linears: bool, small_steps: bool = True) -> Engine:
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -202,7 +205,7 @@ class Engine:
                 fuse_nomic_layers(model, native_linears)
             elif fused_layers and isinstance(model, Gemma3Model):
                 pack_gemma3_linears(model, native_linears)   # the others run plain modules
-            runner = CpuRunner(model, info, attention, token_buckets=token_buckets)
+            runner = CpuRunner(model, info, attention, token_buckets=token_buckets, small_steps=small_steps)
         return cls(model, info, runner)
 
     @property

@@ -41,6 +41,7 @@ from embedserve.engine.modules.forward import Model, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.onednn import linears_all_native
 from embedserve.engine.runners.preemption import LayerPreemption
+from embedserve.engine.small_steps import SmallStepForward
 from embedserve.engine.token_rows import token_rows
 from embedserve.errors import ModelLoadError
 from embedserve.model.info import ModelInfo
@@ -54,13 +55,15 @@ class CpuRunner:
     thread that submits them."""
 
     def __init__(self, model: Model, info: ModelInfo, attention: str | None = None,
-                 token_buckets: bool = True) -> None:
+                 token_buckets: bool = True, small_steps: bool = True) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
         self._model = model
         self._info = info
         self._attention = ATTENTION_IMPLS[attention]
+        # Steps of few tokens in one flat loop where it covers the model (small_steps.py).
+        self._small = SmallStepForward.for_model(model, info.pooling, attention) if small_steps else None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
         self._last_queued: concurrent.futures.Future | None = None
         self._token_buckets = token_buckets
@@ -117,6 +120,8 @@ class CpuRunner:
         return out
 
     def _forward(self, batch: Batch) -> np.ndarray:
+        if self._small is not None and self._small.covers(batch):
+            return self._small.run(batch)
         layout = build_layout(batch.cu_seqlens)
         token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
         positions = torch.from_numpy(layout.offsets + self._model.config.position_offset)

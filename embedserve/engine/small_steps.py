@@ -1,0 +1,208 @@
+"""Steps of few tokens on the fused bf16 encoder: one flat loop over the kernels.
+
+Owns a second way to run the same forward pass as ``pooled_forward`` over an
+``EncoderModel`` whose layers are all ``FusedLayer``s (onednn.py), for steps of at most
+``SMALL_STEP_TOKENS`` tokens: a short query, or a few. Why: at that size the matmuls
+are a small part of a step, and the rest was Python per layer (seven module calls, the
+attention closure's and the norms' checks of dtypes and strides, profiler look-ups)
+and per step (a ``PackedLayout`` of five tensors, an ``Attend`` closure), repeated for
+every step although nothing in it depends on the tokens. Here every check is made once,
+at load, into a per-layer tuple of what the kernels are called with; a step is the
+embedding sum, then per layer four linears and three native calls (attention and the two
+add + LayerNorms) on data pointers, then the same pooling. The attention's output lives in
+one buffer the step's layers share (one allocation per step for it, not one per layer).
+
+The ops, their order and their kernels are those of the fused path (``FusedLayer.forward``,
+``ResidualNorm``, ``bf16_attention.attend_sequences``, ``mean_pool``): the vectors are
+the same bits (tests/test_engine_small_steps.py checks them against transformers, and
+the two paths against each other). Only the bf16 path with the native attention and
+add + LayerNorm kernels is covered (what ``--dtype auto`` serves on AMX and
+AVX512-BF16 CPUs); any other model, dtype or CPU keeps the general path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, cast
+
+import numpy as np
+import torch
+
+from embedserve.engine.batch import Batch
+from embedserve.engine.modules import bf16_attention
+from embedserve.engine.modules.bert import EncoderModel
+from embedserve.engine.modules.layout import layout_arrays
+from embedserve.engine.modules.pooling import mean_pool
+from embedserve.engine.onednn import FusedLayer, PackedWeight
+from embedserve.engine.residual_norm import ResidualNorm
+from embedserve.engine.residual_norm import _native as _add_layer_norm
+
+# Steps of up to this many tokens (after the runner's padding) take the flat loop. At
+# 128 and more rows the matmuls dominate a step and the saving is noise.
+SMALL_STEP_TOKENS = 64
+# The poolings this loop computes (model/config.py's names); others keep the general path.
+_POOLINGS = ("mean", "cls")
+
+
+class _Linear(NamedTuple):
+    """One PackedWeight as its call needs it: oneDNN's packed weight, or a native kernel."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    kernel: object | None      # avx2_linear / bf16_linear module, or None for oneDNN
+
+
+class _Norm(NamedTuple):
+    weight32: int               # data pointers of the float32 scale and shift
+    bias32: int
+    eps: float
+
+
+class _LayerPlan(NamedTuple):
+    qkv: _Linear
+    attn_out: _Linear
+    attn_norm: _Norm
+    ffn_in: _Linear
+    ffn_out: _Linear
+    ffn_norm: _Norm
+    activation: tuple[str, str]
+
+
+_mkldnn = torch.ops.mkldnn
+
+
+def _linear(linear: _Linear, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
+    # PackedWeight.forward without the module call
+    if linear.kernel is not None:
+        return linear.kernel.linear(x, linear.weight, linear.bias, attr, algorithm)  # type: ignore[attr-defined]
+    return _mkldnn._linear_pointwise(x, linear.weight, linear.bias, attr, [], algorithm)
+
+
+def _plan_linear(packed: PackedWeight) -> _Linear:
+    # buffers, typed by nn.Module as Tensor | Module
+    return _Linear(cast(torch.Tensor, packed.weight), cast("torch.Tensor | None", packed.bias), packed.kernel)
+
+
+def _plan_norm(norm: ResidualNorm) -> _Norm | None:
+    if not norm.native:
+        return None
+    weight32, bias32 = cast(torch.Tensor, norm.weight32), cast(torch.Tensor, norm.bias32)
+    return _Norm(weight32.data_ptr(), bias32.data_ptr(), float(norm.norm.eps))
+
+
+class SmallStepForward:
+    """The fused bf16 encoder's pooled forward for steps of at most ``SMALL_STEP_TOKENS``
+    tokens, as one flat loop. Build with ``for_model``; call ``covers`` then ``run``."""
+
+    def __init__(self, model: EncoderModel, layers: list[_LayerPlan], pooling: str) -> None:
+        config = model.config
+        self._model = model
+        self._layers = layers
+        self._pooling = pooling
+        self._heads = config.num_heads
+        self._head_dim = config.head_dim
+        self._hidden = config.hidden_size
+        self._position_offset = config.position_offset
+        self._scale = self._head_dim ** -0.5
+        self._amx = bf16_attention.kernel_path() == bf16_attention.AMX
+        embeddings = model.encoder.embeddings
+        self._word = embeddings.word.weight
+        self._token_type = embeddings.token_type.weight
+        self._position = embeddings.position.weight
+        self._embedding_norm = embeddings.norm
+        self._projection = getattr(model, "projection", None)
+        self._no_types = torch.zeros(SMALL_STEP_TOKENS, dtype=torch.int64)
+
+    @classmethod
+    def for_model(cls, model: object, pooling: str, attention: str) -> SmallStepForward | None:
+        """The flat loop for ``model``, or None where it does not cover the model: not a fused
+        bf16 encoder embedder with mean or CLS pooling (pooled rows: not a multi-vector model),
+        attention other than the default ``per_sequence``, or the native attention / add +
+        LayerNorm kernels not running here."""
+        if (not isinstance(model, EncoderModel) or model.head is not None or model.mlm is not None
+                or getattr(model.config, "task", "") == "multivector"   # token rows, not pooled ones
+                or pooling not in _POOLINGS or attention != "per_sequence"
+                or not model.attention_kind.is_full or _add_layer_norm is None):
+            return None
+        layers = model.encoder.layers
+        if not layers or not all(isinstance(layer, FusedLayer) for layer in layers):
+            return None
+        config = model.config
+        if config.head_dim not in bf16_attention.HEAD_SIZES or not bf16_attention.kernel_available():
+            return None
+        if model.encoder.embeddings.word.weight.dtype != torch.bfloat16:
+            return None
+        plans = []
+        for module in layers:
+            layer = cast(FusedLayer, module)
+            attn_norm, ffn_norm = _plan_norm(layer.attn_norm), _plan_norm(layer.ffn_norm)
+            if attn_norm is None or ffn_norm is None:
+                return None
+            plans.append(_LayerPlan(_plan_linear(layer.qkv), _plan_linear(layer.attn_out), attn_norm,
+                                    _plan_linear(layer.ffn_in), _plan_linear(layer.ffn_out), ffn_norm,
+                                    layer.activation))
+        return cls(model, plans, pooling)
+
+    def covers(self, batch: Batch) -> bool:
+        """Whether ``batch`` (as it will run: padding included) is small enough."""
+        return 0 < batch.num_tokens <= SMALL_STEP_TOKENS
+
+    def run(self, batch: Batch) -> np.ndarray:
+        """float32 [B, dim] raw pooled vectors of ``batch``, as ``pooled_forward`` computes them.
+        Call under ``torch.inference_mode``."""
+        tokens = batch.num_tokens
+        cu_seqlens = batch.cu_seqlens
+        seq_ids, offsets = layout_arrays(cu_seqlens)
+        lengths = torch.from_numpy(np.diff(cu_seqlens).astype(np.int64))
+        starts = torch.from_numpy(cu_seqlens[:-1].astype(np.int64))
+        token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
+        positions = torch.from_numpy(offsets + self._position_offset)
+        types = (self._no_types[:tokens] if batch.token_type_ids is None
+                 else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
+        x = self._embed(token_ids, types, positions)
+        threads = torch.get_num_threads()
+        # the attention's output, one buffer every layer reuses; per step, so that steps on
+        # several threads (a second runner on the same model) never share it
+        context = torch.empty(tokens, self._heads, self._head_dim, dtype=torch.bfloat16)
+        flat_context = context.view(tokens, self._hidden)
+        heads, head_dim, hidden = self._heads, self._head_dim, self._hidden
+        sequences = int(starts.shape[0])
+        for layer in self._layers:
+            qkv = _linear(layer.qkv, x)                                        # [T, 3 * hidden]
+            row = qkv.stride(0)
+            base = qkv.data_ptr()
+            _attend(base, base + 2 * hidden, base + 4 * hidden, context.data_ptr(), row,
+                    heads * head_dim, heads, head_dim, starts.data_ptr(), lengths.data_ptr(),
+                    sequences, self._scale, threads, self._amx)
+            y = _linear(layer.attn_out, flat_context)
+            _norm(y, x, layer.attn_norm, tokens, hidden, threads)
+            x = y
+            y = _linear(layer.ffn_out, _linear(layer.ffn_in, x, *layer.activation))
+            _norm(y, x, layer.ffn_norm, tokens, hidden, threads)
+            x = y
+        rows = sequences
+        if self._pooling == "cls":
+            pooled = x[starts].float()
+        else:
+            pooled = mean_pool(x, torch.from_numpy(seq_ids), lengths, rows)
+        if self._projection is not None:
+            pooled = self._projection(pooled)
+        return pooled.numpy()
+
+    def _embed(self, token_ids: torch.Tensor, types: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # Embeddings.forward's sum, in its order (bf16 rounding depends on it)
+        x = (torch.embedding(self._word, token_ids) + torch.embedding(self._token_type, types)
+             + torch.embedding(self._position, positions))
+        return self._embedding_norm(x)
+
+
+def _attend(q: int, k: int, v: int, out: int, qkv_stride: int, out_stride: int, heads: int, head_dim: int,
+            starts: int, lengths: int, sequences: int, scale: float, threads: int, amx: bool) -> None:
+    # bf16_attention.attend_sequences' native call; q, k, v: the thirds of one QKV row (bytes apart)
+    bf16_attention._native.attend(q, k, v, out, qkv_stride, qkv_stride, qkv_stride, out_stride, heads,
+                                  head_dim, starts, lengths, sequences, scale, threads, amx)
+
+
+def _norm(y: torch.Tensor, residual: torch.Tensor, norm: _Norm, rows: int, hidden: int, threads: int) -> None:
+    # ResidualNorm.forward's native call: y = LayerNorm(y + residual) in place
+    _add_layer_norm.add_layer_norm(y.data_ptr(), residual.data_ptr(), norm.weight32, norm.bias32, rows, hidden,
+                                   y.stride(0), residual.stride(0), norm.eps, threads)

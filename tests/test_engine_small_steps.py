@@ -1,0 +1,112 @@
+"""Small steps' flat loop (engine/small_steps.py) against transformers.
+
+References: sentence-transformers (float32) on the default model's real queries, and
+transformers' BertModel (float32) on a random BERT with CLS pooling and token types.
+The bar is the general bf16 path's own distance to the same reference: the flat loop
+runs the same kernels in the same order, so it may be no further off (in fact it gives
+the same bits). Also which models and steps take it. Runs where the native bf16
+attention and add + LayerNorm kernels run (AVX512-BF16 CPUs); elsewhere there is no
+flat loop to test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_tiny_model
+from embedserve.engine import Batch, Engine
+from embedserve.engine.modules import bf16_attention
+from embedserve.engine.residual_norm import kernel_available as norm_kernel_available
+from embedserve.engine.small_steps import SMALL_STEP_TOKENS, SmallStepForward
+from st_metadata import write_st_metadata
+
+QUERIES = ["how do I bake bread?", "¿Dónde está la estación de tren más cercana?", "東京の天気は？",
+           "Boiling point of water at altitude?",
+           "Как сбросить пароль?", "query"]
+
+
+@pytest.fixture(autouse=True)
+def kernels() -> None:
+    if not (bf16_attention.kernel_available() and norm_kernel_available()):
+        pytest.skip("the native bf16 attention / add + LayerNorm kernels do not run here")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def default_engines(default_model_dir: Path):
+    with (Engine.load(default_model_dir, dtype="bfloat16") as flat,
+          Engine.load(default_model_dir, dtype="bfloat16", small_steps=False) as general):
+        yield flat, general
+
+
+def test_default_model_queries_match_sentence_transformers(default_engines, default_model_dir: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    flat, general = default_engines
+    assert flat._runner._small is not None and general._runner._small is None
+    tokenizer = Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
+    texts = ["query: " + text for text in QUERIES]
+    ids = [np.array(encoding.ids, dtype=np.int32) for encoding in tokenizer.encode_batch(texts)]
+    reference = SentenceTransformer(str(default_model_dir), device="cpu").encode(
+        texts, normalize_embeddings=False, convert_to_numpy=True)
+    one_at_a_time = np.concatenate([flat.step(Batch.from_sequences([row])).wait() for row in ids])
+    assert sum(len(row) for row in ids[:4]) <= SMALL_STEP_TOKENS
+    together = np.concatenate([flat.step(Batch.from_sequences(ids[:4])).wait(),   # several in one step
+                               one_at_a_time[4:]])
+    bar = cosines(np.concatenate([general.step(Batch.from_sequences([row])).wait() for row in ids]), reference)
+    assert bar.min() >= 0.999
+    for ours in (one_at_a_time, together):
+        assert (cosines(ours, reference) >= bar - 1e-6).all(), (cosines(ours, reference), bar)
+
+
+def test_steps_over_the_limit_take_the_general_path(default_engines) -> None:
+    flat, _ = default_engines
+    small = flat._runner._small
+    assert small.covers(Batch.from_sequences([np.arange(5, 5 + SMALL_STEP_TOKENS, dtype=np.int32)]))
+    assert not small.covers(Batch.from_sequences([np.arange(5, 6 + SMALL_STEP_TOKENS, dtype=np.int32)]))
+
+
+@pytest.fixture(scope="module")
+def cls_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random BERT with head size 32 (the attention kernel's), two token types, CLS pooling."""
+    directory = build_tiny_model(tmp_path_factory.mktemp("cls_bert"), "BertModel", None, seed=3,
+                                 hidden_size=64, num_attention_heads=2, intermediate_size=128,
+                                 max_position_embeddings=128)
+    write_st_metadata(directory, 64, "cls", False)
+    return directory
+
+
+def test_cls_pooling_and_token_types_match_transformers(cls_bert_dir: Path) -> None:
+    import transformers
+
+    rng = np.random.default_rng(7)
+    lengths = [6, 1, 13, 9]
+    ids = [rng.integers(5, 250_000, n).astype(np.int32) for n in lengths]
+    types = [rng.integers(0, 2, n).astype(np.int32) for n in lengths]
+    model = transformers.BertModel.from_pretrained(cls_bert_dir).eval()
+    with torch.inference_mode():
+        reference = np.concatenate([
+            model(input_ids=torch.from_numpy(row.astype(np.int64))[None],
+                  token_type_ids=torch.from_numpy(kind.astype(np.int64))[None]).last_hidden_state[:, 0].numpy()
+            for row, kind in zip(ids, types)])
+    batch = Batch(np.concatenate(ids), np.r_[0, np.cumsum(lengths)].astype(np.int32), np.concatenate(types))
+    with (Engine.load(cls_bert_dir, dtype="bfloat16") as flat,
+          Engine.load(cls_bert_dir, dtype="bfloat16", small_steps=False) as general):
+        assert isinstance(flat._runner._small, SmallStepForward)
+        ours, bar = flat.step(batch).wait(), general.step(batch).wait()
+    assert cosines(bar, reference).min() >= 0.99
+    assert (cosines(ours, reference) >= cosines(bar, reference) - 1e-6).all()
+
+
+def test_other_models_and_dtypes_keep_the_general_path(cls_bert_dir: Path, tiny_reranker_dir: Path) -> None:
+    with Engine.load(cls_bert_dir, dtype="float32") as fp32, Engine.load(tiny_reranker_dir, dtype="bfloat16") as head:
+        assert fp32._runner._small is None      # float32: no native attention kernel
+        assert head._runner._small is None      # a scoring head
