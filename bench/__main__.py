@@ -36,6 +36,7 @@ BENCHMARKS = {
     "native_linears": "bench.native_linears",
     "gpu": "bench.gpu.workloads",
     "priority": "bench.priority_bench",
+    "int8": "bench.int8_bench",
 }
 
 
