@@ -83,16 +83,21 @@ def resolve_dtype(dtype: str | None, device: str,
             return "float32"
         return cuda_half_dtype(capability) if capability is not None else "bfloat16"
     if dtype == INT8:
-        if device.startswith("cuda"):
-            raise ModelLoadError("--dtype int8 runs on CPU only (oneDNN's int8 matmuls); "
-                                 "on CUDA use bfloat16 or float16")
-        if not int8_layers.supported():
-            raise ModelLoadError("--dtype int8 needs a torch build with oneDNN's quantized linear "
-                                 "(torch.ops.onednn.qlinear_pointwise)")
+        check_int8(device)
         return dtype
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}, {INT8}")
     return dtype
+
+
+def check_int8(device: str) -> None:
+    """Raise a one-line ModelLoadError where ``--dtype int8`` cannot run."""
+    if device.startswith("cuda"):
+        raise ModelLoadError("--dtype int8 runs on CPU only (oneDNN's int8 matmuls); "
+                             "on CUDA use bfloat16 or float16")
+    if not int8_layers.supported():
+        raise ModelLoadError("--dtype int8 needs a torch build with oneDNN's quantized linear "
+                             "(torch.ops.onednn.qlinear_pointwise)")
 
 
 class Engine:
@@ -112,8 +117,9 @@ class Engine:
              probe: DtypeProbe | None = None) -> "Engine":
         """Load a Hugging Face model directory.
 
-        dtype: "auto" | "float32" | "bfloat16" | "float16" | None (float32 on CPU,
-        bfloat16 on CUDA). "auto" picks by hardware (dtype_choice.py) and, when
+        dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
+        bfloat16 on CUDA). "int8" (CPU only): int8_layers.py, calibrated on
+        ``probe.calibration`` where given (else dynamic activations); auto never picks it. "auto" picks by hardware (dtype_choice.py) and, when
         that is a reduced precision and ``probe`` is given, keeps it only if its
         outputs on the probe's tokens agree with float32's; ``info.dtype`` and
         ``info.dtype_reason`` say what was chosen and why. attention (CPU only):
@@ -135,6 +141,8 @@ class Engine:
             raise ModelLoadError(f"model directory not found: {model_dir}")
         if device != "cpu" and not device.startswith("cuda"):
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
+        if dtype == INT8:
+            check_int8(device)      # before anything asks CUDA about the device
         info = replace(read_model_info(model_dir, model_id), device=device)
         runner_options = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,

@@ -11,7 +11,8 @@ model's base dtype: bfloat16 where the CPU has native bf16, else float32
 
 - weights (``INT8_LINEARS``): int8, symmetric, one scale per output channel (the
   largest |w| of the row maps to 127), packed once into oneDNN's layout; bias float32;
-- activations: uint8 with one scale and zero point per tensor, either ``static``
+- activations: uint8 (7-bit on CPUs without VNNI, ``int8_quantize.activation_max``)
+  with one scale and zero point per tensor, either ``static``
   (per-column ranges measured once at load on the calibration texts,
   ``observe_ranges``, with SmoothQuant's per-column factors folded into the
   weights) or ``dynamic`` (each call measures its input's min and max; what runs
@@ -79,8 +80,10 @@ class Int8Weight(nn.Module):
     how its input becomes uint8: per call (dynamic), or at a fixed range (static), with
     SmoothQuant's per-column factors where ``smooth`` (see ``smoothing_factors``)."""
 
-    def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
+                 qmax: int = int8_quantize.FULL_RANGE) -> None:
         super().__init__()
+        self.qmax = qmax
         weight = linear.weight.detach().float()
         out_features, in_features = weight.shape
         factors = torch.ones(in_features)
@@ -97,18 +100,18 @@ class Int8Weight(nn.Module):
         if observed is not None:
             low, high = observed
             self.input_scale, self.input_zero_point = int8_quantize.affine_params(
-                float((low / factors).min()), float((high / factors).max()))
+                float((low / factors).min()), float((high / factors).max()), qmax)
         # x -> x / factor / scale, per column
         self.register_buffer("multiplier", (1.0 / (factors * self.input_scale)).contiguous())
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
         # x: [T, in] float -> uint8 [T, in], scale, zero point
         if self.static:
-            return int8_quantize.quantize(x, self.multiplier, self.input_zero_point), \
+            return int8_quantize.quantize(x, self.multiplier, self.input_zero_point, self.qmax), \
                 self.input_scale, self.input_zero_point
-        scale, zero_point = int8_quantize.affine_params(*int8_quantize.value_range(x))
+        scale, zero_point = int8_quantize.affine_params(*int8_quantize.value_range(x), self.qmax)
         multiplier = torch.full((x.shape[1],), 1.0 / scale)
-        return int8_quantize.quantize(x, multiplier, zero_point), scale, zero_point
+        return int8_quantize.quantize(x, multiplier, zero_point, self.qmax), scale, zero_point
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype, attr: str = "none",
                 algorithm: str = "") -> torch.Tensor:
@@ -134,13 +137,14 @@ class Int8Layer(nn.Module):
     """encoder.Layer's math (post-norm) on int8 linears; activations between them in the
     layer's base dtype (bf16 or float32)."""
 
-    def __init__(self, layer: Layer, hidden_act: str, ranges: dict[str, ChannelRange] | None) -> None:
+    def __init__(self, layer: Layer, hidden_act: str, ranges: dict[str, ChannelRange] | None,
+                 qmax: int = int8_quantize.FULL_RANGE) -> None:
         super().__init__()
         self.num_heads = layer.num_heads
         self.head_dim = layer.head_dim
         self.dtype = layer.qkv.weight.dtype
         self.qkv, self.attn_out, self.ffn_in = (
-            Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED)
+            Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax)
             for name in INT8_LINEARS)
         self.ffn_out = PackedWeight(layer.ffn_out)    # oneDNN (or a native kernel), base dtype
         self.attn_norm = ResidualNorm(layer.attn_norm)
@@ -178,17 +182,20 @@ def observe_ranges(model: EncoderModel, run: Callable[[], object]) -> list[dict[
     return ranges
 
 
-def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange]] | None = None) -> bool:
+def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange]] | None = None,
+                    qmax: int | None = None) -> bool:
     """Swap the encoder's layers for Int8Layers in place; False (unchanged) if unsupported.
 
     Call with the model in its base dtype on the CPU. ``ranges`` (static activations): per
     layer, each linear's input range (``observe_ranges``); None: dynamic activations.
+    ``qmax``: the activations' largest level (None: ``int8_quantize.activation_max()``).
     """
+    qmax = int8_quantize.activation_max() if qmax is None else qmax
     config = model.config
     if config.hidden_act not in ACTIVATIONS or not supported():
         return False
     layers = model.encoder.layers
     per_layer = list(ranges) if ranges is not None else [None] * len(layers)
     for i, layer in enumerate(layers):
-        layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i])
+        layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax)
     return True

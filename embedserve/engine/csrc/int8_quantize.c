@@ -5,7 +5,7 @@
  * [T, n] tensor into one in four or more element-wise passes (to float32, scale, round,
  * clamp, narrow); at 32 x 512 tokens those passes cost as much as the matmuls they feed.
  * Here each row is read once and written once: q = clamp(round(x * multiplier[c]) +
- * zero_point, 0, 255), rounding to nearest even as oneDNN does; ``multiplier`` is
+ * zero_point, 0, qmax) (qmax 255, or 127 where the CPU's int8 dot products saturate), rounding to nearest even as oneDNN does; ``multiplier`` is
  * float32 [cols], 1 / scale, divided per column by the smoothing factor where the
  * caller smooths (int8_layers.py). ``value_range`` is the dynamic mode's min and max
  * in one read.
@@ -40,8 +40,8 @@ static inline __mmask16 tail_mask(int64_t left) {
 }
 
 static void quantize_row(const void *x, int bf16, uint8_t *out, int64_t cols, const float *multiplier,
-                         __m512i zero_point) {
-    const __m512i low = _mm512_setzero_si512(), high = _mm512_set1_epi32(255);
+                         __m512i zero_point, __m512i high) {
+    const __m512i low = _mm512_setzero_si512();
     for (int64_t c = 0; c < cols; c += 16) {
         const __mmask16 mask = tail_mask(cols - c);
         const __m512 scaled = _mm512_mul_ps(load16(x, bf16, c, mask), _mm512_maskz_loadu_ps(mask, multiplier + c));
@@ -56,20 +56,20 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long x, out, multiplier;
     Py_ssize_t rows, cols, stride, threads;
-    int bf16, zero_point;
-    if (!PyArg_ParseTuple(args, "KKnnnpKin", &x, &out, &rows, &cols, &stride, &bf16, &multiplier, &zero_point,
-                          &threads))
+    int bf16, zero_point, qmax;
+    if (!PyArg_ParseTuple(args, "KKnnnpKiin", &x, &out, &rows, &cols, &stride, &bf16, &multiplier, &zero_point,
+                          &qmax, &threads))
         return NULL;
     const float *multipliers = (const float *)(uintptr_t)multiplier;
     const char *src = (const char *)(uintptr_t)x;
     uint8_t *dst = (uint8_t *)(uintptr_t)out;
     const int64_t element = bf16 ? 2 : 4;
-    const __m512i zp = _mm512_set1_epi32(zero_point);
+    const __m512i zp = _mm512_set1_epi32(zero_point), high = _mm512_set1_epi32(qmax);
     if (threads < 1 || rows * cols < SERIAL_ELEMENTS) threads = 1;
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (Py_ssize_t r = 0; r < rows; ++r)
-        quantize_row(src + r * stride * element, bf16, dst + r * cols, cols, multipliers, zp);
+        quantize_row(src + r * stride * element, bf16, dst + r * cols, cols, multipliers, zp, high);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -109,7 +109,7 @@ static PyObject *value_range(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"quantize", quantize, METH_VARARGS,
-     "quantize(x, out, rows, cols, stride, bf16, multiplier, zero_point, threads): out = uint8 of x; "
+     "quantize(x, out, rows, cols, stride, bf16, multiplier, zero_point, qmax, threads): out = uint8 of x; "
      "arguments are data pointers and sizes."},
     {"value_range", value_range, METH_VARARGS,
      "value_range(x, rows, cols, stride, bf16, threads) -> (min, max) of x."},
