@@ -9,12 +9,12 @@ float32, bfloat16, int8 with its calibration), then
   int8 alternating, ``--rounds`` each after one warm-up; the median per dtype and
   int8's speed-up over bf16 (the ratio is what to compare: both run in the same
   process, interleaved, on a shared machine);
-- accuracy on real text: the first ``--texts`` XQuAD English passages and questions
-  (``../shared/data/eval/xquad``; skipped with a line when absent) embedded in each
-  dtype; the smallest and mean cosine of each vector to float32's.
-
-XQuAD recall@1 per dtype: ``python -m bench quantized_recall --dtype int8`` (and
-``--dtype float32``), whose float32 rows compare.
+- accuracy on real text: XQuAD English (``../shared/data/eval/xquad``; skipped with a
+  line when absent), its 240 passages (``passage: ``) and 1190 questions (``query: ``)
+  embedded in float32 and int8 (``--texts N``: the first N of each, 0: none): the
+  smallest and mean cosine of each vector to float32's, and, on the whole set,
+  recall@1 of each question's own passage (as ``python -m bench quantized_recall``
+  computes it, float vectors) in both.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--texts", type=int, default=200, help="XQuAD passages and questions each")
+    parser.add_argument("--texts", type=int, default=None,
+                        help="XQuAD passages and questions each (default: all; 0: no accuracy)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's thread count (default: torch's). With 1 on a busy machine the "
@@ -91,19 +92,28 @@ def main(argv: list[str] | None = None) -> int:
         "int8_cpu_time_speedup_vs_bf16": round(cpu_median["bfloat16"] / cpu_median["int8"], 3),
     }
     xquad = args.data_dir / "eval" / "xquad" / "xquad.en.json"
-    if args.texts > 0 and xquad.is_file():
-        passages, questions, _ = read_xquad(xquad)
+    engines.pop("bfloat16").close()
+    if args.texts != 0 and xquad.is_file():
+        passages, questions, relevant = read_xquad(xquad)
+        if args.texts is not None:
+            keep = relevant < args.texts
+            passages, questions, relevant = passages[:args.texts], list(np.array(questions)[keep]), relevant[keep]
         tokenizer = Tokenizer.from_model_dir(model_dir)
         prompts = info.prompts
-        vectors = {dtype: np.concatenate([
-            embed_texts(engine, tokenizer, passages[:args.texts], prompts.get("passage", "")),
-            embed_texts(engine, tokenizer, questions[:args.texts], prompts.get("query", ""))])
-            for dtype, engine in engines.items()}
-        for dtype in ("bfloat16", "int8"):
-            cosines = _cosines(vectors["float32"], vectors[dtype])
-            result[f"{dtype}_cosine_to_float32"] = {"min": round(float(cosines.min()), 5),
+        for dtype, engine in engines.items():
+            p = embed_texts(engine, tokenizer, passages, prompts.get("passage", ""))
+            q = embed_texts(engine, tokenizer, questions, prompts.get("query", ""))
+            vectors = np.concatenate([p, q])
+            if dtype == "float32":
+                reference = vectors
+            else:
+                cosines = _cosines(reference, vectors)
+                result["int8_cosine_to_float32"] = {"min": round(float(cosines.min()), 5),
                                                     "mean": round(float(cosines.mean()), 5),
                                                     "vectors": len(cosines)}
+            p = p / np.linalg.norm(p, axis=1, keepdims=True)
+            q = q / np.linalg.norm(q, axis=1, keepdims=True)
+            result[f"{dtype}_xquad_en_recall_at_1"] = round(float(((q @ p.T).argmax(1) == relevant).mean() * 100), 2)
     else:
         print(f"# accuracy skipped (--texts 0, or no {xquad}: pass --data-dir)", file=sys.stderr)
     for engine in engines.values():

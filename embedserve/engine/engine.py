@@ -119,7 +119,8 @@ class Engine:
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
         bfloat16 on CUDA). "int8" (CPU only): int8_layers.py, calibrated on
-        ``probe.calibration`` where given (else dynamic activations); auto never picks it. "auto" picks by hardware (dtype_choice.py) and, when
+        ``probe.calibration`` where given (else dynamic activations); auto never picks it.
+        "auto" picks by hardware (dtype_choice.py) and, when
         that is a reduced precision and ``probe`` is given, keeps it only if its
         outputs on the probe's tokens agree with float32's; ``info.dtype`` and
         ``info.dtype_reason`` say what was chosen and why. attention (CPU only):

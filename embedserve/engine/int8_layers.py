@@ -80,6 +80,8 @@ class Int8Weight(nn.Module):
     how its input becomes uint8: per call (dynamic), or at a fixed range (static), with
     SmoothQuant's per-column factors where ``smooth`` (see ``smoothing_factors``)."""
 
+    multiplier: torch.Tensor
+
     def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
                  qmax: int = int8_quantize.FULL_RANGE) -> None:
         super().__init__()
@@ -197,5 +199,6 @@ def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange
     layers = model.encoder.layers
     per_layer = list(ranges) if ranges is not None else [None] * len(layers)
     for i, layer in enumerate(layers):
+        assert isinstance(layer, Layer)
         layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax)
     return True

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from embedserve import ragged
+from embedserve.model.calibration_texts import CALIBRATION_TEXTS
 from embedserve.model.cuda_options import CudaOptions
 from embedserve.model.info import read_model_info
-from embedserve.model.calibration_texts import CALIBRATION_TEXTS
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE, PROBE_TEXTS
 from embedserve.ragged import RaggedBatch
 
