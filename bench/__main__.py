@@ -37,6 +37,7 @@ BENCHMARKS = {
     "gpu": "bench.gpu.workloads",
     "priority": "bench.priority_bench",
     "short_query": "bench.short_query",
+    "int8": "bench.int8_bench",
 }
 
 

@@ -55,10 +55,13 @@ class DtypeProbe:
 
     ``tokens`` is called only when a probe runs (so a float32 choice never
     loads a tokenizer); ``min_cosine`` in [0, 1] is the bar described above.
+    ``calibration``: the calibration texts' tokens, which ``int8`` measures its
+    static activation ranges on (called only for int8; None: dynamic activations).
     """
 
     tokens: Callable[[], RaggedBatch]
     min_cosine: float = DEFAULT_PROBE_MIN_COSINE
+    calibration: Callable[[], RaggedBatch] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_cosine <= 1.0:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from embedserve.engine import int8_layers
 from embedserve.engine.batch import Batch
 from embedserve.engine.dense import load_dense
 from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype, probe_verdict
@@ -43,6 +44,8 @@ from embedserve.model.info import ModelInfo, read_model_info
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# int8 linears over a bf16 or float32 model (int8_layers.py): CPU only.
+INT8 = "int8"
 
 
 def build_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> Model:
@@ -78,9 +81,22 @@ def resolve_dtype(dtype: str | None, device: str,
         if not device.startswith("cuda"):
             return "float32"
         return cuda_half_dtype(capability) if capability is not None else "bfloat16"
+    if dtype == INT8:
+        check_int8(device)
+        return dtype
     if dtype not in DTYPES:
-        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}")
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {AUTO}, {', '.join(DTYPES)}, {INT8}")
     return dtype
+
+
+def check_int8(device: str) -> None:
+    """Raise a one-line ModelLoadError where ``--dtype int8`` cannot run."""
+    if device.startswith("cuda"):
+        raise ModelLoadError("--dtype int8 runs on CPU only (oneDNN's int8 matmuls); "
+                             "on CUDA use bfloat16 or float16")
+    if not int8_layers.supported():
+        raise ModelLoadError("--dtype int8 needs a torch build with oneDNN's quantized linear "
+                             "(torch.ops.onednn.qlinear_pointwise)")
 
 
 class Engine:
@@ -100,8 +116,10 @@ class Engine:
              probe: DtypeProbe | None = None, small_steps: bool = True) -> Engine:
         """Load a Hugging Face model directory.
 
-        dtype: "auto" | "float32" | "bfloat16" | "float16" | None (float32 on CPU,
-        bfloat16 on CUDA). "auto" picks by hardware (dtype_choice.py) and, when
+        dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
+        bfloat16 on CUDA). "int8" (CPU only): int8_layers.py, calibrated on
+        ``probe.calibration`` where given (else dynamic activations); auto never picks it.
+        "auto" picks by hardware (dtype_choice.py) and, when
         that is a reduced precision and ``probe`` is given, keeps it only if its
         outputs on the probe's tokens agree with float32's; ``info.dtype`` and
         ``info.dtype_reason`` say what was chosen and why. attention (CPU only):
@@ -125,6 +143,8 @@ class Engine:
             raise ModelLoadError(f"model directory not found: {model_dir}")
         if device != "cpu" and not device.startswith("cuda"):
             raise ModelLoadError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
+        if dtype == INT8:
+            check_int8(device)      # before anything asks CUDA about the device
         info = replace(read_model_info(model_dir, model_id), device=device)
         if info.task == "multivector":
             if device != "cpu":
@@ -146,9 +166,43 @@ class Engine:
         else:
             name = resolve_dtype(dtype, device, capability)
             choice = DtypeChoice(name, "explicit" if dtype is not None else "device default")
+        if choice.dtype == INT8:
+            return cls._load_int8(model_dir, info, choice, probe, runner_options)
         log.info("dtype %s (%s)", choice.dtype, choice.reason)
         model = build_model(model_dir, DTYPES[choice.dtype])
         return cls._start(model, _chosen(info, choice), **runner_options)
+
+    @classmethod
+    def _load_int8(cls, model_dir: Path, info: ModelInfo, choice: DtypeChoice, probe: DtypeProbe | None,
+                   runner_options: dict[str, Any]) -> Engine:
+        """``int8``: the encoder layers' linears on int8 weights (int8_layers.py), the rest in
+        bf16 where the CPU runs it natively, else float32. Static activation ranges are
+        measured on ``probe.calibration`` (float32, plain modules) where it is given and
+        the model is an encoder; without them activations are quantized per call
+        (dynamic). A model family with no int8 layers runs in the base dtype, and
+        the reason says so."""
+        base = int8_layers.base_dtype()
+        base_name = "bfloat16" if base == torch.bfloat16 else "float32"
+        model = build_model(model_dir, torch.float32)
+        if not isinstance(model, EncoderModel) or model.config.hidden_act not in int8_layers.ACTIVATIONS:
+            choice = DtypeChoice(base_name, f"{choice.reason} int8, but this model family has no int8 "
+                                            f"layers: {base_name}")
+            log.warning("dtype %s (%s)", choice.dtype, choice.reason)
+            return cls._start(model.to(base), _chosen(info, choice), **runner_options)
+        ranges = None
+        calibration = probe.calibration if probe is not None else None
+        if calibration is not None:
+            plain = {**runner_options, "cuda_graphs": False, "fused_layers": False}
+            with cls._start(model, _chosen(info, DtypeChoice("float32", "calibration")), **plain) as ref:
+                batch = Batch.of(calibration(), info.task)  # type: ignore[arg-type]  # task: checked at load
+                ranges = int8_layers.observe_ranges(model, lambda: ref.step(batch).wait())
+        int8_layers.quantize_layers(model.to(base), ranges)
+        activations = "dynamic" if ranges is None else f"static, {batch.num_sequences} calibration texts"
+        choice = DtypeChoice(INT8, f"{choice.reason}: int8 weights per channel, uint8 activations "
+                                   f"({activations}), {base_name} elsewhere")
+        log.info("dtype %s (%s)", choice.dtype, choice.reason)
+        _return_freed_heap()
+        return cls._start(model, _chosen(info, choice), **{**runner_options, "fused_layers": False})
 
     @classmethod
     def _load_probed(cls, model_dir: Path, info: ModelInfo, candidate: DtypeChoice,

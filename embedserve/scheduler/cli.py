@@ -220,7 +220,10 @@ def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
                              "native bf16 (AMX or AVX512-BF16), float32 elsewhere; a reduced "
                              "precision is kept only if a load-time probe (a few fixed texts "
                              "embedded in it and in float32) agrees with float32, else float32 "
-                             "(/info's dtype_reason says which and why) (default: %(default)s)")
+                             "(/info's dtype_reason says which and why). int8 (CPU only): "
+                             "int8 weights and activations in the encoder layers' linears "
+                             "(AMX-INT8 / VNNI where the CPU has them), never picked by auto "
+                             "(default: %(default)s)")
     parser.add_argument("--dtype-probe-min-cosine", type=_cosine, default=DEFAULT_PROBE_MIN_COSINE,
                         metavar="C",
                         help="--dtype auto's bar: the smallest cosine between a probe text's "

@@ -8,10 +8,12 @@ auto picks a reduced precision and the probe runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from embedserve import ragged
+from embedserve.model.calibration_texts import CALIBRATION_TEXTS
 from embedserve.model.cuda_options import CudaOptions
 from embedserve.model.info import read_model_info
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE, PROBE_TEXTS
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from embedserve.engine import Engine
 
 
-def probe_tokens(model_dir: Path) -> RaggedBatch:
+def probe_tokens(model_dir: Path, texts: Sequence[str] = PROBE_TEXTS) -> RaggedBatch:
     """The probe texts with the model's specials, cut to the model's length.
 
     The same ids go through both dtypes, so what matters is that they are the
@@ -29,21 +31,22 @@ def probe_tokens(model_dir: Path) -> RaggedBatch:
     tokenizer.json is read by the ``tokenizers`` library alone (a fraction of a
     second, where the native encoder would first load its Numba kernels: seconds
     at every start, for a dozen texts); a directory with only a SentencePiece
-    model goes through ``load_tokenizer``.
+    model goes through ``load_tokenizer``. ``texts``: another fixed sample (int8's
+    calibration texts) tokenized the same way.
     """
     max_positions = read_model_info(model_dir).max_positions
     json_path = model_dir / "tokenizer.json"
     if not json_path.is_file():
         from embedserve.tokenizer.load import load_tokenizer
 
-        return load_tokenizer(model_dir).encode_batch(list(PROBE_TEXTS), max_length=max_positions,
+        return load_tokenizer(model_dir).encode_batch(list(texts), max_length=max_positions,
                                                       truncation="right")
     import tokenizers
 
     tokenizer = tokenizers.Tokenizer.from_file(str(json_path))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_positions)
-    return ragged.from_sequences([encoding.ids for encoding in tokenizer.encode_batch(list(PROBE_TEXTS))])
+    return ragged.from_sequences([encoding.ids for encoding in tokenizer.encode_batch(list(texts))])
 
 
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto", *,
@@ -54,5 +57,6 @@ def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto"
     from embedserve.engine.dtype_choice import DtypeProbe
 
     model_dir = Path(model_dir)
-    probe = DtypeProbe(lambda: probe_tokens(model_dir), probe_min_cosine)
+    probe = DtypeProbe(lambda: probe_tokens(model_dir), probe_min_cosine,
+                       calibration=lambda: probe_tokens(model_dir, CALIBRATION_TEXTS))
     return Engine.load(model_dir, device, dtype, cuda_graphs=cuda_graphs, cuda=cuda, probe=probe)

@@ -29,7 +29,7 @@ CPU_BF16_MAX_BATCH_TOKENS = 1024
 # The engine dtypes a replica accepts (``--dtype``; embedserve.engine.engine.DTYPES
 # and auto, embedserve/engine/dtype_choice.py), spelled here so entry points can
 # offer them without importing torch. auto is the default.
-REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16")
+REPLICA_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 # The priority classes (docs/priority.md): while interactive work is queued (in
 # the step or waiting) or arrived within the window, a step carries at most this
 # many batch tokens (plus the one batch sequence every step takes). Chosen by
@@ -128,4 +128,5 @@ def default_max_batch_tokens(device: str, dtype: str | None = None) -> int:
     """The step token budget when none is given; ``dtype``: the engine's, once loaded."""
     if device.startswith("cuda"):
         return GPU_MAX_BATCH_TOKENS
+    # int8 not measured for the budget: it keeps float32's
     return CPU_BF16_MAX_BATCH_TOKENS if dtype == "bfloat16" else CPU_MAX_BATCH_TOKENS

@@ -1,0 +1,122 @@
+/*
+ * Activations to uint8 for the int8 linears (engine/int8_quantize.py), with AVX-512.
+ *
+ * Why native: oneDNN's quantized matmul takes a uint8 source, and torch turns a bf16
+ * [T, n] tensor into one in four or more element-wise passes (to float32, scale, round,
+ * clamp, narrow); at 32 x 512 tokens those passes cost as much as the matmuls they feed.
+ * Here each row is read once and written once: q = clamp(round(x * multiplier[c]) +
+ * zero_point, 0, qmax) (qmax 255, or 127 where the CPU's int8 dot products saturate), rounding to nearest even as oneDNN does; ``multiplier`` is
+ * float32 [cols], 1 / scale, divided per column by the smoothing factor where the
+ * caller smooths (int8_layers.py). ``value_range`` is the dynamic mode's min and max
+ * in one read.
+ *
+ * Layout: x is [rows, cols] bf16 or float32 rows ``stride`` elements apart; out is
+ * [rows, cols] uint8, contiguous. Any cols (the tail is masked). Rows are split
+ * between torch's OpenMP team (see bf16_attention.c for why it is torch's); a small
+ * call runs on one thread.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+/* Below this many elements a call runs on one thread: waking the team costs more. */
+#define SERIAL_ELEMENTS 65536
+
+static inline __m512 load16(const void *x, int bf16, int64_t at, __mmask16 mask) {
+    if (bf16) {
+        const __m256i raw = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)x + at);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    return _mm512_maskz_loadu_ps(mask, (const float *)x + at);
+}
+
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+static void quantize_row(const void *x, int bf16, uint8_t *out, int64_t cols, const float *multiplier,
+                         __m512i zero_point, __m512i high) {
+    const __m512i low = _mm512_setzero_si512();
+    for (int64_t c = 0; c < cols; c += 16) {
+        const __mmask16 mask = tail_mask(cols - c);
+        const __m512 scaled = _mm512_mul_ps(load16(x, bf16, c, mask), _mm512_maskz_loadu_ps(mask, multiplier + c));
+        __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                     zero_point);
+        q = _mm512_min_epi32(_mm512_max_epi32(q, low), high);
+        _mm_mask_storeu_epi8(out + c, mask, _mm512_cvtepi32_epi8(q));
+    }
+}
+
+static PyObject *quantize(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, out, multiplier;
+    Py_ssize_t rows, cols, stride, threads;
+    int bf16, zero_point, qmax;
+    if (!PyArg_ParseTuple(args, "KKnnnpKiin", &x, &out, &rows, &cols, &stride, &bf16, &multiplier, &zero_point,
+                          &qmax, &threads))
+        return NULL;
+    const float *multipliers = (const float *)(uintptr_t)multiplier;
+    const char *src = (const char *)(uintptr_t)x;
+    uint8_t *dst = (uint8_t *)(uintptr_t)out;
+    const int64_t element = bf16 ? 2 : 4;
+    const __m512i zp = _mm512_set1_epi32(zero_point), high = _mm512_set1_epi32(qmax);
+    if (threads < 1 || rows * cols < SERIAL_ELEMENTS) threads = 1;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (Py_ssize_t r = 0; r < rows; ++r)
+        quantize_row(src + r * stride * element, bf16, dst + r * cols, cols, multipliers, zp, high);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *value_range(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x;
+    Py_ssize_t rows, cols, stride, threads;
+    int bf16;
+    if (!PyArg_ParseTuple(args, "Knnnpn", &x, &rows, &cols, &stride, &bf16, &threads))
+        return NULL;
+    const char *src = (const char *)(uintptr_t)x;
+    const int64_t element = bf16 ? 2 : 4;
+    float lowest = FLT_MAX, highest = -FLT_MAX;
+    if (threads < 1 || rows * cols < SERIAL_ELEMENTS) threads = 1;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(threads) reduction(min : lowest) reduction(max : highest)
+    {
+        __m512 low = _mm512_set1_ps(FLT_MAX), high = _mm512_set1_ps(-FLT_MAX);
+#pragma omp for schedule(static)
+        for (Py_ssize_t r = 0; r < rows; ++r) {
+            const char *row = src + r * stride * element;
+            for (int64_t c = 0; c < cols; c += 16) {
+                const __mmask16 mask = tail_mask(cols - c);
+                const __m512 v = load16(row, bf16, c, mask);
+                low = _mm512_mask_min_ps(low, mask, low, v);
+                high = _mm512_mask_max_ps(high, mask, high, v);
+            }
+        }
+        const float l = _mm512_reduce_min_ps(low), h = _mm512_reduce_max_ps(high);
+        lowest = l < lowest ? l : lowest;
+        highest = h > highest ? h : highest;
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(ff)", lowest, highest);
+}
+
+static PyMethodDef methods[] = {
+    {"quantize", quantize, METH_VARARGS,
+     "quantize(x, out, rows, cols, stride, bf16, multiplier, zero_point, qmax, threads): out = uint8 of x; "
+     "arguments are data pointers and sizes."},
+    {"value_range", value_range, METH_VARARGS,
+     "value_range(x, rows, cols, stride, bf16, threads) -> (min, max) of x."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int8_quantize", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__int8_quantize(void) { return PyModule_Create(&module); }

@@ -1,0 +1,204 @@
+"""``--dtype int8`` on CPU: the encoder layers' linears on int8 weights and uint8 activations.
+
+Owns swapping each encoder ``Layer`` for an ``Int8Layer`` that computes the same
+function with oneDNN's quantized matmul (``torch.ops.onednn.qlinear_pointwise``,
+the kernel behind torch's x86 quantization): AMX-INT8 tiles or AVX512-VNNI /
+AVX-VNNI dot products where the CPU has them, oneDNN's AVX2 / SSE4.1 int8 code
+elsewhere (same results, slower). Everything else (embeddings, attention,
+LayerNorms, the feed-forward's second linear, pooling, heads) stays in the
+model's base dtype: bfloat16 where the CPU has native bf16, else float32
+(``base_dtype``).
+
+- weights (``INT8_LINEARS``): int8, symmetric, one scale per output channel (the
+  largest |w| of the row maps to 127), packed once into oneDNN's layout; bias float32;
+- activations: uint8 (7-bit on CPUs without VNNI, ``int8_quantize.activation_max``)
+  with one scale and zero point per tensor, either ``static``
+  (per-column ranges measured once at load on the calibration texts,
+  ``observe_ranges``, with SmoothQuant's per-column factors folded into the
+  weights) or ``dynamic`` (each call measures its input's min and max; what runs
+  when no calibration tokens are given). The quantization is one native pass
+  (int8_quantize.py).
+
+Knows nothing about batching or attention: the layer calls the ``Attend``
+function it is given. CUDA models are never transformed (int8 is CPU only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from embedserve.engine import int8_quantize
+from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
+from embedserve.engine.onednn import PackedWeight
+from embedserve.engine.residual_norm import ResidualNorm
+
+_onednn = torch.ops.onednn
+# oneDNN epilogues for the activations the encoder family uses: (post-op, algorithm).
+ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
+                "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+ACTIVATION_MODES = ("dynamic", "static")
+DEFAULT_ACTIVATIONS = "static"
+# Per input column (min, max) over the calibration texts: float32 [in] each.
+ChannelRange = tuple[torch.Tensor, torch.Tensor]
+# The linears that run int8. ffn_out stays in the base dtype: its input (the GELU
+# output, in about [-0.17, 25] with most values near 0) loses the most at one scale per
+# tensor. Measured on MiniLM (probe texts, smallest cosine to float32): all four int8
+# 0.984 (0.946 with ffn_out smoothed), ffn_out in bf16 and the rest smoothed 0.998.
+INT8_LINEARS = ("qkv", "attn_out", "ffn_in")
+# Which int8 linears divide their input by SmoothQuant's factors (static mode), and alpha.
+SMOOTHED = ("qkv", "attn_out", "ffn_in")
+SMOOTH_ALPHA = 0.5
+
+
+def supported() -> bool:
+    """Whether this torch build has oneDNN's quantized linear (any x86 CPU runs it)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(_onednn, "qlinear_pointwise")
+            and hasattr(_onednn, "qlinear_prepack"))
+
+
+def base_dtype() -> torch.dtype:
+    """What the non-linear parts compute in: bfloat16 where oneDNN runs it natively
+    (AMX-BF16 / AVX512-BF16), else float32 (bf16 emulated on AVX-512 is slower)."""
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported() and (
+        torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    return torch.bfloat16 if native else torch.float32
+
+
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [out, in] -> (int8 [out, in], float32 scales [out]): symmetric, per row."""
+    weight = weight.detach().float()
+    scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    quantized = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return quantized, scales
+
+
+class Int8Weight(nn.Module):
+    """One linear layer's int8 weight in oneDNN's layout, its scales and float32 bias, and
+    how its input becomes uint8: per call (dynamic), or at a fixed range (static), with
+    SmoothQuant's per-column factors where ``smooth`` (see ``smoothing_factors``)."""
+
+    multiplier: torch.Tensor
+
+    def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
+                 qmax: int = int8_quantize.FULL_RANGE) -> None:
+        super().__init__()
+        self.qmax = qmax
+        weight = linear.weight.detach().float()
+        out_features, in_features = weight.shape
+        factors = torch.ones(in_features)
+        if observed is not None and smooth:
+            factors = smoothing_factors(observed, weight)
+        quantized, scales = int8_per_channel(weight * factors[None, :])
+        self.register_buffer("weight", _onednn.qlinear_prepack(quantized, None))
+        self.register_buffer("scales", scales)
+        self.register_buffer("zero_points", torch.zeros(out_features, dtype=torch.int64))
+        bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(out_features)
+        self.register_buffer("bias", bias)
+        self.static = observed is not None
+        self.input_scale, self.input_zero_point = 1.0, 0
+        if observed is not None:
+            low, high = observed
+            self.input_scale, self.input_zero_point = int8_quantize.affine_params(
+                float((low / factors).min()), float((high / factors).max()), qmax)
+        # x -> x / factor / scale, per column
+        self.register_buffer("multiplier", (1.0 / (factors * self.input_scale)).contiguous())
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+        # x: [T, in] float -> uint8 [T, in], scale, zero point
+        if self.static:
+            return int8_quantize.quantize(x, self.multiplier, self.input_zero_point, self.qmax), \
+                self.input_scale, self.input_zero_point
+        scale, zero_point = int8_quantize.affine_params(*int8_quantize.value_range(x), self.qmax)
+        multiplier = torch.full((x.shape[1],), 1.0 / scale)
+        return int8_quantize.quantize(x, multiplier, zero_point, self.qmax), scale, zero_point
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype, attr: str = "none",
+                algorithm: str = "") -> torch.Tensor:
+        """x: [T, in] bf16 or float32 -> [T, out] in ``out_dtype``, the activation named as
+        oneDNN's epilogues are (``attr``/``algorithm``) applied."""
+        xq, scale, zero_point = self.quantize(x)
+        return _onednn.qlinear_pointwise(xq, scale, zero_point, self.weight, self.scales, self.zero_points,
+                                         self.bias, 1.0, 0, out_dtype, attr, [], algorithm)
+
+
+def smoothing_factors(observed: ChannelRange, weight: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-input-column factors s = max|x|^alpha / max|w|^(1 - alpha): the
+    activation is divided by s and the weight's column multiplied by it (the product is
+    unchanged), moving a column's outliers from the per-tensor activation scale into
+    the weight's per-row scales. float32 [in]."""
+    low, high = observed
+    x_max = torch.maximum(low.abs(), high.abs()).clamp_min(1e-5)
+    w_max = weight.abs().amax(dim=0).clamp_min(1e-5)
+    return (x_max.pow(alpha) / w_max.pow(1.0 - alpha)).clamp_min(1e-5)
+
+
+class Int8Layer(nn.Module):
+    """encoder.Layer's math (post-norm) on int8 linears; activations between them in the
+    layer's base dtype (bf16 or float32)."""
+
+    def __init__(self, layer: Layer, hidden_act: str, ranges: dict[str, ChannelRange] | None,
+                 qmax: int = int8_quantize.FULL_RANGE) -> None:
+        super().__init__()
+        self.num_heads = layer.num_heads
+        self.head_dim = layer.head_dim
+        self.dtype = layer.qkv.weight.dtype
+        self.qkv, self.attn_out, self.ffn_in = (
+            Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax)
+            for name in INT8_LINEARS)
+        self.ffn_out = PackedWeight(layer.ffn_out)    # oneDNN (or a native kernel), base dtype
+        self.attn_norm = ResidualNorm(layer.attn_norm)
+        self.ffn_norm = ResidualNorm(layer.ffn_norm)
+        self.activation = ACTIVATIONS[hidden_act]
+
+    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
+        # x: [T, hidden]
+        tokens = x.shape[0]
+        qkv = self.qkv(x, self.dtype).view(tokens, 3, self.num_heads, self.head_dim)   # [T, 3, heads, hd]
+        context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2])                            # [T, heads, hd]
+        x = self.attn_norm(self.attn_out(context.reshape(tokens, -1).contiguous(), self.dtype), x)
+        hidden = self.ffn_in(x, self.dtype, *self.activation)                        # [T, intermediate]
+        return self.ffn_norm(self.ffn_out(hidden), x)
+
+
+def observe_ranges(model: EncoderModel, run: Callable[[], object]) -> list[dict[str, ChannelRange]]:
+    """Each layer's linears' input (min, max) per column over what ``run`` computes with
+    ``model`` (plain modules, before ``quantize_layers``)."""
+    ranges: list[dict[str, ChannelRange]] = [{} for _ in model.encoder.layers]
+    hooks = []
+    for index, layer in enumerate(model.encoder.layers):
+        for name in INT8_LINEARS:
+            def observe(_module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: object,
+                        seen: dict[str, ChannelRange] = ranges[index], key: str = name) -> None:
+                low, high = torch.aminmax(inputs[0].detach().float().reshape(-1, inputs[0].shape[-1]), dim=0)
+                old = seen.get(key, (low, high))
+                seen[key] = (torch.minimum(old[0], low), torch.maximum(old[1], high))
+            hooks.append(getattr(layer, name).register_forward_hook(observe))
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return ranges
+
+
+def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange]] | None = None,
+                    qmax: int | None = None) -> bool:
+    """Swap the encoder's layers for Int8Layers in place; False (unchanged) if unsupported.
+
+    Call with the model in its base dtype on the CPU. ``ranges`` (static activations): per
+    layer, each linear's input range (``observe_ranges``); None: dynamic activations.
+    ``qmax``: the activations' largest level (None: ``int8_quantize.activation_max()``).
+    """
+    qmax = int8_quantize.activation_max() if qmax is None else qmax
+    config = model.config
+    if config.hidden_act not in ACTIVATIONS or not supported():
+        return False
+    layers = model.encoder.layers
+    per_layer = list(ranges) if ranges is not None else [None] * len(layers)
+    for i, layer in enumerate(layers):
+        assert isinstance(layer, Layer)
+        layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax)
+    return True
