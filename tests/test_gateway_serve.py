@@ -34,8 +34,8 @@ import httpx
 import numpy as np
 import pytest
 
-from embedserve.frames import frame_socket_path
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link.frames import frame_socket_path
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 from embedserve.entrypoint import GATEWAY_LISTENING

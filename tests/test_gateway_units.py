@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from embedserve import errors
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.chunking import plan_chunks
-from embedserve.gateway.grpc_errors import from_rpc_error, is_retryable
+from embedserve.link.grpc_errors import from_rpc_error, is_retryable
 from embedserve.gateway.http_errors import (ERROR_RESPONSES, HTTP_STATUSES, STATUS_BY_ERROR, error_body,
                                             status_for)
 from embedserve.gateway.middleware import server_timing

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
-from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link import frames
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
 from embedserve.scheduler.settings import SchedulerSettings
 
 TOKEN = "cap-test-token"

@@ -18,8 +18,8 @@ import pytest
 from gateway_harness import SchedulerProcess
 from scheduler_harness import embed_request
 
-from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link import frames
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 
 TOKEN = "hostile-test-token"

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.engine import Batch
 from embedserve.protos import inference_pb2_grpc
 from embedserve.errors import InvalidInput

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_harness import embed_request, random_sequences, wait_until
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.cli import build_parser, main
 from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING

@@ -1,4 +1,4 @@
-"""The wire codec (embedserve.wire): round trips of batches, tensors and model info; malformed messages."""
+"""The wire codec (embedserve.link.wire): round trips of batches, tensors and model info; malformed messages."""
 
 from __future__ import annotations
 

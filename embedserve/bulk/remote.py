@@ -34,7 +34,7 @@ from embedserve.local.precision import RANGED_PRECISIONS, check_precision, conve
 from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
-from embedserve.wire import BATCH
+from embedserve.link.wire import BATCH
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
 REQUEST_MAX_TOKENS = 16_384     # tokens per request: several chunks for the gateway to spread

@@ -24,7 +24,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedserve import __version__
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.gateway.routes import classify, cohere, embed, ops, rerank, sparse, tei, tokenize
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.draining import Drain, DrainMiddleware

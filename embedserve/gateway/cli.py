@@ -32,7 +32,7 @@ from embedserve.entrypoint import (configure_logging, gateway_banner, gateway_gr
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.priority import parse_route_priorities
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
-from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+from embedserve.link.token_file import add_replica_token_argument, replica_token_from_args
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

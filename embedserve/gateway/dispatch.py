@@ -5,7 +5,7 @@ through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
 whose replica failed on another replica, and reassemble the rows in input
 order. Knows the gRPC messages but not HTTP, nor which transport a replica
 is called over (``Replica.call``). gRPC errors become embedserve errors here
-(``grpc_errors``). Cancelling the awaiting task cancels every outstanding call.
+(``embedserve.link.grpc_errors``). Cancelling the awaiting task cancels every outstanding call.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.errors import DeadlineExceeded, EmbedServeError
 from embedserve.gateway.chunking import plan_chunks
-from embedserve.gateway.frame_client import FrameConnectionLost
-from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
+from embedserve.link.frame_client import FrameConnectionLost
+from embedserve.link.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
-from embedserve.wire import INTERACTIVE
+from embedserve.link.wire import INTERACTIVE
 
 
 @dataclass

@@ -20,11 +20,12 @@ from typing import TypeVar
 import numpy as np
 from starlette.requests import Request
 
-from embedserve import validate, wire
+from embedserve import validate
+from embedserve.link import wire
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
-from embedserve.gateway.grpc_errors import from_rpc_error
+from embedserve.link.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
@@ -35,7 +36,7 @@ from embedserve.model import tasks
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
-from embedserve.wire import INTERACTIVE, PRIORITIES
+from embedserve.link.wire import INTERACTIVE, PRIORITIES
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ still spread over idle replicas). Where replicas come from is a
 ``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
 plug in another source that yields new address lists as they change.
 A replica is called through its frame socket when it has one
-(``frame_client.py``; ``frame_calls=False`` keeps gRPC): beside its socket at
+(``embedserve.link.frame_client``; ``frame_calls=False`` keeps gRPC): beside its socket at
 ``unix:PATH``, else on the TCP port its ``Info`` names at its ``host:port``.
 The channel opens once its health says SERVING (reopened if it closes while
 the replica serves; gRPC carries the calls meanwhile) and closes when its
@@ -36,13 +36,13 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve import frames
+from embedserve.link import frames
 from embedserve.errors import DeadlineExceeded, Unavailable
-from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
-from embedserve.gateway.frame_client import FrameChannel, FrameTarget, FrameVersionMismatch, ReplicaCallError
+from embedserve.link.addresses import UNIX_PREFIX, split_host_port
+from embedserve.link.frame_client import FrameChannel, FrameTarget, FrameVersionMismatch, ReplicaCallError
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.wire import BATCH, INTERACTIVE
-from embedserve.scheduler.auth import call_metadata
+from embedserve.link.wire import BATCH, INTERACTIVE
+from embedserve.link.auth import call_metadata
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: inference_pb2_grpc.InferenceStub
-    # Sent on every embedserve.v1 call to this replica: the replica token (scheduler/auth.py).
+    # Sent on every embedserve.v1 call to this replica: the replica token (embedserve/link/auth.py).
     metadata: tuple[tuple[str, str], ...] = ()
     healthy: bool = False
     info: inference_pb2.InfoResponse | None = None

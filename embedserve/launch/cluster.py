@@ -39,7 +39,7 @@ from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.cli import (add_engine_flags, add_priority_flags, cuda_flags,
                                       engine_flags, priority_flags)
 from embedserve.scheduler.settings import DEFAULT_DTYPE
-from embedserve.scheduler.token_file import temporary_token_file
+from embedserve.link.token_file import temporary_token_file
 
 log = logging.getLogger("embedserve.launch.cluster")
 # Beyond its drain timeout, the time the gateway may take to close before SIGKILL.

@@ -33,7 +33,7 @@ from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
 from embedserve.scheduler.cli import (add_engine_flags, add_priority_flags, cuda_flags,
                                       engine_flags, priority_flags)
-from embedserve.scheduler.token_file import read_token_file, temporary_token_file
+from embedserve.link.token_file import read_token_file, temporary_token_file
 
 log = logging.getLogger("embedserve.serve")
 

@@ -44,7 +44,7 @@ from embedserve.model.info import ModelInfo
 from embedserve.errors import DeviceLost
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
-from embedserve.wire import BATCH, INTERACTIVE
+from embedserve.link.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import (BATCH_TOKENS_WHILE_INTERACTIVE, DEFAULT_DTYPE,
                                            INTERACTIVE_WINDOW_S, REPLICA_DTYPES, SchedulerSettings,
                                            default_max_batch_tokens)
-from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+from embedserve.link.token_file import add_replica_token_argument, replica_token_from_args
 
 # The exit status of a replica whose device failed for good (a poisoned CUDA context).
 EXIT_DEVICE_LOST = 3

@@ -5,7 +5,7 @@ A thin layer over the pool: decode and validate a request, admit it as a
 normalization, sigmoid, output dtype, quantization with the replica's
 calibration; a classifier's softmax or sigmoid; a SPLADE row's nonzeros, so
 only those travel) and encode the answer. Errors are
-mapped to status codes in one place (``status.py``); this module only
+mapped to status codes in one place (``embedserve.link.status``); this module only
 catches them at the handler boundary. Batching and the engine live in
 ``batcher.py``.
 """
@@ -23,7 +23,8 @@ import grpc
 import numpy as np
 
 import embedserve
-from embedserve import validate, wire
+from embedserve import validate
+from embedserve.link import wire
 from embedserve.engine.batch import Task
 from embedserve.calibration import Calibration
 from embedserve.errors import InvalidInput, Unavailable
@@ -37,7 +38,7 @@ from embedserve.scheduler.batcher import StepEngine
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
 from embedserve.scheduler.settings import SchedulerSettings
-from embedserve.scheduler.status import grpc_status
+from embedserve.link.status import grpc_status
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext

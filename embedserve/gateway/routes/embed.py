@@ -18,7 +18,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.errors import InvalidInput
 from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, says_how_to_fix

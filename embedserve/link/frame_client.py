@@ -1,4 +1,4 @@
-"""The gateway's end of a replica's frame socket (``embedserve.frames``).
+"""The gateway's end of a replica's frame socket (``embedserve.link.frames``).
 
 One connection per replica carries all of the gateway's calls to it, matched by
 call id. ``call`` raises ``ReplicaCallError``, which answers ``code()`` and
@@ -29,7 +29,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from embedserve import frames
+from embedserve.link import frames
 
 # A replica's frame socket: the path of a Unix socket, or a TCP (host, port).
 FrameTarget = Path | tuple[str, int]

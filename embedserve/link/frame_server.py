@@ -1,6 +1,6 @@
-"""The replica's frame socket: ``embedserve.frames`` calls served by the same handlers.
+"""The replica's frame socket: ``embedserve.link.frames`` calls served by the same handlers.
 
-Each CALL runs the ``InferenceService`` handler of its method as its own task,
+Each CALL runs the replica's ``InferenceService`` handler of its method as its own task,
 exactly as grpc.aio would (same decoding, validation, admission, errors and metrics);
 only the envelope differs. ``CallContext`` stands in for the handler's gRPC context:
 the deadline the frame carries, and the status the handler sets.
@@ -25,16 +25,25 @@ import inspect
 import logging
 import time
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from embedserve import frames
-from embedserve.scheduler.servicer import InferenceService
-from embedserve.scheduler.status import INTERNAL_MESSAGE
+from embedserve.link import frames
+from embedserve.link.status import INTERNAL_MESSAGE
 
 log = logging.getLogger(__name__)
 
+
+class FrameService(Protocol):
+    """What the frame server serves: the replica's ``embedserve.v1.Inference`` handlers
+    (``scheduler/servicer.py``'s ``InferenceService``), each method by its name,
+    ``async def Embed(request, context)``."""
+
+    instance_id: str
+
+    def count_cancelled_before_start(self, method: str) -> None: ...
 
 
 class CallContext:
@@ -64,7 +73,7 @@ class FrameServer:
     largest request, in bytes (the gRPC server's receive limit); ``max_calls``: calls
     at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
-    def __init__(self, service: InferenceService, token: str | None, max_payload: int,
+    def __init__(self, service: FrameService, token: str | None, max_payload: int,
                  max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0) -> None:
         self.service = service
         self._token = (token or "").encode()
