@@ -39,7 +39,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from embedserve import ragged, wire
+from embedserve import ragged
+from embedserve.link import wire
 from embedserve.engine import Batch, Engine
 from embedserve.defaults.build import ensure_default_model
 from embedserve.defaults.model_args import default_cache_dir

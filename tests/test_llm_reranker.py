@@ -51,7 +51,8 @@ def test_grpc_score_of_prompted_pairs(tmp_path: Path) -> None:
     import transformers
     from scheduler_harness import ThreadedScheduler
 
-    from embedserve import ragged, wire
+    from embedserve import ragged
+    from embedserve.link import wire
     from embedserve.engine import Engine
     from embedserve.model import llm_reranker
     from embedserve.protos import inference_pb2

@@ -14,7 +14,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 from scheduler_harness import ThreadedScheduler, embed_request, random_sequences
 
-from embedserve import ragged, wire
+from embedserve import ragged
+from embedserve.link import wire
 from embedserve.engine import Batch, Engine
 from embedserve.model.postprocess import postprocess_embeddings, sigmoid
 from embedserve.protos import inference_pb2

@@ -19,7 +19,8 @@ import pytest
 import torch
 from scheduler_harness import ThreadedScheduler
 
-from embedserve import ragged, wire
+from embedserve import ragged
+from embedserve.link import wire
 from embedserve.engine import Engine
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings

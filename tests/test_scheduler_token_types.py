@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from scheduler_harness import RecordingEngine, ThreadedScheduler, wait_until
 
-from embedserve import ragged, wire
+from embedserve import ragged
+from embedserve.link import wire
 from embedserve.engine import Batch, Engine
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from gateway_harness import GatewayServer, gateway_settings
 
-from embedserve import ragged, validate, wire
+from embedserve import ragged, validate
+from embedserve.link import wire
 from embedserve.engine import Batch, Engine
 from embedserve.errors import InputTooLong, InvalidInput
 from embedserve.model.postprocess import postprocess_embeddings

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedserve import ragged, wire
+from embedserve import ragged
+from embedserve.link import wire
 from embedserve.errors import InvalidInput
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
