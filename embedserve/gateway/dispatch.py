@@ -5,7 +5,7 @@ through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
 whose replica failed on another replica, and reassemble the rows in input
 order. Knows the gRPC messages but not HTTP, nor which transport a replica
 is called over (``Replica.call``). gRPC errors become embedserve errors here
-(``embedserve.link.grpc_errors``). Cancelling the awaiting task cancels every outstanding call.
+(``embedserve.link.status``). Cancelling the awaiting task cancels every outstanding call.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from embedserve.link import wire
 from embedserve.errors import DeadlineExceeded, EmbedServeError
 from embedserve.gateway.chunking import plan_chunks
 from embedserve.link.frame_client import FrameConnectionLost
-from embedserve.link.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
+from embedserve.link.status import REPLICA_DOWN_CODES, from_replica_error, is_retryable
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
@@ -147,7 +147,7 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
             timings.rpc_s = max(timings.rpc_s, time.perf_counter() - called_at)
         except REPLICA_CALL_ERRORS as exc:
             code = exc.code()
-            last_error = from_rpc_error(code, exc.details())
+            last_error = from_replica_error(exc)
             # A lost frame connection says nothing of the replica's gRPC side: the
             # retry goes to another replica, or back to this one over gRPC (``acquire``
             # falls back to tried replicas), where a replica that is down shows.

@@ -13,8 +13,8 @@ with ``grpc_status.rpc_status.from_call``):
 - ``BadRequest``: for INVALID_ARGUMENT, the field (``inputs[3]``) and the fix;
 - ``RetryInfo``: for RESOURCE_EXHAUSTED and UNAVAILABLE, when to retry.
 
-Not to be confused with ``grpc_errors.py``, which turns a replica's gRPC
-failures into our errors on the way in.
+Not to be confused with ``embedserve.link.status.from_replica_error``, which turns
+a replica's failures into our errors on the way in.
 """
 
 from __future__ import annotations

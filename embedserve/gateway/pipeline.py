@@ -25,7 +25,7 @@ from embedserve.link import wire
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
-from embedserve.link.grpc_errors import from_rpc_error
+from embedserve.link.status import from_replica_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY
 from embedserve.gateway.preprocess import Preprocessor
@@ -168,7 +168,7 @@ class Gateway:
                 "Ranges", inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
                 self.settings.request_timeout_s, "")
         except REPLICA_CALL_ERRORS as exc:
-            raise from_rpc_error(exc.code(), exc.details()) from None
+            raise from_replica_error(exc) from None
 
     async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:
         """One score [B] per packed pair, in input order."""

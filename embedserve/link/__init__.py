@@ -9,8 +9,7 @@ Both ends import it; it imports neither (``.importlinter``). Modules, one job ea
     frame_server.py  the replica's end (FrameServer), serving the replica's handlers
     auth.py          the replica token in gRPC metadata (TokenAuthInterceptor)
     token_file.py    the token on disk and ``--replica-token-file`` (no grpc import)
-    status.py        embedserve errors <-> gRPC status codes
-    grpc_errors.py   a replica's failure -> the embedserve error the gateway raises
+    status.py        the one error table: embedserve errors -> a gRPC status and back
     addresses.py     how a replica's address is written (host:port, unix:PATH)
 
 The messages are ``embedserve.v1`` protobufs (``embedserve.protos``, generated from

@@ -31,7 +31,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from embedserve.link import frames
-from embedserve.link.status import INTERNAL_MESSAGE
+from embedserve.link.status import INTERNAL_MESSAGE, error_number
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class CallContext:
         self._deadline = deadline
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()
@@ -66,6 +67,10 @@ class CallContext:
 
     def set_details(self, details: str) -> None:
         self.details = details
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        # Only the error's class is read from it (a REPLY's number, status.error_number).
+        self.trailing_metadata = metadata
 
 
 class FrameServer:
@@ -280,11 +285,13 @@ class _Connection(asyncio.Protocol):
             self._reply(call.call_id, grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE.encode())
             return
         if context.code is not None and context.code is not grpc.StatusCode.OK:
-            self._reply(call.call_id, context.code, context.details.encode())
+            self._reply(call.call_id, context.code, context.details.encode(),
+                        error=error_number(context.trailing_metadata))
             return
         self._reply(call.call_id, grpc.StatusCode.OK, response.SerializeToString())
 
     def _reply(self, call_id: int, code: grpc.StatusCode, payload: bytes,
-               kind: int = frames.REPLY) -> None:
+               kind: int = frames.REPLY, error: int = 0) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(frames.frame(kind, call_id, payload, arg=frames.status_number(code)))
+            self._transport.write(frames.frame(kind, call_id, payload, arg=frames.status_number(code),
+                                               timeout_us=error))

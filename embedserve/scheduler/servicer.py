@@ -38,7 +38,7 @@ from embedserve.scheduler.batcher import StepEngine
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
 from embedserve.scheduler.settings import SchedulerSettings
-from embedserve.link.status import grpc_status
+from embedserve.link.status import error_metadata, grpc_status
 
 log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext
@@ -265,6 +265,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             self._metrics.count_call(method, code.name)
             context.set_code(code)
             context.set_details(message)
+            # Names the class, so the gateway raises the same one (embedserve.link.status).
+            context.set_trailing_metadata(error_metadata(error))
             return None
         finally:
             self.active_calls -= 1
