@@ -14,7 +14,12 @@ Bounded for a peer that is not a gateway (docs/replica-link.md): at most
 ``max_connections`` connections; before HELLO a connection holds at most one header
 and ``frames.MAX_HELLO_BYTES``, and is closed unless HELLO is done within
 ``handshake_timeout_s``; a HELLO of another frame version is refused; a call id
-reused while its call is in flight closes the connection.
+reused while its call is in flight closes the connection. Write backpressure: a
+connection whose replies wait unsent past ``write_buffer_high`` bytes (16 MiB) is not
+read (so no new call of its is started) until its peer has read them down to
+``write_buffer_low``; a peer that never reads holds at most that, plus the replies of
+its calls already running (which the replica's queue bounds), and its sends block in
+its own kernel buffers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ from embedserve.link import frames
 from embedserve.link.status import INTERNAL_MESSAGE, error_number
 
 log = logging.getLogger(__name__)
+
+# Unsent reply bytes at which a connection stops being read, and back under which it is
+# read again (its transport's write buffer limits). Far above what a gateway that
+# reads leaves unsent, so a gateway is never slowed by them.
+WRITE_BUFFER_HIGH = 16 * 1024 * 1024
+WRITE_BUFFER_LOW = 4 * 1024 * 1024
 
 
 class FrameService(Protocol):
@@ -79,13 +90,15 @@ class FrameServer:
     at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
     def __init__(self, service: FrameService, token: str | None, max_payload: int,
-                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0) -> None:
+                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0,
+                 write_buffer_high: int = WRITE_BUFFER_HIGH, write_buffer_low: int = WRITE_BUFFER_LOW) -> None:
         self.service = service
         self._token = (token or "").encode()
         self.max_payload = max_payload
         self.max_calls = max_calls
         self.max_connections = max_connections
         self.handshake_timeout_s = handshake_timeout_s
+        self.write_buffer_limits = {"high": write_buffer_high, "low": write_buffer_low}
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
@@ -138,6 +151,7 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self._server.connections.add(self)
+        self._transport.set_write_buffer_limits(**self._server.write_buffer_limits)
         self._timer = asyncio.get_running_loop().call_later(
             self._server.handshake_timeout_s, self._handshake_expired)
 
@@ -157,6 +171,16 @@ class _Connection(asyncio.Protocol):
         log.warning("closed a frame connection that did not say HELLO within %.0f s",
                     self._server.handshake_timeout_s)
         self.close()
+
+    def pause_writing(self) -> None:
+        # Unsent replies passed WRITE_BUFFER_HIGH: read no more calls until they drain.
+        if self._transport is not None and not self._transport.is_closing():
+            log.debug("a frame connection's peer is not reading its replies: not reading it")
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if not self._greeted:
