@@ -23,9 +23,8 @@ from embedserve import errors
 from embedserve.gateway.grpc_api_errors import api_status
 from embedserve.gateway.http_errors import status_for
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica
-from embedserve.link import frames
 from embedserve.link.auth import call_metadata
-from embedserve.link.frame_client import FrameChannel
+from embedserve.link.frame_keeper import FrameKeeper
 from embedserve.link.status import ERROR_TABLE, from_replica_error
 from embedserve.protos import inference_pb2_grpc
 from embedserve.scheduler.settings import SchedulerSettings
@@ -86,8 +85,10 @@ def _seen_by_gateway(server: ThreadedScheduler, transport: str) -> BaseException
         channel = grpc.aio.insecure_channel(f"unix:{socket}")
         replica = Replica(f"unix:{socket}", channel, inference_pb2_grpc.InferenceStub(channel),
                           call_metadata(TOKEN))
-        if transport == "frames":
-            replica.frames = await FrameChannel.open(frames.frame_socket_path(socket), TOKEN, timeout_s=10)
+        if transport == "frames":   # as the pool does for a unix: replica that serves
+            replica.frame_keeper = FrameKeeper(replica.address, TOKEN, keepalive_s=0, backoff_s=0.1,
+                                               target=replica.frame_target, instance_id=lambda: "")
+            await replica.frame_keeper.start()
         try:
             assert replica.transport == transport
             await replica.call("Embed", embed_request([[5, 6, 7]]), 10.0, "round-trip")
