@@ -103,6 +103,20 @@ def test_connections_that_never_say_hello_are_closed_at_the_handshake_deadline(r
     assert rss_mb(replica) - before < 50
 
 
+
+def test_grpc_connections_that_never_send_the_http2_preface_are_closed_too(replica):
+    """The gRPC port's handshake timeout (grpc.server_handshake_timeout_ms, scheduler/server.py):
+    its default, 120 s, let idle connections pile up until the file descriptors ran out."""
+    host, port = replica.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    started = time.monotonic()
+    valid_calls(replica)
+    for sock in idle:
+        with sock:
+            read_until_closed(sock, timeout=HANDSHAKE_S + 15)   # the server's SETTINGS, then EOF
+    assert time.monotonic() - started < HANDSHAKE_S + 10
+    valid_calls(replica)
+
 def test_a_hello_larger_than_the_pre_authentication_limit_is_refused_at_its_header(replica):
     before = rss_mb(replica)
     with connect(replica) as sock:
