@@ -6,6 +6,7 @@ Both ends import it; it imports neither (``.importlinter``). Modules, one job ea
                      ModelInfo <-> InfoResponse, precision and priority names
     frames.py        the frame envelope: header (magic, version), method table, reader
     frame_client.py  the gateway's end of a frame connection (FrameChannel)
+    frame_keeper.py  the gateway's channel to one replica, kept open while it serves
     frame_server.py  the replica's end (FrameServer), serving the replica's handlers
     auth.py          the replica token in gRPC metadata (TokenAuthInterceptor)
     token_file.py    the token on disk and ``--replica-token-file`` (no grpc import)
