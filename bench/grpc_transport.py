@@ -3,13 +3,13 @@
     python -m bench grpc_transport [--calls 2000] [--block 100]
 
 A child process serves grpc.health.v1 (a tiny unary call, no model) on
-127.0.0.1:0 and on a Unix socket, and frame sockets (embedserve/frames.py) on both
+127.0.0.1:0 and on a Unix socket, and frame sockets (embedserve/link/frames.py) on both
 whose ``Info`` answers an empty message at once; this process calls ``Check`` over
 both gRPC channels with grpc.aio (as the gateway does) and ``Info`` over a
 ``FrameChannel`` to each frame socket, in alternating blocks so background load hits
 all alike, and reports p50/p90 per transport and the ratios to gRPC over TCP. What a
 gateway saves per request by calling its replicas with frames
-(``gateway/frame_client.py``): at ``unix:PATH`` (``embedserve serve``) and at
+(``embedserve/link/frame_client.py``): at ``unix:PATH`` (``embedserve serve``) and at
 ``host:port`` (remote replicas, their ``--frame-port``).
 """
 
@@ -29,17 +29,17 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve.frames import frame_socket_path
-from embedserve.gateway.frame_client import FrameChannel
+from embedserve.link.frame_client import FrameChannel
+from embedserve.link.frames import frame_socket_path
 from embedserve.protos import inference_pb2
 
 _SERVER = """
 import asyncio, sys
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from embedserve.frames import frame_socket_path
+from embedserve.link.frames import frame_socket_path
 from embedserve.protos import inference_pb2
-from embedserve.scheduler.frame_server import FrameServer
+from embedserve.link.frame_server import FrameServer
 
 class EmptyInfo:
     instance_id = ""

@@ -39,11 +39,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from embedserve import ragged, wire
+from embedserve import ragged
 from embedserve.defaults.build import ensure_default_model
 from embedserve.defaults.model_args import default_cache_dir
 from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING
+from embedserve.link import wire
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.scheduler import SchedulerSettings, create_server
 

@@ -119,7 +119,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str =
 
 
 def embed_request(sequences: list[np.ndarray] | list[list[int]], **options) -> inference_pb2.EmbedRequest:
-    from embedserve import ragged, wire
+    from embedserve import ragged
+    from embedserve.link import wire
 
     return inference_pb2.EmbedRequest(tokens=wire.pack_tokens(ragged.from_sequences(sequences)),
                                       **options)

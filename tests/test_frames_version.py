@@ -1,4 +1,4 @@
-"""The frame protocol's version and method table (embedserve/frames.py, docs/replica-link.md).
+"""The frame protocol's version and method table (embedserve/link/frames.py, docs/replica-link.md).
 
 A gateway and a replica of different releases must never exchange a call whose method
 number means another method to the other end: the HELLO of another version is refused
@@ -22,8 +22,8 @@ import grpc
 import httpx
 import pytest
 
-from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel, FrameVersionMismatch
+from embedserve.link import frames
+from embedserve.link.frame_client import FrameChannel, FrameVersionMismatch
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 from gateway_harness import SchedulerProcess, gateway_in_front_of, replica_view
@@ -90,7 +90,7 @@ def test_a_gateway_of_another_version_is_refused_before_any_call(replica, versio
         head = struct.Struct("<IIBBBBI")
         data = (head.pack(len(TOKEN), 0, frames.HELLO, 0, frames.MAGIC, version, 0) + TOKEN.encode()
                 + head.pack(len(call), 1, frames.CALL, 1, frames.MAGIC, version, 0) + call)
-    with caplog.at_level(logging.WARNING, logger="embedserve.scheduler.frame_server"):
+    with caplog.at_level(logging.WARNING, logger="embedserve.link.frame_server"):
         answers = _exchange_raw(path, data)
     assert [(a.kind, a.call_id) for a in answers] == [(frames.HELLO, 0)]   # no REPLY to the call
     assert frames.status_code(answers[0].arg) is grpc.StatusCode.FAILED_PRECONDITION
@@ -135,7 +135,7 @@ def test_a_gateway_and_a_replica_of_different_versions_talk_grpc(tiny_bert_dir, 
                                                                  caplog, capfd):
     """A real replica process speaking frame version 99 behind this gateway (version 1):
     the gateway logs the refusal and calls it over gRPC, and the answers are right."""
-    (tmp_path / "sitecustomize.py").write_text("import embedserve.frames\nembedserve.frames.VERSION = 99\n")
+    (tmp_path / "sitecustomize.py").write_text("import embedserve.link.frames\nembedserve.link.frames.VERSION = 99\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)

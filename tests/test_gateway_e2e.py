@@ -3,7 +3,7 @@
 References are sentence-transformers and Hugging Face tokenizers loading the
 same model directory. One module-scoped stack (two replicas, one gateway)
 serves every test here; the failover test kills a replica and restarts it. The
-replicas are at unix: addresses, so Embed/Score go as frames (embedserve/frames.py),
+replicas are at unix: addresses, so Embed/Score go as frames (embedserve/link/frames.py),
 as under ``embedserve serve``; tests/test_gateway_unix_socket.py compares frames,
 gRPC over the socket and TCP.
 """

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.model.calibration_texts import CALIBRATION_TEXTS, TEXTS_ID
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings

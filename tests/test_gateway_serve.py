@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 
 from embedserve.entrypoint import GATEWAY_LISTENING
-from embedserve.frames import frame_socket_path
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link.frames import frame_socket_path
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from process_tree import alive, children
 from sigterm_load import assert_nothing_lost, sigterm_under_load

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from embedserve import errors
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.chunking import plan_chunks
-from embedserve.gateway.grpc_errors import from_rpc_error, is_retryable
 from embedserve.gateway.http_errors import ERROR_RESPONSES, HTTP_STATUSES, STATUS_BY_ERROR, error_body, status_for
 from embedserve.gateway.middleware import server_timing
+from embedserve.link.status import from_rpc_error, is_retryable
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
@@ -69,6 +69,7 @@ def test_every_error_status_is_in_the_one_status_table():
 
 def test_every_grpc_code_becomes_an_embedserve_error():
     expected = {grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidInput,
+                grpc.StatusCode.NOT_FOUND: errors.ModelNotFound,
                 grpc.StatusCode.RESOURCE_EXHAUSTED: errors.Overloaded,
                 grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
                 grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,

@@ -31,7 +31,9 @@ def test_unix_upstreams_are_taken_as_given_and_tcp_ones_still_parsed():
 def test_one_replica_answers_over_frames_its_grpc_socket_and_tcp_alike(tiny_bert_dir):
     with tempfile.TemporaryDirectory(prefix="es-") as directory:   # short: sun_path is 108 bytes
         socket_path = Path(directory) / "replica.sock"
-        replica = SchedulerProcess(tiny_bert_dir, "--unix-socket", str(socket_path), threads=1)
+        # A TCP frame port too: a replica given --unix-socket opens one only when asked.
+        replica = SchedulerProcess(tiny_bert_dir, "--unix-socket", str(socket_path), "--frame-port", "0",
+                                   threads=1)
         try:
             assert socket_path.is_socket()
             answers = {}

@@ -50,8 +50,9 @@ def test_grpc_score_of_prompted_pairs(tmp_path: Path) -> None:
     """gRPC Score on a replica takes the pairs already in the model card's prompt."""
     import transformers
 
-    from embedserve import ragged, wire
+    from embedserve import ragged
     from embedserve.engine import Engine
+    from embedserve.link import wire
     from embedserve.model import llm_reranker
     from embedserve.protos import inference_pb2
     from embedserve.scheduler.settings import SchedulerSettings

@@ -114,7 +114,8 @@ def test_replica_embed_tokens_over_grpc(colbert_dir: Path, reference) -> None:
     MultiVectorEncoder; a multi-vector model refuses Embed naming its task."""
     import grpc
 
-    from embedserve import ragged, wire
+    from embedserve import ragged
+    from embedserve.link import wire
     from embedserve.protos import inference_pb2
     from embedserve.scheduler.settings import SchedulerSettings
     from scheduler_harness import ThreadedScheduler

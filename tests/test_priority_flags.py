@@ -89,3 +89,14 @@ def test_a_malformed_route_rule_is_one_line_naming_it(rule):
     with pytest.raises(SystemExit, match="--route-priority"):
         gateway_settings(gateway_args("--route-priority", rule),
                          [ServedModel(Path("/models/m"), ("127.0.0.1:1",))])
+
+
+def test_a_replica_on_a_unix_socket_opens_no_tcp_frame_port_unless_asked():
+    """Its gateway is on the same machine and calls the frame socket beside the Unix one
+    (docs/replica-link.md); a TCP frame port would only be one more door."""
+    def frame_port(*argv: str) -> int | None:
+        return scheduler_cli.settings_from_args(parse("scheduler", *argv), Path("/models/m")).frame_port
+    assert frame_port() == 0                                   # TCP only: a free port
+    assert frame_port("--unix-socket", "/run/r.sock") is None
+    assert frame_port("--unix-socket", "/run/r.sock", "--frame-port", "50052") == 50052
+    assert frame_port("--frame-port", "off") is None

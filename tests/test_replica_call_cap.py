@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link import frames
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until
 

@@ -1,5 +1,5 @@
 """Replica calls as frames over the replica's Unix socket and its TCP frame port
-(embedserve/frames.py).
+(embedserve/link/frames.py).
 
 A real scheduler (``ThreadedScheduler``, a tiny model) with ``unix_socket`` set serves
 gRPC and frames at once; a ``FrameChannel`` on a loop of its own (as a gateway's) calls
@@ -18,9 +18,10 @@ import grpc
 import numpy as np
 import pytest
 
-from embedserve import frames, ragged, wire
+from embedserve import ragged
 from embedserve.engine import Engine
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link import frames, wire
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, random_sequences, wait_until

@@ -11,16 +11,20 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
-from embedserve import frames
-from embedserve.gateway.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link import frames
+from embedserve.link.frame_client import FrameChannel, ReplicaCallError
+from embedserve.link.frame_server import FrameServer
 from embedserve.protos import inference_pb2, inference_pb2_grpc
+from embedserve.scheduler.settings import SchedulerSettings
 from gateway_harness import SchedulerProcess
-from scheduler_harness import embed_request
+from scheduler_harness import ThreadedScheduler, embed_request
 
 TOKEN = "hostile-test-token"
 METADATA = (("authorization", f"Bearer {TOKEN}"),)
@@ -98,6 +102,20 @@ def test_connections_that_never_say_hello_are_closed_at_the_handshake_deadline(r
     valid_calls(replica)
     assert rss_mb(replica) - before < 50
 
+
+
+def test_grpc_connections_that_never_send_the_http2_preface_are_closed_too(replica):
+    """The gRPC port's handshake timeout (grpc.server_handshake_timeout_ms, scheduler/server.py):
+    its default, 120 s, let idle connections pile up until the file descriptors ran out."""
+    host, port = replica.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    started = time.monotonic()
+    valid_calls(replica)
+    for sock in idle:
+        with sock:
+            read_until_closed(sock, timeout=HANDSHAKE_S + 15)   # the server's SETTINGS, then EOF
+    assert time.monotonic() - started < HANDSHAKE_S + 10
+    valid_calls(replica)
 
 def test_a_hello_larger_than_the_pre_authentication_limit_is_refused_at_its_header(replica):
     before = rss_mb(replica)
@@ -194,3 +212,94 @@ def test_a_call_whose_reply_would_exceed_the_limit_is_refused_before_any_compute
                            "send fewer sequences per call or fewer precisions")
     valid_calls(replica)
     assert rss_mb(replica) - before < 50
+
+
+
+# -- write backpressure, on a frame server of the replica's own handlers ------------
+
+def own_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def small_buffer_frames(bert_engine, tiny_bert_dir):
+    """A real replica (in this process: its RSS is this process's) and, beside its own
+    frame socket, a FrameServer of the same handlers whose write buffer mark is 1 MiB
+    instead of 16 MiB: reached in a second on this 2-core machine, where 16 MiB of
+    replies take a tiny model about a minute."""
+    with tempfile.TemporaryDirectory(prefix="es-") as directory:   # short: sun_path is 108 bytes
+        settings = SchedulerSettings(model_dir=tiny_bert_dir, unix_socket=Path(directory) / "r.sock",
+                                     replica_token=TOKEN)
+        with ThreadedScheduler(settings, bert_engine) as server:
+            service = server.server.service
+            frame_server = FrameServer(service, TOKEN, max_payload=1 << 24, max_calls=64,
+                                       write_buffer_high=1 << 20, write_buffer_low=256 << 10)
+            path = Path(directory) / "small.frames"
+            server.call(frame_server.start_unix(path))
+            try:
+                yield path
+            finally:
+                server.call(frame_server.stop(grace_s=0))
+
+
+def test_a_client_that_never_reads_its_replies_stops_being_read(small_buffer_frames):
+    """A client sends Embed calls of 8,000 one-token sequences (a 64 KB request, a 1 MB
+    reply) and reads nothing. Read without backpressure, every call is taken in (most
+    refused while the queue is full, the rest answered into memory) and the client's
+    sends never block: 600 calls would be read. With it, the replica stops reading once
+    1 MiB of replies wait, the client's sends fill the kernel's buffers and stop, and
+    the replica's memory stays bounded; another client is served meanwhile and after."""
+    path = small_buffer_frames
+
+    def valid_call() -> None:
+        async def call():
+            channel = await FrameChannel.open(path, TOKEN, timeout_s=30)
+            try:
+                return await channel.call("Embed", embed_request([[5, 6, 7], [8, 9]]), timeout=30)
+            finally:
+                channel.close()
+        assert asyncio.run(call()).embeddings.shape == [2, 32]
+
+    valid_call()
+    before = own_rss_mb()
+    body = embed_request([[5]] * 8000).SerializeToString()
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flood.connect(str(path))
+        flood.sendall(hello())
+        flood.setblocking(False)
+        calls, sent, stalled = 600, 0, False
+        for call_id in range(1, calls + 1):
+            data = memoryview(frames.frame(frames.CALL, call_id, body, arg=frames.METHOD_NUMBERS["Embed"]))
+            stall_from = time.monotonic()
+            while data:
+                try:
+                    written = flood.send(data)
+                except BlockingIOError:
+                    written = 0
+                data = data[written:]
+                if written:
+                    stall_from = time.monotonic()
+                elif time.monotonic() - stall_from > 3.0:
+                    stalled = True
+                    break
+                else:
+                    time.sleep(0.005)
+            if stalled:
+                break
+            sent += 1
+            time.sleep(0.002)
+        assert stalled and sent < calls / 2, (
+            f"the replica read {sent} of {calls} calls from a client that reads none of its replies")
+        valid_call()   # while the client is still connected, not read
+        grown = own_rss_mb() - before
+        assert grown < 100, f"the replica grew {grown:.0f} MB for a client that reads nothing"
+    finally:
+        flood.close()
+    valid_call()

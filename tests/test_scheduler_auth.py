@@ -1,4 +1,4 @@
-"""Replica authentication (scheduler/auth.py, scheduler/token_file.py), end to end.
+"""Replica authentication (embedserve/link/auth.py, embedserve/link/token_file.py), end to end.
 
 A real ``embedserve scheduler`` process started with ``--replica-token-file``
 (tiny random BERT): calls without the token or with a wrong one are
@@ -21,8 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from embedserve.link.token_file import read_token_file, replica_token_from_args, temporary_token_file
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.scheduler.token_file import read_token_file, replica_token_from_args, temporary_token_file
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
 from scheduler_harness import embed_request
 

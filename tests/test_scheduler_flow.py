@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve import wire
 from embedserve.engine import Batch
 from embedserve.errors import InvalidInput
+from embedserve.link import wire
 from embedserve.protos import inference_pb2_grpc
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import RecordingEngine, ThreadedScheduler, embed_request, wait_until

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from embedserve import wire
+from embedserve.link import wire
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import ThreadedScheduler, embed_request, wait_until

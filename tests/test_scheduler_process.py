@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve import wire
 from embedserve.cli import build_parser, main
 from embedserve.engine import Batch, Engine
 from embedserve.entrypoint import SCHEDULER_LISTENING
+from embedserve.link import wire
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from scheduler_harness import embed_request, random_sequences, wait_until
 

@@ -12,8 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from embedserve import ragged, wire
+from embedserve import ragged
 from embedserve.engine import Batch, Engine
+from embedserve.link import wire
 from embedserve.model.postprocess import postprocess_embeddings, sigmoid
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings

@@ -1,4 +1,4 @@
-"""Every embedserve error maps to a deliberate gRPC status code (scheduler/status.py)."""
+"""Every embedserve error maps to a deliberate gRPC status code (embedserve/link/status.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from embedserve import errors
-from embedserve.scheduler.status import GRPC_CODES, INTERNAL_MESSAGE, grpc_status
+from embedserve.link.status import GRPC_CODES, INTERNAL_MESSAGE, grpc_status
 
 
 def test_every_error_class_has_its_own_entry():

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from embedserve import ragged, wire
+from embedserve import ragged
 from embedserve.engine import Engine
+from embedserve.link import wire
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import ThreadedScheduler

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedserve import ragged, wire
+from embedserve import ragged
 from embedserve.engine import Batch, Engine
+from embedserve.link import wire
 from embedserve.protos import inference_pb2
 from embedserve.scheduler.settings import SchedulerSettings
 from scheduler_harness import RecordingEngine, ThreadedScheduler, wait_until

@@ -11,9 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-from embedserve import ragged, validate, wire
+from embedserve import ragged, validate
 from embedserve.engine import Batch, Engine
 from embedserve.errors import InputTooLong, InvalidInput
+from embedserve.link import wire
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.protos import inference_pb2, inference_pb2_grpc
 from embedserve.ragged import RaggedBatch

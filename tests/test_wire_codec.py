@@ -1,4 +1,4 @@
-"""The wire codec (embedserve.wire): round trips of batches, tensors and model info; malformed messages."""
+"""The wire codec (embedserve.link.wire): round trips of batches, tensors and model info; malformed messages."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedserve import ragged, wire
+from embedserve import ragged
 from embedserve.errors import InvalidInput
+from embedserve.link import wire
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 

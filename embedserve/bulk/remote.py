@@ -28,13 +28,13 @@ import numpy as np
 from embedserve.bulk.gateway_tokenizer import GatewayTokenizer
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.gateway.priority import HEADER as PRIORITY_HEADER
+from embedserve.link.wire import BATCH
 from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.encoding import EncodedTexts, WindowTokenizer, check_overlap, encode_texts
 from embedserve.local.options import EmbedOptions
 from embedserve.local.precision import RANGED_PRECISIONS, check_precision, convert
 from embedserve.model.info import ModelInfo, read_model_info
 from embedserve.tokenizer import load_tokenizer
-from embedserve.wire import BATCH
 
 REQUEST_MAX_INPUTS = 256        # inputs per request (capped by the gateway's max_client_batch_size)
 REQUEST_MAX_TOKENS = 16_384     # tokens per request: several chunks for the gateway to spread

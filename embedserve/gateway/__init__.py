@@ -7,5 +7,5 @@ that model's ``pipeline.Gateway`` (admission, deadline, cancellation) ->
 ``preprocess`` (prompts, tokenization, limits) ->
 ``dispatch`` (chunks over ``replicas.ReplicaPool``, retries, reassembly).
 Errors are mapped to HTTP once, in ``http_errors``; gRPC failures are
-translated in ``grpc_errors``. The gateway never loads model weights.
+translated in ``embedserve.link.status``. The gateway never loads model weights.
 """

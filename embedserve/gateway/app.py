@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from embedserve import __version__, wire
+from embedserve import __version__
 from embedserve.gateway.direct_routes import DirectRoutes, direct_routes
 from embedserve.gateway.discovery import source_for
 from embedserve.gateway.draining import Drain, DrainMiddleware
@@ -38,6 +38,7 @@ from embedserve.gateway.routes import classify, cohere, embed, multivector, ops,
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.settings import GatewaySettings, ServedModel, check_distinct_names
 from embedserve.gateway.startup import NativeSwitch, PreparedModel, prepare_models
+from embedserve.link import wire
 from embedserve.model.info import ModelInfo
 from embedserve.tokenizer.kernel_cache import on_first_call
 from embedserve.tracing import start_tracer

@@ -37,7 +37,7 @@ from embedserve.entrypoint import (
 from embedserve.gateway.long_inputs import SERVER_POLICIES
 from embedserve.gateway.priority import parse_route_priorities
 from embedserve.gateway.settings import REPLICA_CALLS, GatewaySettings, ServedModel, check_distinct_names
-from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
+from embedserve.link.token_file import add_replica_token_argument, replica_token_from_args
 from embedserve.tracing import add_otlp_endpoint_flag, tracing_settings
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from embedserve.gateway.addresses import UNIX_PREFIX, format_address, split_host_port
 from embedserve.gateway.replicas import ReplicaSource, StaticSource
+from embedserve.link.addresses import UNIX_PREFIX, format_address, split_host_port
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ through the ``ReplicaPool`` (least outstanding tokens first), retry a chunk
 whose replica failed on another replica, and reassemble the rows in input
 order. Knows the gRPC messages but not HTTP, nor which transport a replica
 is called over (``Replica.call``). gRPC errors become embedserve errors here
-(``grpc_errors``). Cancelling the awaiting task cancels every outstanding call.
+(``embedserve.link.status``). Cancelling the awaiting task cancels every outstanding call.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
-from embedserve import wire
 from embedserve.errors import DeadlineExceeded, EmbedServeError
 from embedserve.gateway.chunking import plan_chunks
-from embedserve.gateway.frame_client import FrameConnectionLost
-from embedserve.gateway.grpc_errors import REPLICA_DOWN_CODES, from_rpc_error, is_retryable
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, Replica, ReplicaPool
+from embedserve.link import wire
+from embedserve.link.frame_client import FrameConnectionLost
+from embedserve.link.status import REPLICA_DOWN_CODES, from_replica_error, is_retryable
+from embedserve.link.wire import INTERACTIVE
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
-from embedserve.wire import INTERACTIVE
 
 if TYPE_CHECKING:
     from embedserve.otel import RequestTrace
@@ -170,7 +170,7 @@ async def _run_chunk(pool: ReplicaPool, chunk: RaggedBatch, max_attempts: int, r
         except REPLICA_CALL_ERRORS as exc:
             code = exc.code()
             outcome = code.name
-            last_error = from_rpc_error(code, exc.details())
+            last_error = from_replica_error(exc)
             # A lost frame connection says nothing of the replica's gRPC side: the
             # retry goes to another replica, or back to this one over gRPC (``acquire``
             # falls back to tried replicas), where a replica that is down shows.

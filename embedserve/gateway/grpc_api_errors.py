@@ -2,7 +2,7 @@
 
 Owns turning an ``embedserve.errors`` class into what a client of
 ``embedserve.v1.Embeddings`` receives. The code comes from the one gRPC table,
-``scheduler/status.py``'s ``GRPC_CODES`` (the replica's API maps with the same
+``embedserve/link/status.py``'s ``GRPC_CODES`` (the replica's API maps with the same
 table, so both gRPC APIs agree); the reason (``input_too_long``,
 ``model_not_found``, ...) is HTTP's ``error.code`` from ``http_errors.py``, so
 one name means one thing on both transports. Each status carries Google's
@@ -13,8 +13,8 @@ with ``grpc_status.rpc_status.from_call``):
 - ``BadRequest``: for INVALID_ARGUMENT, the field (``inputs[3]``) and the fix;
 - ``RetryInfo``: for RESOURCE_EXHAUSTED and UNAVAILABLE, when to retry.
 
-Not to be confused with ``grpc_errors.py``, which turns a replica's gRPC
-failures into our errors on the way in.
+Not to be confused with ``embedserve.link.status.from_replica_error``, which turns
+a replica's failures into our errors on the way in.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from embedserve import errors
 from embedserve.gateway.http_errors import UNAVAILABLE_RETRY_AFTER_S, status_for
-from embedserve.scheduler.status import GRPC_CODES
+from embedserve.link.status import GRPC_CODES
 
 DOMAIN = "embedserve"
 DETAILS_KEY = "grpc-status-details-bin"

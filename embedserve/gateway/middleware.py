@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from embedserve.gateway.http_errors import UNEXPECTED, error_body
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.priority import FORCED_KEY, PRIORITY_KEY
-from embedserve.wire import BATCH
+from embedserve.link.wire import BATCH
 
 if TYPE_CHECKING:
     from embedserve.otel import Tracer

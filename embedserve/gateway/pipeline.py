@@ -20,22 +20,23 @@ from typing import TypeVar
 import numpy as np
 from starlette.requests import Request
 
-from embedserve import validate, wire
+from embedserve import validate
 from embedserve.errors import Cancelled, InputTooLong, InvalidInput, ModelNotFound, Unavailable
 from embedserve.gateway.budget import TokenBudget
 from embedserve.gateway.dispatch import ChunkPolicy, DispatchTimings, run_chunks_outputs
-from embedserve.gateway.grpc_errors import from_rpc_error
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, TRACE_KEY
 from embedserve.gateway.preprocess import Preprocessor
 from embedserve.gateway.priority import scope_priority
 from embedserve.gateway.replicas import REPLICA_CALL_ERRORS, ReplicaPool
 from embedserve.gateway.settings import GatewaySettings
+from embedserve.link import wire
+from embedserve.link.status import from_replica_error
+from embedserve.link.wire import INTERACTIVE, PRIORITIES
 from embedserve.model import tasks
 from embedserve.model.info import ModelInfo
 from embedserve.protos import inference_pb2
 from embedserve.ragged import RaggedBatch
-from embedserve.wire import INTERACTIVE, PRIORITIES
 
 T = TypeVar("T")
 
@@ -168,7 +169,7 @@ class Gateway:
                 "Ranges", inference_pb2.RangesRequest(dimensions=dimensions, normalize=normalize),
                 self.settings.request_timeout_s, "")
         except REPLICA_CALL_ERRORS as exc:
-            raise from_rpc_error(exc.code(), exc.details()) from None
+            raise from_replica_error(exc) from None
 
     async def score(self, request: Request, packed: RaggedBatch, sigmoid: bool, route: str) -> np.ndarray:
         """One score [B] per packed pair, in input order."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from starlette.types import Scope
 
 from embedserve.errors import InvalidInput
-from embedserve.wire import INTERACTIVE, PRIORITIES
+from embedserve.link.wire import INTERACTIVE, PRIORITIES
 
 HEADER = "x-embedserve-priority"
 _HEADER_BYTES = HEADER.encode()

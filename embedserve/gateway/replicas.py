@@ -9,12 +9,12 @@ still spread over idle replicas). Where replicas come from is a
 ``ReplicaSource``: a fixed list here (``--upstream``); DNS discovery can
 plug in another source that yields new address lists as they change.
 A replica is called through its frame socket when it has one
-(``frame_client.py``; ``frame_calls=False`` keeps gRPC): beside its socket at
+(``embedserve.link``; ``frame_calls=False`` keeps gRPC): beside its socket at
 ``unix:PATH``, else on the TCP port its ``Info`` names at its ``host:port``.
-The channel opens once its health says SERVING (reopened if it closes while
-the replica serves; gRPC carries the calls meanwhile) and closes when its
-health watch breaks, failing the calls in flight on it as a broken gRPC
-channel would.
+Its ``FrameKeeper`` opens the channel once its health says SERVING (reopened if
+it closes while the replica serves; gRPC carries the calls meanwhile) and closes
+it when its health watch breaks, failing the calls in flight on it as a broken
+gRPC channel would.
 A pool serves one model: a replica whose ``Info`` says it serves something
 else (``check_info``: another task or width) stays out of rotation, so a
 mis-wired deployment refuses requests instead of answering them from the
@@ -24,34 +24,26 @@ wrong model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embedserve import frames
 from embedserve.errors import DeadlineExceeded, Unavailable
-from embedserve.gateway.addresses import UNIX_PREFIX, split_host_port
-from embedserve.gateway.frame_client import FrameChannel, FrameTarget, FrameVersionMismatch, ReplicaCallError
+from embedserve.link import frames
+from embedserve.link.addresses import UNIX_PREFIX, split_host_port
+from embedserve.link.auth import call_metadata
+from embedserve.link.frame_client import FrameChannel, FrameTarget, ReplicaCallError
+from embedserve.link.frame_keeper import FrameKeeper
+from embedserve.link.wire import BATCH, INTERACTIVE
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.scheduler.auth import call_metadata
-from embedserve.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
-
-# A frame channel's connect and HELLO; the wait for the first try before a replica
-# that just became SERVING enters rotation (it enters over gRPC when that runs out);
-# the longest wait between tries.
-FRAME_OPEN_TIMEOUT_S = 10.0
-FRAME_FIRST_TRY_S = 2.0
-FRAME_RETRY_MAX_S = 30.0
 
 # What ``Replica.call`` raises for a call that got no answer: either answers code() and details().
 REPLICA_CALL_ERRORS = (grpc.aio.AioRpcError, ReplicaCallError)
@@ -105,7 +97,7 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: inference_pb2_grpc.InferenceStub
-    # Sent on every embedserve.v1 call to this replica: the replica token (scheduler/auth.py).
+    # Sent on every embedserve.v1 call to this replica: the replica token (embedserve/link/auth.py).
     metadata: tuple[tuple[str, str], ...] = ()
     healthy: bool = False
     info: inference_pb2.InfoResponse | None = None
@@ -117,9 +109,13 @@ class Replica:
     refused_token: bool = False   # its last Info call was UNAUTHENTICATED
     wrong_model: str = ""         # why its Info does not match the pool's model ("": it does)
     watch_task: asyncio.Task | None = field(default=None, repr=False)
-    # Its open frame channel, and the task that keeps one open while the replica serves.
-    frames: FrameChannel | None = field(default=None, repr=False)
-    frame_keeper: asyncio.Task | None = field(default=None, repr=False)
+    # Keeps its frame channel open while the replica serves (None: no frame calls).
+    frame_keeper: FrameKeeper | None = field(default=None, repr=False)
+
+    @property
+    def frames(self) -> FrameChannel | None:
+        """Its open frame channel, if any."""
+        return None if self.frame_keeper is None else self.frame_keeper.channel
 
     def frame_target(self) -> FrameTarget | None:
         """Where its frame socket is: the Unix path beside its gRPC socket, else the
@@ -147,11 +143,8 @@ class Replica:
 
     def close_frames(self) -> None:
         if self.frame_keeper is not None:
-            self.frame_keeper.cancel()
+            self.frame_keeper.close()
             self.frame_keeper = None
-        if self.frames is not None:
-            self.frames.close()
-            self.frames = None
 
     def forget_process(self) -> None:
         """The process behind the address may be gone: close its frame channel, and
@@ -258,69 +251,16 @@ class ReplicaPool:
             delay = min(delay * 2, self._backoff[1])
 
     async def _keep_frames_open(self, replica: Replica) -> None:
-        """Start keeping the replica's frame channel open, if it has a frame socket;
-        wait (briefly) for the first try, so its first calls already go over it."""
+        """Keep the replica's frame channel open, if it has a frame socket
+        (embedserve.link.frame_keeper); its first calls already go over it."""
         if not self._frame_calls or replica.frame_target() is None:
             return
-        if replica.frame_keeper is None or replica.frame_keeper.done():
-            first_try = asyncio.Event()
-            replica.frame_keeper = asyncio.create_task(self._frames_kept_open(replica, first_try))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(FRAME_FIRST_TRY_S):
-                    await first_try.wait()
-
-    async def _frames_kept_open(self, replica: Replica, first_try: asyncio.Event) -> None:
-        """Open the frame channel, and again whenever it closes, until cancelled (the
-        replica stopped serving). Its calls go over gRPC whenever none is open: a port
-        that does not answer, a replica busy past the timeout, or a connection lost."""
-        delay = self._backoff[0]
-        failures = 0
-        try:
-            while (target := replica.frame_target()) is not None:
-                instance_id = replica.info.instance_id if replica.info is not None else ""
-                try:
-                    channel = await FrameChannel.open(target, self._replica_token,
-                                                      timeout_s=FRAME_OPEN_TIMEOUT_S,
-                                                      instance_id=instance_id,
-                                                      keepalive_s=self._ping_s)
-                except (OSError, TimeoutError, ReplicaCallError) as error:
-                    failures += 1
-                    if isinstance(error, FrameVersionMismatch):
-                        # A rolling upgrade: gRPC names each method, frames number them, so
-                        # only gRPC is safe across releases. Tried again once the replica
-                        # serves anew (a restart may bring it to this release).
-                        log.warning("replica %s: frame channel refused at %s: %s; calling it "
-                                    "over gRPC", replica.address, _describe(target), error.details())
-                        return
-                    if isinstance(error, ReplicaCallError) and \
-                            error.code() is grpc.StatusCode.FAILED_PRECONDITION:
-                        log.warning("replica %s: %s at %s (is its address a load-balanced "
-                                    "one? use one address per replica, e.g. dns:NAME:PORT of a "
-                                    "headless service); calling it over gRPC",
-                                    replica.address, error.details(), _describe(target))
-                        return
-                    log.log(logging.INFO if failures == 1 else logging.DEBUG,
-                            "replica %s: no frame channel at %s (%s); calling it over gRPC, "
-                            "retrying", replica.address, _describe(target),
-                            str(error) or type(error).__name__)
-                    first_try.set()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, FRAME_RETRY_MAX_S)
-                    continue
-                replica.frames = channel
-                first_try.set()
-                if failures:
-                    log.info("replica %s: frame channel open at %s", replica.address,
-                             _describe(target))
-                delay, failures = self._backoff[0], 0
-                await channel.wait_lost()
-                if replica.frames is channel:
-                    replica.frames = None
-                log.info("replica %s: its frame channel closed; calling it over gRPC meanwhile",
-                         replica.address)
-                await asyncio.sleep(delay)
-        finally:
-            first_try.set()
+        if replica.frame_keeper is None:
+            replica.frame_keeper = FrameKeeper(
+                replica.address, self._replica_token, keepalive_s=self._ping_s,
+                backoff_s=self._backoff[0], target=replica.frame_target,
+                instance_id=lambda: replica.info.instance_id if replica.info is not None else "")
+        await replica.frame_keeper.start()
 
     def _check_model(self, replica: Replica) -> None:
         assert replica.info is not None
@@ -434,6 +374,3 @@ class ReplicaPool:
             replica.forget_process()
             replica.watch_task = asyncio.create_task(self._watch_health(replica))
 
-
-def _describe(target: FrameTarget) -> str:
-    return str(target) if isinstance(target, Path) else f"{target[0]}:{target[1]}"

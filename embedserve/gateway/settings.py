@@ -105,7 +105,7 @@ class GatewaySettings:
     # Its TCP frame connections get kernel keepalive probes at the same period.
     replica_ping_s: float = 2.0
     # How Embed/Score/Ranges reach a replica: "frames" (its frame socket beside a
-    # ``unix:`` address or on the TCP port its Info names, embedserve/frames.py; gRPC
+    # ``unix:`` address or on the TCP port its Info names, embedserve/link/frames.py; gRPC
     # while none is open) or "grpc".
     replica_calls: str = "frames"
     # After SIGTERM: how long requests admitted before it may run on while new
@@ -116,7 +116,7 @@ class GatewaySettings:
     health_backoff_min_s: float = 0.1
     health_backoff_max_s: float = 2.0
     # Sent as ``authorization: Bearer <token>`` on every replica call
-    # (scheduler/auth.py); None: replicas that require one refuse the
+    # (embedserve/link/auth.py); None: replicas that require one refuse the
     # gateway. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
     # (replica label, http://HOST:PORT/metrics) of replicas whose Prometheus

@@ -33,10 +33,10 @@ from embedserve.launch.commands import models_gateway_command, replica_env
 from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import Child, first_or_stop, start_child, stop_child
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
+from embedserve.link.token_file import temporary_token_file
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.cli import add_engine_flags, add_priority_flags, cuda_flags, engine_flags, priority_flags
 from embedserve.scheduler.settings import DEFAULT_DTYPE
-from embedserve.scheduler.token_file import temporary_token_file
 from embedserve.tracing import add_otlp_endpoint_flag, otlp_endpoint_args
 
 log = logging.getLogger("embedserve.launch.cluster")

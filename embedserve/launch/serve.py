@@ -31,8 +31,8 @@ from embedserve.launch.commands import replica_env
 from embedserve.launch.preflight import check_cache_dir, check_model_dir, check_port_free
 from embedserve.launch.processes import first_or_stop
 from embedserve.launch.supervisor import ReplicaSupervisor, SupervisorGroup
+from embedserve.link.token_file import read_token_file, temporary_token_file
 from embedserve.scheduler.cli import add_engine_flags, add_priority_flags, cuda_flags, engine_flags, priority_flags
-from embedserve.scheduler.token_file import read_token_file, temporary_token_file
 from embedserve.tracing import otlp_endpoint_args
 
 log = logging.getLogger("embedserve.serve")

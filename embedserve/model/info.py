@@ -5,7 +5,7 @@ architecture), its limits (positions, vocabulary, segment ids), its output
 (dimension, pooling, default normalization) and its named prompts. The
 gateway reads it from the model directory (no torch); the engine reads the
 same and adds where the weights live (``device``, ``dtype``); the scheduler
-reports it over gRPC (the proto conversion is ``embedserve.wire``'s).
+reports it over gRPC (the proto conversion is ``embedserve.link.wire``'s).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Import them as ``from embedserve.protos import inference_pb2, inference_pb2_grpc``.
 Regenerate with ``python -m embedserve.protos.generate``; a test fails when
-they are stale. The codec for the packed fields is ``embedserve.wire``.
+they are stale. The codec for the packed fields is ``embedserve.link.wire``.
 """
 
 from embedserve.protos import inference_pb2, inference_pb2_grpc

@@ -13,10 +13,9 @@ the loop itself, one at a time). Modules, one job each:
     pool.py      Call (one RPC's result handle), RequestPool (admission, queues)
     batcher.py   the engine loop: form, submit, route rows back, fail batches
     servicer.py  the Inference servicer (decode, validate, post-process)
-    frame_server.py  the same handlers for frames, on a Unix socket and a TCP port
-    status.py    embedserve errors -> gRPC status codes, once
     metrics.py   Prometheus metrics in a per-server registry, /metrics endpoint
-    server.py    SchedulerServer / create_server: start-up, warm-up, drain, stop
+    server.py    SchedulerServer / create_server: start-up, warm-up, drain, stop; the
+                 same handlers served as frames (``embedserve.link.frame_server``)
     settings.py  SchedulerSettings (frozen), built by cli.py from flags
     cli.py       ``embedserve scheduler``: signals, SIGTERM drain
 

@@ -51,11 +51,11 @@ import numpy as np
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
 from embedserve.errors import DeviceLost
+from embedserve.link.wire import BATCH, INTERACTIVE
 from embedserve.model.info import ModelInfo
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.policy import BatchPlan
 from embedserve.scheduler.pool import Call, RequestPool, SequenceEntry
-from embedserve.wire import BATCH, INTERACTIVE
 
 log = logging.getLogger(__name__)
 

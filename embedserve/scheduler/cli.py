@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from embedserve.defaults.model_args import add_model_arguments, default_cache_dir, model_dir_from_args
 from embedserve.entrypoint import configure_logging, run_event_loop, scheduler_banner, stop_on_signals
+from embedserve.link.token_file import add_replica_token_argument, replica_token_from_args
 from embedserve.model.cuda_options import ATTENTION_CHOICES
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
 from embedserve.scheduler.settings import (
@@ -31,7 +32,6 @@ from embedserve.scheduler.settings import (
     SchedulerSettings,
     default_max_batch_tokens,
 )
-from embedserve.scheduler.token_file import add_replica_token_argument, replica_token_from_args
 from embedserve.tracing import add_otlp_endpoint_flag, tracing_settings
 
 # The exit status of a replica whose device failed for good (a poisoned CUDA context).
@@ -54,11 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also serve gRPC on this Unix domain socket, for a gateway on the "
                              "same machine (no TCP loopback per call); --port stays open "
                              "(default: none)")
-    parser.add_argument("--frame-port", type=_port_or_off, default=0, metavar="PORT|off",
+    parser.add_argument("--frame-port", type=_port_or_off, default=_FRAME_PORT_UNSET, metavar="PORT|off",
                         help="TCP port of the frame socket: Embed/Score calls for about a "
                              "millisecond less than gRPC; a gateway learns it from Info and "
                              "falls back to gRPC when it cannot connect. 0 picks a free one "
-                             "(default: %(default)s)")
+                             "(default: 0; off with --unix-socket, whose frames go over the "
+                             "socket beside it)")
     parser.add_argument("--max-frame-connections", type=_positive, default=64, metavar="N",
                         help="frame connections open at once (a gateway holds one per replica); "
                              "beyond it a connection is closed at once (default: %(default)s)")
@@ -232,6 +233,11 @@ def add_dtype_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
 
 
+# --frame-port not given: a free port, or none for a replica given --unix-socket (its
+# gateway is on this machine; a TCP frame port would be one more door nobody uses).
+_FRAME_PORT_UNSET = -1
+
+
 def _port_or_off(text: str) -> int | None:
     """A TCP port (0: any free one), or "off" for None (argparse type)."""
     return None if text == "off" else _number_within(text, int, "a port or 'off'", 0, 65535)
@@ -257,7 +263,9 @@ def engine_flags(dtype: str | None, cuda_graphs: bool = True,
 def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSettings:
     return SchedulerSettings(
         model_dir=model_dir, host=args.host, port=args.port, unix_socket=args.unix_socket,
-        frame_port=args.frame_port, max_frame_connections=args.max_frame_connections,
+        frame_port=(args.frame_port if args.frame_port != _FRAME_PORT_UNSET
+                    else None if args.unix_socket is not None else 0),
+        max_frame_connections=args.max_frame_connections,
         metrics_port=args.metrics_port,
         device=args.device, dtype=args.dtype, dtype_probe_min_cosine=args.dtype_probe_min_cosine,
         cuda_graphs=args.cuda_graphs, cuda_attention=args.cuda_attention,

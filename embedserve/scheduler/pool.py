@@ -25,9 +25,9 @@ import numpy as np
 
 from embedserve.engine.batch import Task
 from embedserve.errors import DeadlineExceeded, InvalidInput, Overloaded
+from embedserve.link.wire import BATCH, INTERACTIVE
 from embedserve.ragged import RaggedBatch
 from embedserve.scheduler.policy import LanePlan, PriorityPlan, plan_lane_steps, plan_priority_batch
-from embedserve.wire import BATCH, INTERACTIVE
 
 # Why a queued sequence is dropped instead of computed (a metrics label).
 CANCELLED = "cancelled"
@@ -42,7 +42,7 @@ class Call:
                  deadline: float | None = None, read_in_bulk: bool = False,
                  priority: str = INTERACTIVE) -> None:
         self.task = task
-        self.priority = priority             # INTERACTIVE or BATCH (embedserve.wire)
+        self.priority = priority             # INTERACTIVE or BATCH (embedserve.link.wire)
         # Its transport reads every call that arrived while the loop was busy in one
         # turn (frames); gRPC hands them over about one per turn (batcher.py).
         self.read_in_bulk = read_in_bulk

@@ -24,19 +24,20 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from embedserve import calibration, frames
+from embedserve import calibration
 from embedserve.engine.batch import Batch
 from embedserve.errors import ModelLoadError
+from embedserve.link import frames
+from embedserve.link.auth import TokenAuthInterceptor
+from embedserve.link.frame_server import FrameServer
+from embedserve.link.wire import PRIORITIES
 from embedserve.protos import inference_pb2, inference_pb2_grpc
-from embedserve.scheduler.auth import TokenAuthInterceptor
 from embedserve.scheduler.batcher import Batcher, StepEngine
-from embedserve.scheduler.frame_server import FrameServer
 from embedserve.scheduler.metrics import MetricsEndpoint, SchedulerMetrics
 from embedserve.scheduler.pool import RequestPool
 from embedserve.scheduler.servicer import InferenceService
 from embedserve.scheduler.settings import SchedulerSettings, default_max_batch_tokens
 from embedserve.tracing import start_tracer
-from embedserve.wire import PRIORITIES
 
 if TYPE_CHECKING:
     from embedserve.otel import Tracer
@@ -118,7 +119,7 @@ class SchedulerServer:
         interceptors = [TokenAuthInterceptor(settings.replica_token)] if settings.replica_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors,
                                            maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
-        # Beside the Unix socket: the same calls, cheaper (embedserve/frames.py).
+        # Beside the Unix socket: the same calls, cheaper (embedserve/link/frames.py).
         self.frame_server = FrameServer(self.service, settings.replica_token, max_request_bytes,
                                         settings.max_concurrent_rpcs,
                                         max_connections=settings.max_frame_connections,

@@ -6,7 +6,7 @@ A thin layer over the pool: decode and validate a request, admit it as a
 normalization, sigmoid, output dtype, quantization with the replica's
 calibration; a classifier's softmax or sigmoid; a SPLADE row's nonzeros, so
 only those travel; a multi-vector model's kept, normalized token vectors) and encode the answer. Errors are
-mapped to status codes in one place (``status.py``); this module only
+mapped to status codes in one place (``embedserve.link.status``); this module only
 catches them at the handler boundary. Batching and the engine live in
 ``batcher.py``.
 """
@@ -25,10 +25,12 @@ import grpc
 import numpy as np
 
 import embedserve
-from embedserve import validate, wire
+from embedserve import validate
 from embedserve.calibration import Calibration
 from embedserve.engine.batch import Task
 from embedserve.errors import InvalidInput, Unavailable
+from embedserve.link import wire
+from embedserve.link.status import error_metadata, grpc_status
 from embedserve.model.calibration_texts import TEXTS_ID
 from embedserve.model.postprocess import (
     classification_probabilities,
@@ -44,7 +46,6 @@ from embedserve.scheduler.batcher import StepEngine
 from embedserve.scheduler.metrics import SchedulerMetrics
 from embedserve.scheduler.pool import CANCELLED, DEADLINE, Call, RequestPool
 from embedserve.scheduler.settings import SchedulerSettings
-from embedserve.scheduler.status import grpc_status
 
 if TYPE_CHECKING:
     from embedserve.otel import CallTrace, Tracer
@@ -320,6 +321,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             self._metrics.count_call(method, code.name)
             context.set_code(code)
             context.set_details(message)
+            # Names the class, so the gateway raises the same one (embedserve.link.status).
+            context.set_trailing_metadata(error_metadata(error))
             return None
         finally:
             self.active_calls -= 1

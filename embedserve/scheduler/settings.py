@@ -88,12 +88,12 @@ class SchedulerSettings:
     # the message size derived from max_queue_tokens, this bounds the memory
     # held by requests that have arrived but not yet been admitted.
     max_concurrent_rpcs: int = 1024
-    # Frame connections open at once (frame_server.py); a gateway holds one per replica.
+    # Frame connections open at once (embedserve.link.frame_server); a gateway holds one per replica.
     max_frame_connections: int = 64
     # Where the int8/uint8 calibration is read, or computed at start-up and
     # stored (embedserve/calibration.py); None: none, Embed refuses int8/uint8.
     calibration_cache_dir: Path | None = None
-    # Calls must carry ``authorization: Bearer <replica_token>`` (auth.py);
+    # Calls must carry ``authorization: Bearer <replica_token>`` (embedserve.link.auth);
     # None: no check. Kept out of repr so logs never show it.
     replica_token: str | None = field(default=None, repr=False)
     # OpenTelemetry export (docs/tracing.md); None: no tracing, nothing of it loaded.

@@ -18,7 +18,6 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from embedserve import wire
 from embedserve.errors import InvalidInput
 from embedserve.gateway import embedding_types
 from embedserve.gateway.long_inputs import EMBED_TOO_LONG_FIX, LongInputPolicy, says_how_to_fix
@@ -33,6 +32,7 @@ from embedserve.gateway.schemas import (
     QuantizationRanges,
 )
 from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
+from embedserve.link import wire
 from embedserve.model.postprocess import postprocess_embeddings
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
 from embedserve.model.windows import Windows, pool_windows

@@ -1,4 +1,4 @@
-"""The gateway's end of a replica's frame socket (``embedserve.frames``).
+"""The gateway's end of a replica's frame socket (``embedserve.link.frames``).
 
 One connection per replica carries all of the gateway's calls to it, matched by
 call id. ``call`` raises ``ReplicaCallError``, which answers ``code()`` and
@@ -29,7 +29,8 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from embedserve import frames
+from embedserve.link import frames
+from embedserve.link.status import metadata_of_number
 
 # A replica's frame socket: the path of a Unix socket, or a TCP (host, port).
 FrameTarget = Path | tuple[str, int]
@@ -38,16 +39,21 @@ FrameTarget = Path | tuple[str, int]
 class ReplicaCallError(Exception):
     """A frame call that ended without an answer: its gRPC status and details."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, error_number: int = 0) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self._error_number = error_number   # the class the replica named (status.ERROR_TABLE)
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The class the replica named, as gRPC carries it."""
+        return metadata_of_number(self._error_number)
 
 
 def watch_by_keepalive(sock: socket.socket, period_s: float) -> None:
@@ -221,7 +227,7 @@ class FrameChannel(asyncio.Protocol):
                 error = (FrameVersionMismatch if response_type is None
                          and code is grpc.StatusCode.FAILED_PRECONDITION
                          and details.startswith("frame version") else ReplicaCallError)
-                future.set_exception(error(code, details))
+                future.set_exception(error(code, details, reply.timeout_us))
             elif response_type is None:   # HELLO: the replica's instance id
                 future.set_result(reply.payload)
             else:

@@ -1,6 +1,6 @@
-"""The replica's frame socket: ``embedserve.frames`` calls served by the same handlers.
+"""The replica's frame socket: ``embedserve.link.frames`` calls served by the same handlers.
 
-Each CALL runs the ``InferenceService`` handler of its method as its own task,
+Each CALL runs the replica's ``InferenceService`` handler of its method as its own task,
 exactly as grpc.aio would (same decoding, validation, admission, errors and metrics);
 only the envelope differs. ``CallContext`` stands in for the handler's gRPC context:
 the deadline the frame carries, and the status the handler sets.
@@ -14,7 +14,12 @@ Bounded for a peer that is not a gateway (docs/replica-link.md): at most
 ``max_connections`` connections; before HELLO a connection holds at most one header
 and ``frames.MAX_HELLO_BYTES``, and is closed unless HELLO is done within
 ``handshake_timeout_s``; a HELLO of another frame version is refused; a call id
-reused while its call is in flight closes the connection.
+reused while its call is in flight closes the connection. Write backpressure: a
+connection whose replies wait unsent past ``write_buffer_high`` bytes (16 MiB) is not
+read (so no new call of its is started) until its peer has read them down to
+``write_buffer_low``; a peer that never reads holds at most that, plus the replies of
+its calls already running (which the replica's queue bounds), and its sends block in
+its own kernel buffers.
 """
 
 from __future__ import annotations
@@ -25,16 +30,31 @@ import inspect
 import logging
 import time
 from pathlib import Path
+from typing import Protocol, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from embedserve import frames
-from embedserve.scheduler.servicer import InferenceService
-from embedserve.scheduler.status import INTERNAL_MESSAGE
+from embedserve.link import frames
+from embedserve.link.status import INTERNAL_MESSAGE, error_number
 
 log = logging.getLogger(__name__)
 
+# Unsent reply bytes at which a connection stops being read, and back under which it is
+# read again (its transport's write buffer limits). Far above what a gateway that
+# reads leaves unsent, so a gateway is never slowed by them.
+WRITE_BUFFER_HIGH = 16 * 1024 * 1024
+WRITE_BUFFER_LOW = 4 * 1024 * 1024
+
+
+class FrameService(Protocol):
+    """What the frame server serves: the replica's ``embedserve.v1.Inference`` handlers
+    (``scheduler/servicer.py``'s ``InferenceService``), each method by its name,
+    ``async def Embed(request, context)``."""
+
+    instance_id: str
+
+    def count_cancelled_before_start(self, method: str) -> None: ...
 
 
 class CallContext:
@@ -48,6 +68,7 @@ class CallContext:
         self._deadline = deadline
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()
@@ -58,20 +79,26 @@ class CallContext:
     def set_details(self, details: str) -> None:
         self.details = details
 
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        # Only the error's class is read from it (a REPLY's number, status.error_number).
+        self.trailing_metadata = metadata
+
 
 class FrameServer:
     """Serves ``service`` on a Unix socket, a TCP port, or both. ``max_payload``: the
     largest request, in bytes (the gRPC server's receive limit); ``max_calls``: calls
     at once, over all connections (the gRPC server's ``maximum_concurrent_rpcs``)."""
 
-    def __init__(self, service: InferenceService, token: str | None, max_payload: int,
-                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0) -> None:
+    def __init__(self, service: FrameService, token: str | None, max_payload: int,
+                 max_calls: int, max_connections: int = 256, handshake_timeout_s: float = 5.0,
+                 write_buffer_high: int = WRITE_BUFFER_HIGH, write_buffer_low: int = WRITE_BUFFER_LOW) -> None:
         self.service = service
         self._token = (token or "").encode()
         self.max_payload = max_payload
         self.max_calls = max_calls
         self.max_connections = max_connections
         self.handshake_timeout_s = handshake_timeout_s
+        self.write_buffer_limits = {"high": write_buffer_high, "low": write_buffer_low}
         self._servers: list[asyncio.AbstractServer] = []
         self.connections: set[_Connection] = set()
         self.calls: set[asyncio.Task] = set()
@@ -117,13 +144,14 @@ class _Connection(asyncio.Protocol):
         self._calls: dict[int, tuple[asyncio.Task, str]] = {}   # call id -> (task, method)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = writer = cast(asyncio.Transport, transport)   # a stream socket's transport
         if len(self._server.connections) >= self._server.max_connections:
             log.warning("refused a frame connection: already %d open (--max-frame-connections)",
                         len(self._server.connections))
             transport.close()
             return
         self._server.connections.add(self)
+        writer.set_write_buffer_limits(**self._server.write_buffer_limits)
         self._timer = asyncio.get_running_loop().call_later(
             self._server.handshake_timeout_s, self._handshake_expired)
 
@@ -143,6 +171,16 @@ class _Connection(asyncio.Protocol):
         log.warning("closed a frame connection that did not say HELLO within %.0f s",
                     self._server.handshake_timeout_s)
         self.close()
+
+    def pause_writing(self) -> None:
+        # Unsent replies passed WRITE_BUFFER_HIGH: read no more calls until they drain.
+        if self._transport is not None and not self._transport.is_closing():
+            log.debug("a frame connection's peer is not reading its replies: not reading it")
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if not self._greeted:
@@ -271,11 +309,13 @@ class _Connection(asyncio.Protocol):
             self._reply(call.call_id, grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE.encode())
             return
         if context.code is not None and context.code is not grpc.StatusCode.OK:
-            self._reply(call.call_id, context.code, context.details.encode())
+            self._reply(call.call_id, context.code, context.details.encode(),
+                        error=error_number(context.trailing_metadata))
             return
         self._reply(call.call_id, grpc.StatusCode.OK, response.SerializeToString())
 
     def _reply(self, call_id: int, code: grpc.StatusCode, payload: bytes,
-               kind: int = frames.REPLY) -> None:
+               kind: int = frames.REPLY, error: int = 0) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(frames.frame(kind, call_id, payload, arg=frames.status_number(code)))
+            self._transport.write(frames.frame(kind, call_id, payload, arg=frames.status_number(code),
+                                               timeout_us=error))

@@ -18,7 +18,9 @@ A frame is a 16-byte header, little-endian, then ``size`` bytes of payload:
                    REPLY, HELLO's answer: a gRPC status code (0 = OK)
     magic    u8    MAGIC (0xE5) on every frame: bytes that are not frames are refused
     version  u8    VERSION of the frame protocol the sender speaks
-    timeout  u32   CALL: microseconds until the call's deadline (0: none)
+    timeout  u32   CALL: microseconds until the call's deadline (0: none);
+                   REPLY: the error class the replica names (link/status.py's
+                   ERROR_TABLE numbers; 0: none, as every frame before them sent)
 
 Frames before version 1 had two zero bytes where magic and version are, so an old
 peer reads as magic 0, version 0. The two ends must speak the same version: the
