@@ -286,7 +286,7 @@ def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> No
     classifier_tokens = httpx.post(f"{url}/embed_all", json={"model": "clf", "inputs": "x"}, timeout=TIMEOUT_S)
     assert classifier_tokens.status_code == 400
     assert classifier_tokens.json()["error"]["message"].startswith(
-        "this route needs a multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
+        "this route needs an embedding or multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
         "(task `classify`) and cannot return token vectors")
     chunked = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": "x", "truncate": "chunk"},
                          timeout=TIMEOUT_S)

@@ -23,15 +23,20 @@ Task = Literal["embed", "score", "classify", "sparse", "multivector"]   # model/
 @dataclass(frozen=True, kw_only=True)
 class Batch(RaggedBatch):
     task: Task = "embed"
+    # An embedding step that also returns every token's last hidden state (TEI's /embed_all
+    # for a plain embedder): the step's rows are then (pooled, states) pairs
+    # (engine/token_rows.py). False for every step no call asks it of.
+    token_states: bool = False
 
     @classmethod
-    def of(cls, tokens: RaggedBatch, task: Task = "embed") -> Batch:
-        return cls(tokens.token_ids, tokens.cu_seqlens, tokens.token_type_ids, task=task)
+    def of(cls, tokens: RaggedBatch, task: Task = "embed", token_states: bool = False) -> Batch:
+        return cls(tokens.token_ids, tokens.cu_seqlens, tokens.token_type_ids, task=task,
+                   token_states=token_states)
 
     @classmethod
     def from_lengths(cls, token_ids: np.ndarray, lengths: np.ndarray, task: Task = "embed",
-                     token_type_ids: np.ndarray | None = None) -> Batch:
-        return cls.of(ragged.from_lengths(token_ids, lengths, token_type_ids), task)
+                     token_type_ids: np.ndarray | None = None, token_states: bool = False) -> Batch:
+        return cls.of(ragged.from_lengths(token_ids, lengths, token_type_ids), task, token_states)
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[np.ndarray] | Sequence[Sequence[int]],

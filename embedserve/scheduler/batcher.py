@@ -40,6 +40,7 @@ import numpy as np
 
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
+from embedserve.engine.token_rows import call_rows, is_token_state_step
 from embedserve.model.info import ModelInfo
 from embedserve.errors import DeviceLost
 from embedserve.scheduler.metrics import SchedulerMetrics
@@ -90,10 +91,13 @@ def group_runs(entries: list[SequenceEntry]) -> list[Run]:
 
 
 def assemble_batch(runs: list[Run], task: Task) -> Batch:
-    """One packed Batch from the runs' token slices, in batch order."""
+    """One packed Batch from the runs' token slices, in batch order. It returns token
+    states too when any of its calls asks for them (each call then takes its half:
+    engine/token_rows.call_rows)."""
+    token_states = any(run.call.token_states for run in runs)
     if len(runs) == 1 and runs[0].first_index == 0 \
             and runs[0].count == runs[0].call.tokens.num_sequences:
-        return Batch.of(runs[0].call.tokens, task)  # one whole call: its arrays as they are
+        return Batch.of(runs[0].call.tokens, task, token_states)  # one whole call: its arrays as they are
     id_parts, type_parts, length_parts = [], [], []
     any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
     for run in runs:
@@ -104,7 +108,7 @@ def assemble_batch(runs: list[Run], task: Task) -> Batch:
             type_parts.append(part.token_type_ids if part.token_type_ids is not None
                               else np.zeros(part.num_tokens, dtype=np.int32))
     return Batch.from_lengths(np.concatenate(id_parts), np.concatenate(length_parts), task,
-                              np.concatenate(type_parts) if any_types else None)
+                              np.concatenate(type_parts) if any_types else None, token_states)
 
 
 class Batcher:
@@ -246,6 +250,11 @@ class Batcher:
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._engine_free_at = finished_at
         self._metrics.step_seconds.observe(compute_s)
+        if is_token_state_step(rows):   # each call takes the half it asked for
+            for run in runs:
+                run.call.deliver(run.first_index, call_rows(rows[run.row:run.row + run.count],
+                                                            run.call.token_states), compute_s, wake_s)
+            return
         for run in runs:
             run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s, wake_s)
 

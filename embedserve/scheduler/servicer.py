@@ -203,6 +203,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def _embed_tokens(self, request: inference_pb2.EmbedTokensRequest,
                             context: Context) -> inference_pb2.EmbedTokensResponse:
+        if self._info.task == "embed":
+            return await self._embed_token_states(request, context)
         tokens = self._decode(request.tokens, "multivector", "tokens")
         spec = self._info.multivector
         assert spec is not None, "a multi-vector model's info carries its spec"
@@ -214,6 +216,24 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             counts=wire.array_to_tensor(counts, "int32"), vectors=wire.array_to_tensor(vectors, "float32"),
             timings=self._timings(call), request_id=request.request_id)
 
+    async def _embed_token_states(self, request: inference_pb2.EmbedTokensRequest,
+                                  context: Context) -> inference_pb2.EmbedTokensResponse:
+        """An embedding model's EmbedTokens: every token's last hidden state, specials
+        included, with no pooling, normalization or Dense (TEI's /embed_all). Its step
+        computes them for this call only; the other calls in it get their pooled rows."""
+        tokens = self._decode(request.tokens, "embed", "tokens")
+        if self._info.device not in (None, "cpu"):
+            raise InvalidInput("token states (/embed_all for an embedding model) are computed on the CPU "
+                               "only so far; serve the model with --device cpu for them", field="tokens")
+        call, rows = await self._run(tokens, "embed", context, request.priority, token_states=True)
+        vectors = np.concatenate(list(rows), axis=0).astype(np.float32, copy=False)
+        # The width (hidden size) is known once computed: a Dense may make it differ from dimension.
+        self._check_reply_size(vectors.shape[0], vectors.shape[1], [], inference_pb2.DTYPE_FLOAT32)
+        return inference_pb2.EmbedTokensResponse(
+            counts=wire.array_to_tensor(tokens.lengths.astype(np.int32), "int32"),
+            vectors=wire.array_to_tensor(np.ascontiguousarray(vectors), "float32"),
+            timings=self._timings(call), request_id=request.request_id)
+
     def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> RaggedBatch:
         """The wire's layout checks, then the model's (the engine's own, run per call here so
         one bad call cannot fail a whole batch)."""
@@ -223,7 +243,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return tokens
 
     async def _run(self, tokens: RaggedBatch, task: Task, context: Context,
-                   wire_priority: int) -> tuple[Call, np.ndarray]:
+                   wire_priority: int, token_states: bool = False) -> tuple[Call, np.ndarray]:
         """Admit a call in its class's queue, wait for its rows; a caller who leaves marks
         it gone."""
         priority = wire.priority_from_proto(wire_priority)
@@ -233,7 +253,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         now = time.monotonic()
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining,
-                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority)
+                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority,
+                    token_states=token_states)
         self._pool.admit(call)  # raises Overloaded at once when full
         try:
             rows = await call.future
