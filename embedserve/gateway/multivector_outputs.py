@@ -47,6 +47,7 @@ async def token_vectors(gateway: Gateway, request: Request, texts: list[str], in
     """Each text's token vectors and the packed tokens. A multi-vector model's are marked as
     ``input_type`` (None: a document); an embedding model's are its last hidden states, with
     the prompt its /embed would put first (``prompt_name``, else its default prompt)."""
+    limit = None
     if gateway.task == "embed":
         if input_type is not None:
             raise InvalidInput(f"input_type applies to a multi-vector model; `{gateway.model_id}` is an "
@@ -55,9 +56,12 @@ async def token_vectors(gateway: Gateway, request: Request, texts: list[str], in
     else:
         input_type = input_type or "document"
         prompt = marker_prompt(gateway.model, input_type, prompt_name)
+        spec = gateway.model.multivector
+        if spec is not None:   # query_length / document_length / a fixed query expansion's length
+            limit = spec.input_limit(input_type, gateway.model.max_positions)
     packed = await timed(request, "tokenize", gateway.preprocessor.encode_texts(
         texts, prompt, policy.mode == "truncate", policy.direction, field,
-        check_length=policy.mode == "refuse"))
+        check_length=policy.mode == "refuse", max_length=limit))
     counts, vectors = await gateway.embed_tokens(request, packed, input_type == "query", route)
     return split_tokens(counts, vectors), packed
 

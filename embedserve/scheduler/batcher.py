@@ -95,10 +95,12 @@ def assemble_batch(runs: list[Run], task: Task) -> Batch:
     states too when any of its calls asks for them (each call then takes its half:
     engine/token_rows.call_rows)."""
     token_states = any(run.call.token_states for run in runs)
+    keyed = any(run.call.key_lengths is not None for run in runs)
     if len(runs) == 1 and runs[0].first_index == 0 \
             and runs[0].count == runs[0].call.tokens.num_sequences:
-        return Batch.of(runs[0].call.tokens, task, token_states)  # one whole call: its arrays as they are
-    id_parts, type_parts, length_parts = [], [], []
+        # one whole call: its arrays as they are
+        return Batch.of(runs[0].call.tokens, task, token_states, runs[0].call.key_lengths)
+    id_parts, type_parts, length_parts, key_parts = [], [], [], []
     any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
     for run in runs:
         part = run.call.tokens.slice(run.first_index, run.first_index + run.count)
@@ -107,8 +109,13 @@ def assemble_batch(runs: list[Run], task: Task) -> Batch:
         if any_types:
             type_parts.append(part.token_type_ids if part.token_type_ids is not None
                               else np.zeros(part.num_tokens, dtype=np.int32))
+        if keyed:   # a sequence with no key limit attends to all of itself
+            keys = run.call.key_lengths
+            key_parts.append(part.lengths.astype(np.int32) if keys is None
+                             else keys[run.first_index:run.first_index + run.count])
     return Batch.from_lengths(np.concatenate(id_parts), np.concatenate(length_parts), task,
-                              np.concatenate(type_parts) if any_types else None, token_states)
+                              np.concatenate(type_parts) if any_types else None, token_states,
+                              np.concatenate(key_parts) if keyed else None)
 
 
 class Batcher:

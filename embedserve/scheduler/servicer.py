@@ -29,6 +29,7 @@ from embedserve.engine.batch import Task
 from embedserve.calibration import Calibration
 from embedserve.errors import InvalidInput, Unavailable
 from embedserve.model.calibration_texts import TEXTS_ID
+from embedserve.model.multivector import expand_queries
 from embedserve.model.postprocess import (classification_probabilities, postprocess_embeddings,
                                           postprocess_scores, sparse_rows, token_vectors)
 from embedserve.model.quantize import RANGED_PRECISIONS, quantize
@@ -208,8 +209,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         tokens = self._decode(request.tokens, "multivector", "tokens")
         spec = self._info.multivector
         assert spec is not None, "a multi-vector model's info carries its spec"
+        key_lengths = None
+        if request.query and spec.expansion is not None:
+            # ColBERT query expansion: queries padded with the expansion token; unless it is
+            # attended, those positions are nobody's keys (engine/batch.py key_lengths).
+            tokens, key_lengths = expand_queries(tokens, spec.expansion)
+            validate.check_fits_model(tokens, self._info, "tokens")
         self._check_reply_size(tokens.num_tokens, self._info.dimension, [], inference_pb2.DTYPE_FLOAT32)
-        call, rows = await self._run(tokens, "multivector", context, request.priority)
+        call, rows = await self._run(tokens, "multivector", context, request.priority, key_lengths=key_lengths)
         counts, vectors = token_vectors(rows, tokens.token_ids, tokens.cu_seqlens, spec,
                                         self._info.normalize, "query" if request.query else "document")
         return inference_pb2.EmbedTokensResponse(
@@ -243,7 +250,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return tokens
 
     async def _run(self, tokens: RaggedBatch, task: Task, context: Context,
-                   wire_priority: int, token_states: bool = False) -> tuple[Call, np.ndarray]:
+                   wire_priority: int, token_states: bool = False,
+                   key_lengths: np.ndarray | None = None) -> tuple[Call, np.ndarray]:
         """Admit a call in its class's queue, wait for its rows; a caller who leaves marks
         it gone."""
         priority = wire.priority_from_proto(wire_priority)
@@ -254,7 +262,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining,
                     read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority,
-                    token_states=token_states)
+                    token_states=token_states, key_lengths=key_lengths)
         self._pool.admit(call)  # raises Overloaded at once when full
         try:
             rows = await call.future

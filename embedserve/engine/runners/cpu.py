@@ -30,12 +30,12 @@ from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.cpu_shapes import pad_to_bucket
 from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
-from embedserve.engine.modules.attention import ATTENTION_IMPLS
+from embedserve.engine.modules.attention import ATTENTION_IMPLS, key_limited
 from embedserve.engine.modules.forward import Model, forward_with_token_states, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.onednn import linears_all_native
 from embedserve.engine.token_rows import pooled_and_states, token_rows
-from embedserve.errors import ModelLoadError
+from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.model.info import ModelInfo
 
 # Chosen by measurement on CPU (BENCHMARKS.md, engine section).
@@ -109,7 +109,12 @@ class CpuRunner:
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
         kind = self._model.attention_kind
-        attend = self._attention(layout, causal=kind.causal, window=kind.window)
+        if batch.key_lengths is not None:       # ColBERT query expansion (model/multivector.py)
+            if not kind.is_full:
+                raise InvalidInput("key_lengths need a bidirectional encoder", field="key_lengths")
+            attend = key_limited(layout, torch.from_numpy(batch.key_lengths.astype(np.int64)))
+        else:
+            attend = self._attention(layout, causal=kind.causal, window=kind.window)
         return (self._model, token_ids, positions, types, layout.seq_ids_tensor, layout.lengths_tensor,
                 starts, attend, self._info.pooling)
 

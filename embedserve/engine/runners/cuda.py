@@ -255,6 +255,8 @@ class CudaRunner:
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
         try:
             check_batch(batch, self._info)
+            if batch.key_lengths is not None:
+                raise InvalidInput("key-limited attention (ColBERT query expansion) runs on the CPU only")
             if batch.token_states:
                 raise InvalidInput("token states (/embed_all for an embedding model) are computed on the "
                                    "CPU only so far; serve the model with --device cpu for them")
