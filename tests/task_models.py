@@ -89,11 +89,11 @@ MULTIVECTOR_PROMPTS = {"query": "[Q] ", "document": "[D] "}
 
 
 def build_multivector(directory: Path, tokenizer_dir: Path, seed: int = 0, out_features: int = 16,
-                      bias: bool = False) -> Path:
+                      bias: bool = False, query_expansion: dict | None = None) -> Path:
     """A random ``BertModel`` saved by sentence-transformers as a ``MultiVectorEncoder``
     folder: Transformer, a token-level Dense projection (hidden -> ``out_features``), a
     MultiVectorMask with the punctuation skiplist (PyLate's default) and Normalize, with
-    ``[Q] `` / ``[D] `` marker prompts."""
+    ``[Q] `` / ``[D] `` marker prompts; ``query_expansion`` set on the Transformer if given."""
     import string
 
     import torch
@@ -117,6 +117,8 @@ def build_multivector(directory: Path, tokenizer_dir: Path, seed: int = 0, out_f
                                         MultiVectorMask(skiplist_words=list(string.punctuation)),
                                         Normalize(module_input_name="token_embeddings")],
                                prompts=dict(MULTIVECTOR_PROMPTS), device="cpu")
+    if query_expansion is not None:
+        model[0].query_expansion = query_expansion
     model.save(str(directory))
     shutil.rmtree(backbone)
     return directory

@@ -94,9 +94,13 @@ def test_info_says_multivector(colbert_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("edit,message", [
-    (("sentence_bert_config.json", {"query_expansion": {"strategy": "fixed", "attend": False, "length": 32}}),
-     "query_expansion is not supported yet"),
-    (("sentence_bert_config.json", {"document_length": 180}), "document_length is not supported yet"),
+    (("sentence_bert_config.json", {"query_expansion": {"strategy": "fixed", "attend": False, "length": 600}}),
+     "query_expansion length 600 exceeds the model's 512 positions"),
+    (("sentence_bert_config.json", {"query_expansion": {"strategy": "fixed", "length": 32}, "query_length": 16}),
+     "query_length 16 is smaller than the expansion length 32"),
+    (("sentence_bert_config.json", {"query_expansion": {"strategy": "fixed", "length": 32, "token": "zzqx"}}),
+     "token 'zzqx' is not one token of the model's vocabulary"),
+    (("sentence_bert_config.json", {"document_length": 0}), "document_length must be a positive integer"),
     (("config_sentence_transformers.json", {"model_type": "ColBERT"}), "PyLate v3 ColBERT folder"),
 ])
 def test_what_is_not_served_fails_at_load_saying_why(tmp_path: Path, colbert_dir: Path, edit, message) -> None:
@@ -183,3 +187,83 @@ def test_bulk_embed_writes_a_list_of_token_vectors_per_row(tmp_path: Path, colbe
         assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999
     refused = embed(tmp_path / "out.npy")
     assert refused.returncode == 2 and "Parquet list columns" in refused.stderr
+
+
+def _edited(tmp_path: Path, colbert_dir: Path, **fields) -> Path:
+    """``colbert_dir`` with ``fields`` set in its Transformer's sentence_bert_config.json."""
+    directory = tmp_path / "edited"
+    shutil.copytree(colbert_dir, directory)
+    path = directory / "sentence_bert_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return directory
+
+
+# Longer than the expansion length below: "fixed" cuts it, "min" keeps it whole.
+LONG_QUERY = "what is the tallest tower in paris and when was it built by whom and why"
+
+
+@pytest.mark.parametrize("strategy,attend", [("fixed", False), ("fixed", True), ("min", False)])
+def test_query_expansion_equals_multivector_encoder(tmp_path: Path, colbert_dir: Path, strategy: str,
+                                                    attend: bool) -> None:
+    """Queries padded with [MASK] to the expansion length: the same token count (all the
+    expansion positions scored) and per-token cosine >= 0.99999, whether the encoder
+    attends to those positions or (classic ColBERT) not; "fixed" also caps queries at the
+    length, "min" lets a long one through; documents are unchanged."""
+    from sentence_transformers import MultiVectorEncoder
+
+    from embedserve.model.multivector import expand_queries
+
+    directory = _edited(tmp_path, colbert_dir, query_expansion={"strategy": strategy, "attend": attend,
+                                                                "length": 16})
+    reference = MultiVectorEncoder(str(directory), device="cpu")
+    info = read_model_info(directory)
+    spec = info.multivector
+    assert spec is not None and spec.expansion is not None and spec.expansion.token_id == 103   # [MASK]
+    limit = spec.input_limit("query", info.max_positions)
+    assert limit == (16 if strategy == "fixed" else 512)
+    texts = [*QUERIES, LONG_QUERY]
+    ids = [reference.tokenizer(MULTIVECTOR_PROMPTS["query"] + t, truncation=True, max_length=limit)["input_ids"]
+           for t in texts]
+    expanded, keys = expand_queries(Batch.from_sequences(ids, "multivector"), spec.expansion)
+    assert (keys is None) == attend
+    doc_batch = Batch.from_sequences(
+        [reference.tokenizer(MULTIVECTOR_PROMPTS["document"] + t)["input_ids"] for t in DOCS], "multivector")
+    with Engine.load(directory) as engine:
+        rows = engine.step(Batch.of(expanded, "multivector", key_lengths=keys)).wait()
+        documents = engine.step(doc_batch).wait()
+    counts, vectors = token_vectors(rows, expanded.token_ids, expanded.cu_seqlens, spec, info.normalize, "query")
+    ends = np.cumsum(counts)
+    ours = [vectors[a:b] for a, b in zip(ends - counts, ends, strict=True)]
+    expected = [e.numpy() for e in reference.encode_query(texts)]
+    for text, mine, theirs in zip(texts, ours, expected, strict=True):
+        assert mine.shape == theirs.shape, text
+        cosine = (mine * theirs).sum(-1) / (np.linalg.norm(mine, axis=-1) * np.linalg.norm(theirs, axis=-1))
+        assert cosine.min() >= 0.99999, (text, cosine.min())
+    assert [len(v) for v in ours[:2]] == [16, 16]
+    assert len(ours[2]) == (16 if strategy == "fixed" else len(ids[2]))
+    counts, vectors = token_vectors(documents, doc_batch.token_ids, doc_batch.cu_seqlens, spec, info.normalize,
+                                    "document")
+    assert counts.tolist() == [len(e) for e in reference.encode_document(DOCS)]
+
+
+def test_bulk_queries_are_expanded(tmp_path: Path, colbert_dir: Path) -> None:
+    """The bulk embedder's query side (``--input-type query``) expands queries as a
+    replica does: MultiVectorEncoder's encode_query, a long query cut at the length."""
+    from sentence_transformers import MultiVectorEncoder
+
+    from embedserve.local.embedder import LocalEmbedder
+    from embedserve.local.options import EmbedOptions
+
+    directory = _edited(tmp_path, colbert_dir, query_expansion={"strategy": "fixed", "length": 16})
+    texts = [*QUERIES, LONG_QUERY]
+    expected = [e.numpy() for e in MultiVectorEncoder(str(directory), device="cpu").encode_query(texts)]
+    embedder = LocalEmbedder(directory, EmbedOptions(input_type="query", long_inputs="truncate"), dtype="float32")
+    try:
+        part = embedder.embed(texts)
+    finally:
+        embedder.engine.close()
+    assert part.token_vectors is not None and part.token_vectors.counts.tolist() == [16, 16, 16]
+    ends = np.cumsum(part.token_vectors.counts)
+    for (a, b), theirs in zip(zip(ends - 16, ends, strict=True), expected, strict=True):
+        mine = part.token_vectors.vectors[a:b]
+        assert ((mine * theirs).sum(-1) / np.linalg.norm(theirs, axis=-1)).min() >= 0.99999

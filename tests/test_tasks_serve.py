@@ -52,7 +52,9 @@ def reranker_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def colbert_dir(tmp_path_factory, minilm_dir) -> Path:
-    return build_multivector(tmp_path_factory.mktemp("colbert") / "colbert", minilm_dir, seed=6)
+    # Classic ColBERT query expansion: queries padded with [MASK] to 24 tokens, not attended to.
+    return build_multivector(tmp_path_factory.mktemp("colbert") / "colbert", minilm_dir, seed=6,
+                             query_expansion={"strategy": "fixed", "attend": False, "length": 24})
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +264,7 @@ def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) ->
     query = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": QUERY, "input_type": "query"},
                        timeout=TIMEOUT_S)
     _assert_same_token_vectors(query.json(), queries)
+    assert len(query.json()[0]) == 24   # the query expansion's length: [MASK] positions scored too
     expected = model.similarity(queries, documents).numpy()[0]
     tei = httpx.post(f"{url}/rerank", json={"model": "colbert", "query": QUERY, "texts": DOCS},
                      timeout=TIMEOUT_S).json()
@@ -278,6 +281,21 @@ def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) ->
                                rtol=1e-5, atol=1e-5)
 
 
+def test_multivector_query_longer_than_the_expansion_length(url: str, colbert_reference) -> None:
+    """A fixed expansion caps queries at its length: over it, a 413 unless truncate is
+    asked; truncated, the query's vectors equal MultiVectorEncoder's (which cuts it)."""
+    model = colbert_reference[0]
+    long_query = " ".join(["paris"] * 40)
+    refused = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": long_query, "input_type": "query"},
+                         timeout=TIMEOUT_S)
+    assert refused.status_code == 413, refused.text
+    cut = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": long_query, "input_type": "query",
+                                               "truncate": True}, timeout=TIMEOUT_S)
+    assert cut.status_code == 200, cut.text
+    _assert_same_token_vectors(cut.json(), [e.numpy() for e in model.encode_query([long_query])])
+    assert len(cut.json()[0]) == 24
+
+
 def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> None:
     as_embedder = httpx.post(f"{url}/embed", json={"model": "colbert", "inputs": "x"}, timeout=TIMEOUT_S)
     assert as_embedder.status_code == 400 and "task `multivector`" in as_embedder.json()["error"]["message"]
@@ -286,7 +304,7 @@ def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> No
     classifier_tokens = httpx.post(f"{url}/embed_all", json={"model": "clf", "inputs": "x"}, timeout=TIMEOUT_S)
     assert classifier_tokens.status_code == 400
     assert classifier_tokens.json()["error"]["message"].startswith(
-        "this route needs a multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
+        "this route needs an embedding or multi-vector (ColBERT) model; the model `clf` is a sequence classifier "
         "(task `classify`) and cannot return token vectors")
     chunked = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": "x", "truncate": "chunk"},
                          timeout=TIMEOUT_S)

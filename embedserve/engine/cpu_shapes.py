@@ -60,4 +60,7 @@ def pad_to_bucket(batch: Batch, max_length: int) -> Batch:
                                  batch.cu_seqlens[-1] + np.cumsum(pad_lengths, dtype=batch.cu_seqlens.dtype)])
     token_type_ids = (None if batch.token_type_ids is None else
                       np.concatenate([batch.token_type_ids, np.zeros(missing, batch.token_type_ids.dtype)]))
-    return Batch(token_ids, cu_seqlens, token_type_ids, task=batch.task)
+    key_lengths = (None if batch.key_lengths is None else
+                   np.concatenate([batch.key_lengths, pad_lengths.astype(batch.key_lengths.dtype)]))
+    return Batch(token_ids, cu_seqlens, token_type_ids, task=batch.task, token_states=batch.token_states,
+                 key_lengths=key_lengths)

@@ -185,21 +185,23 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
 
     async def _embed_tokens(self, message: embeddings_pb2.EmbedTokensTextRequest,
                             call: Request) -> embeddings_pb2.EmbedTokensTextResponse:
-        gateway, model = self._models().route(message.model or None, "multivector")
+        gateway, model = self._models().route(message.model or None, "tokens")
         inputs = list(message.inputs)
         if not inputs:
             raise errors.InvalidInput("inputs must not be empty", field="inputs")
         gateway.check_count(len(inputs), "inputs")
         policy = gateway.preprocessor.long_input_policy(message.truncate or None, None, None)
         multivector_outputs.check_multivector_policy(policy)
-        input_type = "query" if message.input_type == embeddings_pb2.INPUT_TYPE_QUERY else "document"
+        input_type = {embeddings_pb2.INPUT_TYPE_QUERY: "query",
+                      embeddings_pb2.INPUT_TYPE_DOCUMENT: "document"}.get(message.input_type)
         rows, packed = await multivector_outputs.token_vectors(
             gateway, call, inputs, input_type, None, policy, "inputs", _route("EmbedTokens"))
         tokens = packed.num_tokens
         return embeddings_pb2.EmbedTokensTextResponse(
             inputs=[embeddings_pb2.TokenVectors(rows=row.shape[0], values=row.reshape(-1).tolist())
                     for row in rows],
-            dimension=gateway.model.dimension, model=model,
+            # an embedder's token states are hidden-size wide, whatever its pooled dimension
+            dimension=rows[0].shape[1] if rows else gateway.model.dimension, model=model,
             usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
 
     async def _tokenize(self, message: embeddings_pb2.TokenizeRequest,

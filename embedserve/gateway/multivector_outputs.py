@@ -24,7 +24,7 @@ from embedserve.ragged import RaggedBatch
 
 def check_multivector_policy(policy: LongInputPolicy) -> None:
     if policy.mode == "chunk":
-        raise InvalidInput("truncate='chunk' is not available for a multi-vector model; send "
+        raise InvalidInput("truncate='chunk' is not available for token vectors; send "
                            "truncate=true or shorter inputs", field="truncate")
 
 
@@ -41,14 +41,27 @@ def split_tokens(counts: np.ndarray, vectors: np.ndarray) -> list[np.ndarray]:
     return [vectors[a:b] for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True)]
 
 
-async def token_vectors(gateway: Gateway, request: Request, texts: list[str], input_type: str,
+async def token_vectors(gateway: Gateway, request: Request, texts: list[str], input_type: str | None,
                         prompt_name: str | None, policy: LongInputPolicy, field: str,
                         route: str) -> tuple[list[np.ndarray], RaggedBatch]:
-    """Each text's token vectors, marked as ``input_type``; and the packed tokens."""
-    prompt = marker_prompt(gateway.model, input_type, prompt_name)
+    """Each text's token vectors and the packed tokens. A multi-vector model's are marked as
+    ``input_type`` (None: a document); an embedding model's are its last hidden states, with
+    the prompt its /embed would put first (``prompt_name``, else its default prompt)."""
+    limit = None
+    if gateway.task == "embed":
+        if input_type is not None:
+            raise InvalidInput(f"input_type applies to a multi-vector model; `{gateway.model_id}` is an "
+                               "embedding model (send prompt_name for one of its prompts)", field="input_type")
+        prompt = gateway.model.prompt(prompt_name, "prompt_name")
+    else:
+        input_type = input_type or "document"
+        prompt = marker_prompt(gateway.model, input_type, prompt_name)
+        spec = gateway.model.multivector
+        if spec is not None:   # query_length / document_length / a fixed query expansion's length
+            limit = spec.input_limit(input_type, gateway.model.max_positions)
     packed = await timed(request, "tokenize", gateway.preprocessor.encode_texts(
         texts, prompt, policy.mode == "truncate", policy.direction, field,
-        check_length=policy.mode == "refuse"))
+        check_length=policy.mode == "refuse", max_length=limit))
     counts, vectors = await gateway.embed_tokens(request, packed, input_type == "query", route)
     return split_tokens(counts, vectors), packed
 

@@ -82,11 +82,13 @@ class Preprocessor:
 
     async def encode_texts(self, texts: Sequence[str], prompt: str, truncate: bool,
                            direction: str, field: str, return_offsets: bool = False,
-                           add_special_tokens: bool = True, check_length: bool = True) -> EncodedBatch:
-        """Tokenize ``prompt + text`` for each text; an EncodedBatch within limits."""
+                           add_special_tokens: bool = True, check_length: bool = True,
+                           max_length: int | None = None) -> EncodedBatch:
+        """Tokenize ``prompt + text`` for each text; an EncodedBatch within limits (the model's
+        window, or ``max_length`` when given: a multi-vector model's per-task length)."""
         check_texts(texts, field)
         prompted = [prompt + t for t in texts] if prompt else list(texts)
-        limit = self.model.max_positions
+        limit = max_length or self.model.max_positions
         encoded = await self._run(sum(map(len, prompted)), self.tokenizer.encode_batch, prompted,
                                   max_length=limit if truncate else None,
                                   truncation=direction.lower() if truncate else None,

@@ -58,10 +58,10 @@ class EmbedAllRequest(_Request):
     truncate: Truncate = Field(None, description=_TRUNCATE_DOC)
     truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
     prompt_name: StrictStr | None = None
-    input_type: Literal["query", "document"] = Field(
-        "document", description="embedserve extension: encode as queries (the model's query marker, "
-        "no skiplist) or documents (its document marker and skiplist), as MultiVectorEncoder's "
-        "encode_query / encode_document do.")
+    input_type: Literal["query", "document"] | None = Field(
+        None, description="embedserve extension, for a multi-vector model: encode as queries (the model's "
+        "query marker, no skiplist) or documents (the default: its document marker and skiplist), as "
+        "MultiVectorEncoder's encode_query / encode_document do. Refused for an embedding model.")
 
 
 class SparseValue(BaseModel):

@@ -122,7 +122,11 @@ class LocalEmbedder:
     # ---- CPU side -------------------------------------------------------------
     def prepare(self, texts: list[str]) -> PreparedPart:
         """Tokenize ``texts`` (valid, non-empty strings), apply the long-input policy, plan batches."""
-        out = encode_texts(self.tokenizer, texts, self.prompt, self.info.max_positions,
+        spec = self.info.multivector
+        # a multi-vector model's query_length / document_length / fixed expansion length
+        limit = (self.info.max_positions if spec is None
+                 else spec.input_limit(self.multivector_task, self.info.max_positions))
+        out = encode_texts(self.tokenizer, texts, self.prompt, limit,
                            self.options.long_inputs, self.options.chunk_overlap)
         batches = plan_batches(out.sequences.lengths, self.token_budget, self.options.max_sequences,
                                self.options.window)
@@ -203,6 +207,10 @@ class LocalEmbedder:
         for batch_rows in part.batches:
             ids, lengths = take(sequences, batch_rows)
             batch = Batch.from_lengths(ids, lengths, "multivector")
+            if self.multivector_task == "query" and spec.expansion is not None:
+                # ColBERT query expansion, as a replica's EmbedTokens does it
+                expanded, keys = multivector.expand_queries(batch, spec.expansion)
+                batch = Batch.of(expanded, "multivector", key_lengths=keys)
             pending.append((batch_rows, batch, self.engine.step(batch)))
             if len(pending) >= IN_FLIGHT_STEPS:
                 finish(*pending.popleft())

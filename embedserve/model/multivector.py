@@ -17,9 +17,15 @@ need beyond an embedder's metadata:
   (documents by default);
 - ``similarity_fn_name`` ``maxsim`` (the default) or ``meanmaxsim``, and ``truncate_dim``.
 
-Refused at load, with the reason: query expansion (``query_expansion`` in
-``sentence_bert_config.json``, and PyLate v3 ``"model_type": "ColBERT"`` folders, which
-imply it), per-task lengths (``query_length``, ``document_length``),
+- the Transformer's ``query_length`` / ``document_length`` (per-task input caps) and its
+  ``query_expansion`` (classic ColBERT): a query shorter than the expansion ``length`` is
+  padded to it with the expansion token (``token``, else the tokenizer's mask token, else
+  its EOS), and ``"fixed"`` also caps queries at ``length``. With ``attend`` false (the
+  default) the padding positions are not attended to as keys, but each still gets an
+  output vector (``expand_queries``: the engine attends over each query's real tokens only).
+
+Refused at load, with the reason: PyLate v3 ``"model_type": "ColBERT"`` folders (their
+legacy layout: prefixes and skiplist in the config, no MultiVectorMask module),
 ``keep_only_token_ids``, token pooling and any module other than Transformer, Dense,
 MultiVectorMask and Normalize.
 """
@@ -31,7 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from embedserve import ragged
 from embedserve.errors import InvalidInput, ModelLoadError
+from embedserve.ragged import RaggedBatch
 
 SIMILARITIES = ("maxsim", "meanmaxsim")
 INPUT_TYPES = ("query", "document")
@@ -41,16 +51,66 @@ _DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 _MODULES = ("Transformer", "Dense", "MultiVectorMask", "Normalize")
 
 
+_EXPANSION_STRATEGIES = ("fixed", "min")
+
+
+@dataclass(frozen=True)
+class QueryExpansion:
+    """The Transformer's ``query_expansion``, with its token resolved to an id."""
+
+    strategy: str          # "fixed" (pad to and cap at length) or "min" (pad to length)
+    length: int
+    attend: bool           # whether the encoder attends to the expansion positions as keys
+    token_id: int
+
+
 @dataclass(frozen=True)
 class MultiVectorSpec:
     skiplist_ids: tuple[int, ...] = ()
     skiplist_tasks: tuple[str, ...] = ("document",)
     similarity: str = "maxsim"
     truncate_dim: int | None = None
+    expansion: QueryExpansion | None = None
+    query_length: int | None = None
+    document_length: int | None = None
 
     def skips(self, task: str) -> bool:
         """Whether ``task`` ("query" or "document") drops the skiplist's tokens."""
         return bool(self.skiplist_ids) and task in self.skiplist_tasks
+
+    def input_limit(self, task: str, window: int) -> int:
+        """The most tokens (specials included) an input of ``task`` may have, as the
+        Transformer's preprocess caps it: a fixed expansion's length for queries, else
+        ``query_length`` (raised to a "min" expansion's length) / ``document_length``, and
+        never more than the model's window."""
+        if task == "query":
+            if self.expansion is not None and self.expansion.strategy == "fixed":
+                return min(self.expansion.length, window)
+            cap = self.query_length
+            if cap is not None and self.expansion is not None:
+                cap = max(cap, self.expansion.length)
+        else:
+            cap = self.document_length
+        return window if cap is None else min(cap, window)
+
+
+def expand_queries(tokens: RaggedBatch, expansion: QueryExpansion) -> tuple[RaggedBatch, np.ndarray | None]:
+    """Each query padded with the expansion token up to ``expansion.length`` (longer ones
+    unchanged), as the Transformer's preprocess does; and the tokens each may attend to as
+    keys (its own length), or None where the expansion is attended (``attend``)."""
+    lengths = tokens.lengths.astype(np.int64)
+    expanded = np.maximum(lengths, expansion.length)
+    cu = ragged.cu_seqlens_from_lengths(expanded)
+    ids = np.full(int(cu[-1]), expansion.token_id, dtype=tokens.token_ids.dtype)
+    offsets = np.repeat(cu[:-1] - tokens.cu_seqlens[:-1].astype(np.int64), lengths)
+    at = np.arange(tokens.num_tokens, dtype=np.int64) + offsets      # where each real token goes
+    ids[at] = tokens.token_ids
+    types = None
+    if tokens.token_type_ids is not None:
+        types = np.zeros(ids.shape[0], dtype=tokens.token_type_ids.dtype)
+        types[at] = tokens.token_type_ids
+    out = ragged.from_lengths(ids, expanded, types)
+    return out, None if expansion.attend else lengths.astype(np.int32)
 
 
 def marker_prompt(prompts: dict[str, str], input_type: str) -> str:
@@ -90,17 +150,14 @@ def read_multivector(model_dir: Path) -> MultiVectorSpec:
     st_config = _json(st_path) if st_path.exists() else {}
     if st_config.get("model_type") == "ColBERT":
         raise ModelLoadError(f"{model_dir}: a PyLate v3 ColBERT folder (model_type ColBERT) is not "
-                             "supported yet: its queries use query expansion; load it with "
-                             "sentence-transformers' MultiVectorEncoder and save it again without it")
+                             "supported yet (its legacy layout); load it with sentence-transformers' "
+                             "MultiVectorEncoder and save it again")
     bert_config_path = model_dir / "sentence_bert_config.json"
     bert_config = _json(bert_config_path) if bert_config_path.exists() else {}
-    if bert_config.get("query_expansion") is not None:
-        raise ModelLoadError(f"{bert_config_path}: query_expansion is not supported yet (queries are "
-                             "encoded at their own length)")
-    for key in ("query_length", "document_length"):
-        if bert_config.get(key) is not None:
-            raise ModelLoadError(f"{bert_config_path}: {key} is not supported yet (inputs are cut "
-                                 "at the model's window only)")
+    lengths = {key: _positive(bert_config.get(key), f"{bert_config_path}: {key}")
+               for key in ("query_length", "document_length")}
+    expansion = _expansion(model_dir, bert_config.get("query_expansion"), lengths["query_length"],
+                           f"{bert_config_path}: query_expansion")
     mask: dict[str, Any] = {}
     modules = _json(model_dir / "modules.json") if (model_dir / "modules.json").exists() else []
     for module in modules:
@@ -124,7 +181,59 @@ def read_multivector(model_dir: Path) -> MultiVectorSpec:
     return MultiVectorSpec(
         skiplist_ids=skiplist_ids(model_dir, list(mask.get("skiplist_words") or [])),
         skiplist_tasks=tuple(str(t) for t in (tasks if tasks is not None else ["document"])),
-        similarity=similarity, truncate_dim=int(truncate_dim) if truncate_dim else None)
+        similarity=similarity, truncate_dim=int(truncate_dim) if truncate_dim else None,
+        expansion=expansion, **lengths)
+
+
+def _positive(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelLoadError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) -> QueryExpansion | None:
+    """``query_expansion`` as sentence-transformers validates it, its token as an id."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or raw.get("strategy") not in _EXPANSION_STRATEGIES:
+        raise ModelLoadError(f"{where}: strategy must be one of {', '.join(_EXPANSION_STRATEGIES)}, got {raw!r}")
+    unknown = set(raw) - {"strategy", "attend", "token", "length"}
+    if unknown:
+        raise ModelLoadError(f"{where}: unknown keys {sorted(unknown)}")
+    length = _positive(raw.get("length"), f"{where} length")
+    if length is None:
+        raise ModelLoadError(f"{where}: length is required (the pad target; classic ColBERT uses 32)")
+    attend = raw.get("attend", False)
+    if not isinstance(attend, bool):
+        raise ModelLoadError(f"{where}: attend must be true or false, got {attend!r}")
+    if query_length is not None and query_length < length:
+        raise ModelLoadError(f"{where}: query_length {query_length} is smaller than the expansion length {length}")
+    token = raw.get("token")
+    token_id = _expansion_token_id(model_dir, token)
+    if token_id is None:
+        raise ModelLoadError(f"{where}: token {token!r} is not one token of the model's vocabulary"
+                             if token is not None else f"{where}: the tokenizer has no mask or EOS token "
+                             "to expand queries with; set query_expansion's token")
+    return QueryExpansion(strategy=str(raw["strategy"]), length=length, attend=attend, token_id=token_id)
+
+
+def _expansion_token_id(model_dir: Path, token: str | None) -> int | None:
+    """``token``'s id; without one, the tokenizer's mask token's, else its EOS token's
+    (sentence-transformers' fallback: [MASK] for encoders, EOS for decoders)."""
+    if token is not None:
+        return _token_ids(model_dir).get(token)
+    config_path = model_dir / "tokenizer_config.json"
+    config = _json(config_path) if config_path.exists() else {}
+    ids = _token_ids(model_dir)
+    for key in ("mask_token", "eos_token"):
+        name = config.get(key)
+        if isinstance(name, dict):          # an AddedToken saved as a dict
+            name = name.get("content")
+        if isinstance(name, str) and name in ids:
+            return ids[name]
+    return None
 
 
 def skiplist_ids(model_dir: Path, words: list[str]) -> tuple[int, ...]:
@@ -132,14 +241,21 @@ def skiplist_ids(model_dir: Path, words: list[str]) -> tuple[int, ...]:
     a word that is not one vocabulary token (nor the unknown token itself) is dropped."""
     if not words:
         return ()
+    ids = _token_ids(model_dir)
+    return tuple(sorted({int(ids[word]) for word in words if word in ids}))
+
+
+def _token_ids(model_dir: Path) -> dict[str, int]:
+    """tokenizer.json's vocabulary and added tokens: token -> id."""
     path = model_dir / "tokenizer.json"
     if not path.exists():
-        raise ModelLoadError(f"{model_dir}: a skiplist needs tokenizer.json to find its token ids")
+        raise ModelLoadError(f"{model_dir}: a skiplist or query expansion needs tokenizer.json to find "
+                             "its token ids")
     tokenizer = _json(path)
     model = tokenizer.get("model") or {}
     vocab = model.get("vocab") or {}
     if isinstance(vocab, list):          # Unigram: [[piece, score], ...]
         vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    ids = dict(vocab)
+    ids = {str(k): int(v) for k, v in dict(vocab).items()}
     ids.update({t["content"]: int(t["id"]) for t in tokenizer.get("added_tokens") or []})
-    return tuple(sorted({int(ids[word]) for word in words if word in ids}))
+    return ids

@@ -34,16 +34,19 @@ TASKS = ("embed", "score", "classify", "sparse", "multivector")
 # How a task's model is named in messages.
 TASK_NAMES = {"embed": "an embedding model", "score": "a reranker (cross-encoder)",
               "classify": "a sequence classifier", "sparse": "a sparse (SPLADE) embedding model",
-              "multivector": "a multi-vector (ColBERT) model"}
+              "multivector": "a multi-vector (ColBERT) model",
+              # /embed_all's: token vectors, from a multi-vector model or an embedder's token states
+              "tokens": "an embedding or multi-vector (ColBERT) model"}
 # The verb a refusal uses for a route's task.
 TASK_VERBS = {"embed": "embed", "score": "rerank", "classify": "classify", "sparse": "embed sparse",
-              "multivector": "return token vectors"}
+              "multivector": "return token vectors", "tokens": "return token vectors"}
 # What each task's model returns, for /info ("output kinds").
 TASK_OUTPUTS = {"embed": ["dense_vector"], "score": ["score"], "classify": ["label_probabilities"],
                 "sparse": ["sparse_vector"], "multivector": ["token_vectors", "maxsim_score"]}
 # The routes' tasks a model of each task also answers: a multi-vector model reranks by
-# MaxSim (routes that do "score" take it too).
-ALSO_ANSWERS = {"multivector": ("score",)}
+# MaxSim (routes that do "score" take it too); /embed_all ("tokens") returns a multi-vector
+# model's token vectors and an embedder's last hidden states, as TEI does.
+ALSO_ANSWERS = {"multivector": ("score", "tokens"), "embed": ("tokens",)}
 
 
 def answers(model_task: str, route_task: str) -> bool:

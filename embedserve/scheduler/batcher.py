@@ -50,6 +50,7 @@ import numpy as np
 
 from embedserve.engine.batch import Batch, Task
 from embedserve.engine.lazy import LazyTensor
+from embedserve.engine.token_rows import call_rows, is_token_state_step
 from embedserve.errors import DeviceLost
 from embedserve.link.wire import BATCH, INTERACTIVE
 from embedserve.model.info import ModelInfo
@@ -101,11 +102,16 @@ def group_runs(entries: list[SequenceEntry]) -> list[Run]:
 
 
 def assemble_batch(runs: list[Run], task: Task) -> Batch:
-    """One packed Batch from the runs' token slices, in batch order."""
+    """One packed Batch from the runs' token slices, in batch order. It returns token
+    states too when any of its calls asks for them (each call then takes its half:
+    engine/token_rows.call_rows)."""
+    token_states = any(run.call.token_states for run in runs)
+    keyed = any(run.call.key_lengths is not None for run in runs)
     if len(runs) == 1 and runs[0].first_index == 0 \
             and runs[0].count == runs[0].call.tokens.num_sequences:
-        return Batch.of(runs[0].call.tokens, task)  # one whole call: its arrays as they are
-    id_parts, type_parts, length_parts = [], [], []
+        # one whole call: its arrays as they are
+        return Batch.of(runs[0].call.tokens, task, token_states, runs[0].call.key_lengths)
+    id_parts, type_parts, length_parts, key_parts = [], [], [], []
     any_types = any(run.call.tokens.token_type_ids is not None for run in runs)
     for run in runs:
         part = run.call.tokens.slice(run.first_index, run.first_index + run.count)
@@ -114,8 +120,13 @@ def assemble_batch(runs: list[Run], task: Task) -> Batch:
         if any_types:
             type_parts.append(part.token_type_ids if part.token_type_ids is not None
                               else np.zeros(part.num_tokens, dtype=np.int32))
+        if keyed:   # a sequence with no key limit attends to all of itself
+            keys = run.call.key_lengths
+            key_parts.append(part.lengths.astype(np.int32) if keys is None
+                             else keys[run.first_index:run.first_index + run.count])
     return Batch.from_lengths(np.concatenate(id_parts), np.concatenate(length_parts), task,
-                              np.concatenate(type_parts) if any_types else None)
+                              np.concatenate(type_parts) if any_types else None, token_states,
+                              np.concatenate(key_parts) if keyed else None)
 
 
 class Batcher:
@@ -316,6 +327,7 @@ class Batcher:
         wake_s = 0.0 if lazy.ready_at is None else min(compute_s, max(0.0, time.monotonic() - lazy.ready_at))
         self._metrics.step_seconds.observe(compute_s)
         step_tokens = -1
+        token_states = is_token_state_step(rows)
         for run in runs:
             if run.call.steps is not None:   # a traced call (docs/tracing.md)
                 if step_tokens < 0:
@@ -323,7 +335,10 @@ class Batcher:
                                       for r in runs)
                 run.call.steps.append((finished_at - compute_s, finished_at, expected, step_tokens,
                                        len(runs), run.count))
-            run.call.deliver(run.first_index, rows[run.row:run.row + run.count], compute_s, wake_s)
+            part = rows[run.row:run.row + run.count]
+            if token_states:   # each call takes the half it asked for
+                part = call_rows(part, run.call.token_states)
+            run.call.deliver(run.first_index, part, compute_s, wake_s)
 
     def _fail(self, runs: list[Run], error: Exception) -> None:
         log.error("engine step of %d calls failed", len(runs), exc_info=error)

@@ -40,8 +40,14 @@ class Call:
 
     def __init__(self, task: Task, tokens: RaggedBatch, arrival: float,
                  deadline: float | None = None, read_in_bulk: bool = False,
-                 priority: str = INTERACTIVE) -> None:
+                 priority: str = INTERACTIVE, token_states: bool = False,
+                 key_lengths: np.ndarray | None = None) -> None:
         self.task = task
+        # An embedding call that wants every token's last hidden state, not the pooled
+        # vector (TEI's /embed_all for an embedder): its step returns both (engine/token_rows.py).
+        self.token_states = token_states
+        # int32 [B]: keys each sequence attends to (ColBERT query expansion; engine/batch.py)
+        self.key_lengths = key_lengths
         self.priority = priority             # INTERACTIVE or BATCH (embedserve.link.wire)
         # Its transport reads every call that arrived while the loop was busy in one
         # turn (frames); gRPC hands them over about one per turn (batcher.py).

@@ -32,6 +32,7 @@ from embedserve.errors import InvalidInput, Unavailable
 from embedserve.link import wire
 from embedserve.link.status import error_metadata, grpc_status
 from embedserve.model.calibration_texts import TEXTS_ID
+from embedserve.model.multivector import expand_queries
 from embedserve.model.postprocess import (
     classification_probabilities,
     postprocess_embeddings,
@@ -220,15 +221,43 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def _embed_tokens(self, request: inference_pb2.EmbedTokensRequest,
                             context: Context) -> inference_pb2.EmbedTokensResponse:
+        if self._info.task == "embed":
+            return await self._embed_token_states(request, context)
         tokens = self._decode(request.tokens, "multivector", "tokens")
         spec = self._info.multivector
         assert spec is not None, "a multi-vector model's info carries its spec"
+        key_lengths = None
+        if request.query and spec.expansion is not None:
+            # ColBERT query expansion: queries padded with the expansion token; unless it is
+            # attended, those positions are nobody's keys (engine/batch.py key_lengths).
+            tokens, key_lengths = expand_queries(tokens, spec.expansion)
+            validate.check_fits_model(tokens, self._info, "tokens")
         self._check_reply_size(tokens.num_tokens, self._info.dimension, [], inference_pb2.DTYPE_FLOAT32)
-        call, rows = await self._run(tokens, "multivector", context, request.priority, request.trace)
+        call, rows = await self._run(tokens, "multivector", context, request.priority, request.trace,
+                                     key_lengths=key_lengths)
         counts, vectors = token_vectors(rows, tokens.token_ids, tokens.cu_seqlens, spec,
                                         self._info.normalize, "query" if request.query else "document")
         return inference_pb2.EmbedTokensResponse(
             counts=wire.array_to_tensor(counts, "int32"), vectors=wire.array_to_tensor(vectors, "float32"),
+            timings=self._timings(call), request_id=request.request_id)
+
+    async def _embed_token_states(self, request: inference_pb2.EmbedTokensRequest,
+                                  context: Context) -> inference_pb2.EmbedTokensResponse:
+        """An embedding model's EmbedTokens: every token's last hidden state, specials
+        included, with no pooling, normalization or Dense (TEI's /embed_all). Its step
+        computes them for this call only; the other calls in it get their pooled rows."""
+        tokens = self._decode(request.tokens, "embed", "tokens")
+        if self._info.device not in (None, "cpu"):
+            raise InvalidInput("token states (/embed_all for an embedding model) are computed on the CPU "
+                               "only so far; serve the model with --device cpu for them", field="tokens")
+        call, rows = await self._run(tokens, "embed", context, request.priority, request.trace,
+                                     token_states=True)
+        vectors = np.concatenate(list(rows), axis=0).astype(np.float32, copy=False)
+        # The width (hidden size) is known once computed: a Dense may make it differ from dimension.
+        self._check_reply_size(vectors.shape[0], vectors.shape[1], [], inference_pb2.DTYPE_FLOAT32)
+        return inference_pb2.EmbedTokensResponse(
+            counts=wire.array_to_tensor(tokens.lengths.astype(np.int32), "int32"),
+            vectors=wire.array_to_tensor(np.ascontiguousarray(vectors), "float32"),
             timings=self._timings(call), request_id=request.request_id)
 
     def _decode(self, packed: inference_pb2.PackedTokens, task: Task, field: str) -> RaggedBatch:
@@ -240,9 +269,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         return tokens
 
     async def _run(self, tokens: RaggedBatch, task: Task, context: Context, wire_priority: int,
-                   trace: inference_pb2.TraceContext) -> tuple[Call, np.ndarray]:
+                   trace: inference_pb2.TraceContext, token_states: bool = False,
+                   key_lengths: np.ndarray | None = None) -> tuple[Call, np.ndarray]:
         """Admit a call in its class's queue, wait for its rows; a caller who leaves marks
-        it gone. ``trace``: the caller's span, which a traced call's spans continue."""
+        it gone. ``trace``: the caller's span, which a traced call's spans continue;
+        ``token_states`` and ``key_lengths`` as ``Call`` takes them."""
         priority = wire.priority_from_proto(wire_priority)
         if not self.accepting:
             raise Unavailable("the scheduler is not serving (warming up or draining)")
@@ -250,7 +281,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         now = time.monotonic()
         call = Call(task, tokens, arrival=now,
                     deadline=None if remaining is None else now + remaining,
-                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority)
+                    read_in_bulk=getattr(context, "reads_calls_in_bulk", False), priority=priority,
+                    token_states=token_states, key_lengths=key_lengths)
         # Traced (docs/tracing.md): the call's span, its queue wait and the steps that served it.
         span = self._call_span(call, trace) if self._tracer is not None else None
         try:

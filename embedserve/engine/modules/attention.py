@@ -220,6 +220,28 @@ def block_diagonal(layout: PackedLayout, causal: bool = False, window: int | Non
     return block_diagonal_from_seq_ids(layout.seq_ids_tensor, causal, window)
 
 
+def key_limited(layout: PackedLayout, key_lengths: torch.Tensor) -> Attend:
+    """Bidirectional attention in which sequence ``i``'s tokens all attend to its first
+    ``key_lengths[i]`` tokens only: the tokens after them get outputs but are nobody's
+    keys, as a ColBERT query's expansion tokens with ``attention_mask`` 0 in transformers.
+    One SDPA per sequence (these are short queries, on the CPU)."""
+    bounds = list(zip(layout.starts, layout.ends, strict=True))
+    limits = key_lengths.tolist()
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kind: AttentionKind | None = None) -> torch.Tensor:
+        if kind is not None and not kind.is_full:
+            raise ValueError("key-limited attention is bidirectional only")
+        out = torch.empty_like(q)
+        for (start, end), keys in zip(bounds, limits, strict=True):
+            qs = q[start:end].transpose(0, 1).unsqueeze(0)
+            ks, vs = (t[start:start + keys].transpose(0, 1).unsqueeze(0) for t in (k, v))
+            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+        return out
+
+    return attend
+
+
 def per_sequence_sdpa(layout: PackedLayout, causal: bool = False, window: int | None = None) -> Attend:
     return per_sequence(layout, causal, window, native=False)
 

@@ -29,6 +29,23 @@ def pooled_forward(model: Model, token_ids: torch.Tensor, position_ids: torch.Te
     rows have length 0 and pool to zeros, and callers slice them off.
     """
     hidden = model(token_ids, position_ids, token_type_ids, attend)      # [T, hidden]
+    return pool_hidden(model, hidden, seq_ids, lengths, starts, pooling)
+
+
+def forward_with_token_states(model: Model, token_ids: torch.Tensor, position_ids: torch.Tensor,
+                              token_type_ids: torch.Tensor, seq_ids: torch.Tensor, lengths: torch.Tensor,
+                              starts: torch.Tensor, attend: Attend,
+                              pooling: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pooled_forward``'s rows and every token's last hidden state, float32 [T, hidden]:
+    the encoder's output before pooling, normalization or Dense, which is transformers'
+    ``last_hidden_state`` (TEI's ``/embed_all`` for an embedder). One encoder pass."""
+    hidden = model(token_ids, position_ids, token_type_ids, attend)      # [T, hidden]
+    return pool_hidden(model, hidden, seq_ids, lengths, starts, pooling), hidden.float()
+
+
+def pool_hidden(model: Model, hidden: torch.Tensor, seq_ids: torch.Tensor, lengths: torch.Tensor,
+                starts: torch.Tensor, pooling: str) -> torch.Tensor:
+    """The encoder's output [T, hidden] -> the step's rows, as ``pooled_forward`` says."""
     rows = lengths.shape[0]
     projection = getattr(model, "projection", None)
     if getattr(model.config, "task", "") == "multivector":

@@ -36,14 +36,14 @@ from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.cpu_shapes import pad_to_bucket
 from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL
 from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
-from embedserve.engine.modules.attention import ATTENTION_IMPLS
-from embedserve.engine.modules.forward import Model, pooled_forward
+from embedserve.engine.modules.attention import ATTENTION_IMPLS, key_limited
+from embedserve.engine.modules.forward import Model, forward_with_token_states, pooled_forward
 from embedserve.engine.modules.layout import build_layout
 from embedserve.engine.onednn import linears_all_native
 from embedserve.engine.runners.preemption import LayerPreemption
 from embedserve.engine.small_steps import SmallStepForward
-from embedserve.engine.token_rows import token_rows
-from embedserve.errors import ModelLoadError
+from embedserve.engine.token_rows import pooled_and_states, token_rows
+from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.model.info import ModelInfo
 
 # Chosen by measurement on CPU (BENCHMARKS.md, engine section).
@@ -106,11 +106,13 @@ class CpuRunner:
             padded = self._token_buckets and batch.num_tokens > self._exact_up_to
             run = pad_to_bucket(batch, self._info.max_positions) if padded else batch
             with torch.inference_mode():
-                out = self._forward(run)
-                if self._info.task == "multivector":
-                    out = token_rows(out, batch.cu_seqlens)      # one [L, dim] per sequence
+                if batch.token_states:
+                    pooled, states = self._forward_with_states(run)
+                    out = pooled_and_states(pooled, states, batch.cu_seqlens)
+                elif self._info.task == "multivector":
+                    out = token_rows(self._forward(run), batch.cu_seqlens)   # one [L, dim] per sequence
                 else:
-                    out = out[:batch.num_sequences]              # the padding's rows dropped
+                    out = self._forward(run)[:batch.num_sequences]           # the padding's rows dropped
         except BaseException:
             self._counts["failed_steps"] += 1
             raise
@@ -120,8 +122,17 @@ class CpuRunner:
         return out
 
     def _forward(self, batch: Batch) -> np.ndarray:
-        if self._small is not None and self._small.covers(batch):
+        if self._small is not None and self._small.covers(batch) and batch.key_lengths is None:
             return self._small.run(batch)
+        return pooled_forward(*self._inputs(batch)).numpy()
+
+    def _forward_with_states(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """The step's rows and every token's last hidden state, from one encoder pass."""
+        pooled, states = forward_with_token_states(*self._inputs(batch))
+        return pooled.numpy(), states.numpy()
+
+    def _inputs(self, batch: Batch) -> tuple:
+        """``batch`` as the forward functions' arguments."""
         layout = build_layout(batch.cu_seqlens)
         token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
         positions = torch.from_numpy(layout.offsets + self._model.config.position_offset)
@@ -129,10 +140,14 @@ class CpuRunner:
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         starts = torch.from_numpy(batch.cu_seqlens[:-1].astype(np.int64))
         kind = self._model.attention_kind
-        attend = self._attention(layout, causal=kind.causal, window=kind.window)
-        out = pooled_forward(self._model, token_ids, positions, types, layout.seq_ids_tensor,
-                             layout.lengths_tensor, starts, attend, self._info.pooling)
-        return out.numpy()
+        if batch.key_lengths is not None:       # ColBERT query expansion (model/multivector.py)
+            if not kind.is_full:
+                raise InvalidInput("key_lengths need a bidirectional encoder", field="key_lengths")
+            attend = key_limited(layout, torch.from_numpy(batch.key_lengths.astype(np.int64)))
+        else:
+            attend = self._attention(layout, causal=kind.causal, window=kind.window)
+        return (self._model, token_ids, positions, types, layout.seq_ids_tensor, layout.lengths_tensor,
+                starts, attend, self._info.pooling)
 
     def stats(self) -> dict[str, float]:
         # The same keys as the CUDA runner's, so metrics code needs no device check.

@@ -48,7 +48,7 @@ from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules import varlen_attention
 from embedserve.engine.modules.attention import AttentionKind
 from embedserve.engine.modules.forward import Model
-from embedserve.errors import DeviceLost
+from embedserve.errors import DeviceLost, InvalidInput
 from embedserve.model.cuda_options import ATTENTION_CHOICES, CudaOptions
 from embedserve.model.info import ModelInfo
 from embedserve.model.modernbert_config import LOCAL
@@ -260,6 +260,11 @@ class CudaRunner:
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
         try:
             check_batch(batch, self._info)
+            if batch.key_lengths is not None:
+                raise InvalidInput("key-limited attention (ColBERT query expansion) runs on the CPU only")
+            if batch.token_states:
+                raise InvalidInput("token states (/embed_all for an embedding model) are computed on the "
+                                   "CPU only so far; serve the model with --device cpu for them")
             if self._lost is not None:
                 raise DeviceLost(self._lost)
             self._engine_thread.submit(self._issue, batch, future)

@@ -6,9 +6,10 @@ sentence-transformers' ``MultiVectorEncoder`` returns them (docs/tasks.md). TEI'
 shape: a list per input of token vectors. ``input_type`` (an embedserve extension:
 "document", the default, or "query") chooses the marker prompt and whether the skiplist
 applies, as ``encode_document`` / ``encode_query`` do; ``prompt_name`` names another
-prompt. Only multi-vector models answer it: for a plain embedder TEI returns its raw
-token states, which this server does not compute (a replica steps one task; docs/tasks.md).
-Reranking by MaxSim is routes/rerank.py's.
+prompt. An embedding model answers it as TEI does: every token's last hidden state,
+special tokens included, with no pooling, normalization or Dense (the replica's step
+computes them only when a call asks: engine/token_rows.py). Reranking by MaxSim is
+routes/rerank.py's.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ router = APIRouter()
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], tags=["TEI"],
-             summary="Token vectors of a multi-vector model (text-embeddings-inference-compatible)")
+             summary="Token vectors of a multi-vector model, or an embedder's last hidden states "
+                     "(text-embeddings-inference-compatible)")
 async def embed_all(body: EmbedAllRequest, request: Request) -> Response:
-    gateway, _ = request.app.state.router.route(body.model, "multivector")
+    gateway, _ = request.app.state.router.route(body.model, "tokens")
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction, None)
     check_multivector_policy(policy)
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)

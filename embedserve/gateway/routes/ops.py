@@ -28,7 +28,7 @@ from embedserve.model.tasks import TASK_OUTPUTS
 MODEL_TYPES = {"embed": "embedding", "score": "reranker", "classify": "classifier", "sparse": "sparse",
                "multivector": "multi_vector"}
 # The routes each task's model answers (gateway/routing.py refuses the others with a 400).
-TASK_ROUTES = {"embed": ["/v1/embeddings", "/embed"], "score": ["/rerank", "/v1/rerank"],
+TASK_ROUTES = {"embed": ["/v1/embeddings", "/embed", "/embed_all"], "score": ["/rerank", "/v1/rerank"],
                "classify": ["/predict", "/classify"],
                "sparse": ["/embed_sparse", "/v1/embeddings (\"sparse\": true)"],
                "multivector": ["/embed_all", "/rerank", "/v1/rerank"]}
