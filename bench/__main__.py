@@ -18,6 +18,7 @@ BENCHMARKS = {
     "engine_profile": "bench.engine_profile",
     "modernbert": "bench.modernbert_bench",
     "mpnet": "bench.mpnet_bench",
+    "llm_reranker": "bench.llm_reranker_bench",
     "decoder": "bench.decoder_bench",
     "gateway": "bench.gateway_bench",
     "gateway_memory": "bench.gateway_memory",

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from bench.mixed_lengths import best_cpu_seconds, mixed_texts, speedup_table
 
 
 def build(directory: Path, layers: int) -> None:
@@ -80,21 +81,6 @@ def build(directory: Path, layers: int) -> None:
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 384}))
 
 
-def mixed_texts(count: int, rng: np.random.Generator) -> list[str]:
-    from pydoc_data.topics import topics
-
-    words = " ".join(topics.values()).split()
-    lengths = np.exp(rng.uniform(np.log(4), np.log(300), count)).astype(int)
-    starts = rng.integers(0, len(words) - 400, count)
-    return [" ".join(words[s:s + n]) for s, n in zip(starts, lengths)]
-
-
-def cpu_seconds(call) -> float:
-    started = time.process_time()
-    call()
-    return time.process_time() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -130,13 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                 return st.encode(texts, batch_size=32, convert_to_numpy=True)
 
             cosine = float((ours() * theirs()).sum(1).min())                        # warm-up, and a check
-            engine_s = min(cpu_seconds(ours) for _ in range(args.repeats))
-            reference_s = min(cpu_seconds(theirs) for _ in range(args.repeats))
+            engine_s = best_cpu_seconds(ours, args.repeats)
+            reference_s = best_cpu_seconds(theirs, args.repeats)
         print(f"MPNet (all-mpnet-base-v2 widths, {args.layers} layers, random weights), 32 mixed texts "
               f"({tokens} tokens), 1 thread, CPU seconds per batch (best of {args.repeats}); "
               f"min cosine vs sentence-transformers {cosine:.6f}")
-        print("| scenario | tokens | embedserve tok/s | sentence-transformers tok/s | speed-up |")
-        print("|---|---|---|---|---|")
-        print(f"| mixed | {tokens} | {tokens / engine_s:.0f} | {tokens / reference_s:.0f} | "
-              f"{reference_s / engine_s:.2f}x |", flush=True)
+        print(speedup_table("mixed", tokens, engine_s, reference_s), flush=True)
     return 0

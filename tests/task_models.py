@@ -49,22 +49,35 @@ def build_classifier(directory: Path, architecture: str, labels: list[str],
 
 
 def build_splade(directory: Path, tokenizer_dir: Path, pooling_strategy: str = "max",
-                 activation_function: str = "relu", seed: int = 0, bias: float = -2.0) -> Path:
-    """A random ``BertForMaskedLM`` as a SPLADE ``SparseEncoder`` folder.
+                 activation_function: str = "relu", seed: int = 0, bias: float | None = None,
+                 architecture: str = "BertForMaskedLM", sparse_encoder_files: bool = True) -> Path:
+    """A random ``BertForMaskedLM`` (or ``DistilBertForMaskedLM``) as a SPLADE ``SparseEncoder``
+    folder (without its files when not ``sparse_encoder_files``).
 
     ``bias`` is added to the MLM head's output bias so that most vocabulary entries
-    stay at 0, as a trained SPLADE model's do (a random head activates about half)."""
+    stay at 0, as a trained SPLADE model's do (a random head activates about half);
+    default -2 (BERT), -4 (DistilBERT, whose random head spreads wider)."""
     import torch
     import transformers
 
-    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **SIZES)
     torch.manual_seed(seed)
-    model = transformers.BertForMaskedLM(config).eval()
+    if architecture == "DistilBertForMaskedLM":
+        model = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+            vocab_size=30522, max_position_embeddings=512, dim=SIZES["hidden_size"],
+            n_layers=SIZES["num_hidden_layers"], n_heads=SIZES["num_attention_heads"],
+            hidden_dim=SIZES["intermediate_size"], initializer_range=SIZES["initializer_range"])).eval()
+        output_bias = model.vocab_projector.bias
+    else:
+        config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=512, **SIZES)
+        model = transformers.BertForMaskedLM(config).eval()
+        output_bias = model.cls.predictions.bias
     with torch.no_grad():
-        model.cls.predictions.bias += bias
+        output_bias += bias if bias is not None else -4.0 if architecture == "DistilBertForMaskedLM" else -2.0
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     copy_minilm_tokenizer(tokenizer_dir, directory)
+    if not sparse_encoder_files:
+        return directory
     (directory / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
         {"idx": 1, "name": "1", "path": "1_SpladePooling",

@@ -3,9 +3,11 @@
 - classifiers (``BertForSequenceClassification``, ``XLMRobertaForSequenceClassification``
   with several labels): logits through ``classification_probabilities`` (softmax or
   sigmoid as ``problem_type`` says) against transformers' own, within 1e-5;
-- SPLADE (``BertForMaskedLM`` + SpladePooling): the same nonzero indices, and values
-  within 1e-4, as sentence-transformers' ``SparseEncoder.encode``, for max and sum
-  pooling and both activations, also with token blocks that cut through sequences.
+- SPLADE (``BertForMaskedLM`` or ``DistilBertForMaskedLM`` + SpladePooling): the same
+  nonzero indices, and values within 1e-4, as sentence-transformers'
+  ``SparseEncoder.encode``, for max and sum pooling and both activations, also with
+  token blocks that cut through sequences; a DistilBertForMaskedLM folder without the
+  SparseEncoder files stays an embedder (as SentenceTransformer loads it).
 """
 
 from __future__ import annotations
@@ -75,14 +77,16 @@ def splade_reference_ids(minilm_dir: Path) -> list[list[int]]:
     return tokenizer(TEXTS)["input_ids"]
 
 
-@pytest.mark.parametrize("strategy,activation,block", [
-    ("max", "relu", None), ("max", "relu", 7), ("sum", "relu", None), ("max", "log1p_relu", 5)])
+@pytest.mark.parametrize("architecture,strategy,activation,block", [
+    ("BertForMaskedLM", "max", "relu", None), ("BertForMaskedLM", "max", "relu", 7),
+    ("BertForMaskedLM", "sum", "relu", None), ("BertForMaskedLM", "max", "log1p_relu", 5),
+    ("DistilBertForMaskedLM", "max", "relu", None), ("DistilBertForMaskedLM", "max", "log1p_relu", 7)])
 def test_splade_equals_sparse_encoder(tmp_path: Path, minilm_dir: Path, splade_reference_ids,
-                                      monkeypatch: pytest.MonkeyPatch, strategy: str, activation: str,
-                                      block: int | None) -> None:
+                                      monkeypatch: pytest.MonkeyPatch, architecture: str, strategy: str,
+                                      activation: str, block: int | None) -> None:
     from sentence_transformers import SparseEncoder
 
-    directory = build_splade(tmp_path / "splade", minilm_dir, strategy, activation)
+    directory = build_splade(tmp_path / "splade", minilm_dir, strategy, activation, architecture=architecture)
     info = read_model_info(directory)
     assert (info.task, info.dimension) == ("sparse", 30522)
     reference = SparseEncoder(str(directory), device="cpu").encode(
@@ -101,6 +105,14 @@ def test_splade_equals_sparse_encoder(tmp_path: Path, minilm_dir: Path, splade_r
         np.testing.assert_allclose(values[start:start + count], reference[i][expected_indices],
                                    atol=1e-4, rtol=0)
         start += count
+
+
+def test_a_distilbert_masked_lm_without_sparse_encoder_files_stays_an_embedder(tmp_path: Path,
+                                                                              minilm_dir: Path) -> None:
+    directory = build_splade(tmp_path / "distilbert", minilm_dir, architecture="DistilBertForMaskedLM",
+                             sparse_encoder_files=False)
+    info = read_model_info(directory)
+    assert (info.task, info.pooling, info.dimension) == ("embed", "mean", 32)
 
 
 def test_sparse_top_k_keeps_the_largest_weights(tmp_path: Path) -> None:

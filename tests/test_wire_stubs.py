@@ -31,8 +31,8 @@ def test_public_api_stubs_import_from_the_package_and_serve_the_contract():
 
     service = embeddings_pb2.DESCRIPTOR.services_by_name["Embeddings"]
     assert service.full_name == "embedserve.v1.Embeddings"
-    assert sorted(m.name for m in service.methods) == ["Embed", "EmbedStream", "EmbedTokens", "Info",
-                                                        "Rerank", "Tokenize"]
+    assert sorted(m.name for m in service.methods) == ["Classify", "Embed", "EmbedSparse", "EmbedStream",
+                                                        "EmbedTokens", "Info", "Rerank", "Tokenize"]
     stream = service.methods_by_name["EmbedStream"]
     assert stream.client_streaming and stream.server_streaming
     assert hasattr(embeddings_pb2_grpc, "EmbeddingsStub")

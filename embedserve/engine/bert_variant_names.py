@@ -7,7 +7,11 @@ becomes ``encoder.layer.3.attention.self.query.weight`` and DistilBERT's
 modules/bert.py's. Neither family has segment embeddings: they get a one-row
 zero table, so the shared embedding code adds nothing for them. MPNet's
 relative-position bias table becomes ``relative_bias.weight``
-(modules/mpnet.py). Heads (``lm_head``, ``vocab_*``) are dropped.
+(modules/mpnet.py). MPNet's ``lm_head`` is dropped; DistilBERT's masked-LM head
+(``vocab_transform``, ``vocab_layer_norm``, ``vocab_projector``) takes BERT's
+``cls.predictions`` names, which a DistilBERT SPLADE model's MaskedLMHead loads
+(modules/bert.py: the same dense, activation, LayerNorm, decoder); an embedder
+leaves them unused.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ _DISTILBERT_LAYER = {
     "ffn.lin1": "intermediate.dense",
     "ffn.lin2": "output.dense",
     "output_layer_norm": "output.LayerNorm",
+}
+# DistilBertForMaskedLM's head -> BertForMaskedLM's names (weights.map_hf_names maps those).
+_DISTILBERT_MLM = {
+    "vocab_transform.weight": "cls.predictions.transform.dense.weight",
+    "vocab_transform.bias": "cls.predictions.transform.dense.bias",
+    "vocab_layer_norm.weight": "cls.predictions.transform.LayerNorm.weight",
+    "vocab_layer_norm.bias": "cls.predictions.transform.LayerNorm.bias",
+    "vocab_projector.weight": "cls.predictions.decoder.weight",   # absent when tied to the embeddings
+    "vocab_projector.bias": "cls.predictions.bias",
 }
 _LAYER = re.compile(r"^(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -65,4 +78,5 @@ def map_mpnet_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 def map_distilbert_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     renamed = _renamed(tensors, "distilbert.", _DISTILBERT_LAYER)
+    renamed = {_DISTILBERT_MLM.get(name, name): tensor for name, tensor in renamed.items()}
     return map_hf_names(_with_zero_segments(renamed), family="bert")

@@ -2,8 +2,9 @@
 
 Owns translating its messages into the same calls the HTTP routes make (the
 routes' own steps: ``routes.embed``'s packing, embedding and quantizing,
-``routes.rerank``'s scoring and ranking, ``routes.tokenize``'s token rows, all
-over ``pipeline.Gateway``), and their answers back into messages; the API key,
+``routes.rerank``'s scoring and ranking, ``routes.tokenize``'s token rows,
+``classify_inputs``' packing of texts and pairs with ``routes.classify``'s ranked
+labels, ``sparse_outputs``' nonzeros, all over ``pipeline.Gateway``), and their answers back into messages; the API key,
 admission through the HTTP side's ``Drain`` (so a shutdown drains both
 transports alike), the client's deadline, metrics, and the error statuses
 (``grpc_api_errors``). Serving it (ports, health, reflection) is
@@ -32,6 +33,7 @@ from starlette.requests import Request
 
 from embedserve import __version__, errors
 from embedserve.gateway import embedding_types, multivector_outputs
+from embedserve.gateway.classify_inputs import pack_items
 from embedserve.gateway.draining import DRAINING_MESSAGE, Drain
 from embedserve.gateway.grpc_api_errors import (
     UNAUTHENTICATED,
@@ -41,11 +43,13 @@ from embedserve.gateway.grpc_api_errors import (
 )
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, server_timing
-from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway
+from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway, timed
 from embedserve.gateway.routes import embed as embed_route
 from embedserve.gateway.routes import rerank as rerank_route
+from embedserve.gateway.routes.classify import predictions
 from embedserve.gateway.routes.tokenize import token_rows
 from embedserve.gateway.routing import ModelRouter
+from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -137,6 +141,14 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                    context: grpc.aio.ServicerContext) -> embeddings_pb2.ServiceInfoResponse:
         return await self._unary("Info", context, lambda call: self._info())
 
+    async def Classify(self, request: embeddings_pb2.ClassifyTextsRequest,
+                       context: grpc.aio.ServicerContext) -> embeddings_pb2.ClassifyTextsResponse:
+        return await self._unary("Classify", context, lambda call: self._classify(request, call))
+
+    async def EmbedSparse(self, request: embeddings_pb2.EmbedSparseTextsRequest,
+                          context: grpc.aio.ServicerContext) -> embeddings_pb2.EmbedSparseTextsResponse:
+        return await self._unary("EmbedSparse", context, lambda call: self._embed_sparse(request, call))
+
     # -- what each does ------------------------------------------------------
 
     async def _embed(self, message: embeddings_pb2.EmbedTextsRequest, call: Request,
@@ -223,6 +235,47 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
             models=models, version=__version__,
             embedding_types=list(embedding_types.EMBEDDING_TYPES),
             max_inputs=self._max_inputs, max_message_bytes=self._max_message_bytes)
+
+    async def _classify(self, message: embeddings_pb2.ClassifyTextsRequest,
+                        call: Request) -> embeddings_pb2.ClassifyTextsResponse:
+        """HTTP /predict's work: singles or pairs, probabilities unless raw_scores."""
+        gateway, model = self._models().route(message.model or None, "classify")
+        inputs, pairs = list(message.inputs), list(message.text_pairs)
+        if not inputs:
+            raise errors.InvalidInput("inputs must not be empty", field="inputs")
+        if pairs and len(pairs) != len(inputs):
+            raise errors.InvalidInput(f"text_pairs has {len(pairs)} texts for {len(inputs)} inputs; "
+                                      "send one per input, or none", field="text_pairs")
+        gateway.check_count(len(inputs), "inputs")
+        items = list(zip(inputs, pairs, strict=True)) if pairs else [(text, None) for text in inputs]
+        packed = await timed(call, "tokenize", pack_items(gateway.preprocessor, items, message.truncate,
+                                                          "right", "inputs"))
+        scores = await gateway.classify(call, packed, message.raw_scores, _route("Classify"))
+        labels = gateway.model.labels
+        tokens = packed.num_tokens
+        return embeddings_pb2.ClassifyTextsResponse(
+            results=[embeddings_pb2.Classification(scores=[embeddings_pb2.LabelScore(**p)
+                                                            for p in predictions(row, labels)])
+                     for row in scores],
+            model=model, usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+    async def _embed_sparse(self, message: embeddings_pb2.EmbedSparseTextsRequest,
+                            call: Request) -> embeddings_pb2.EmbedSparseTextsResponse:
+        """HTTP /embed_sparse's work: each input's nonzeros, top_k of them when asked."""
+        gateway, model = self._models().route(message.model or None, "sparse")
+        top_k = message.top_k if message.HasField("top_k") else None
+        if top_k is not None and top_k < 1:
+            raise errors.InvalidInput(f"top_k must be at least 1, got {top_k}", field="top_k")
+        policy = gateway.preprocessor.long_input_policy(message.truncate or None, None, None)
+        check_sparse_policy(policy)
+        prompt_name = _prompt_name(gateway, message.input_type)
+        packed = await embed_route._pack(gateway, call, list(message.inputs), "inputs", prompt_name, policy)
+        rows = await sparse_vectors(gateway, call, packed, top_k, _route("EmbedSparse"))
+        tokens = packed.num_tokens
+        return embeddings_pb2.EmbedSparseTextsResponse(
+            embeddings=[embeddings_pb2.SparseEmbedding(indices=ids.tolist(), values=values.tolist())
+                        for ids, values in rows],
+            model=model, usage=embeddings_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens))
 
     # -- what every call shares ----------------------------------------------
 

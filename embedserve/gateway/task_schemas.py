@@ -11,7 +11,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from embedserve.gateway.schemas import _DIRECTION_DOC, _MODEL_FIELD, _TRUNCATE_DOC, Direction, TokenIds, Truncate
+from embedserve.gateway.schemas import (
+    _DIRECTION_DOC,
+    _MODEL_FIELD,
+    _PRIORITY_DOC,
+    _TRUNCATE_DOC,
+    Direction,
+    TokenIds,
+    Truncate,
+)
 
 TOP_K_DOC = ("embedserve extension: keep each input's top_k largest weights (sentence-transformers' "
              "max_active_dims); omitted: every nonzero.")
@@ -32,6 +40,7 @@ class PredictRequest(_Request):
     raw_scores: StrictBool = Field(False, description="The logits as they are, not probabilities.")
     truncate: StrictBool = False
     truncation_direction: Direction = "right"
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class ClassifyRequest(_Request):
@@ -41,6 +50,7 @@ class ClassifyRequest(_Request):
         None, description="vLLM's field: -1 or a positive count cuts inputs to the model's "
         "window (from the left, as vLLM keeps the last tokens); omitted: refuse over-long inputs.")
     user: StrictStr | None = None
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class EmbedSparseRequest(_Request):
@@ -50,6 +60,7 @@ class EmbedSparseRequest(_Request):
     truncation_direction: Direction | None = Field(None, description=_DIRECTION_DOC)
     prompt_name: StrictStr | None = None
     top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description=TOP_K_DOC)
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class EmbedAllRequest(_Request):

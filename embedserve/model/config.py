@@ -178,6 +178,9 @@ ARCHITECTURES: dict[str, ConfigParser] = {
     **{name: nomic_bert_config.parse_nomic_bert_config for name in nomic_bert_config.ARCHITECTURES},
     **{name: gemma3_config.parse_gemma3_config for name in gemma3_config.ARCHITECTURES},
 }
+# Masked LMs whose task the folder decides: SPLADE in a SparseEncoder folder, else an
+# embedder (BertForMaskedLM is always SPLADE: ENCODER_ARCHITECTURES_TASKS).
+SPARSE_IN_SPARSE_ENCODER_DIRS = ("DistilBertForMaskedLM",)
 # model_type -> architecture, for hub files that omit ``architectures``.
 MODEL_TYPES: dict[str, str] = {
     "bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "XLMRobertaModel",
@@ -205,13 +208,17 @@ def load_model_config(model_dir: Path) -> ModelConfig:
                              f"{', '.join(sorted(ARCHITECTURES))}")
     try:
         config = ARCHITECTURES[architecture](raw, architecture)
+        if architecture in SPARSE_IN_SPARSE_ENCODER_DIRS and tasks.is_sparse_encoder_dir(model_dir, read_json):
+            # A masked LM that is also served as an embedder (its head dropped, as
+            # SentenceTransformer loads it) is a SPLADE model in a SparseEncoder folder.
+            config = dataclasses.replace(config, task="sparse")  # type: ignore[type-var]  # a dataclass config
         if architecture == "Qwen3ForCausalLM" and llm_reranker.is_reranker_dir(model_dir):
             # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
             config = dataclasses.replace(config, task="score",  # type: ignore[type-var]  # a DecoderConfig
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
         elif config.task == "embed" and multivector.is_multivector_dir(model_dir):
             # A MultiVectorEncoder folder: the same encoder, every token's vector kept.
-            config = dataclasses.replace(config, task="multivector")  # type: ignore[type-var]
+            config = dataclasses.replace(config, task="multivector")  # type: ignore[type-var]  # a dataclass config
         return config
     except ModelLoadError as exc:
         raise ModelLoadError(f"{model_dir}: {exc}") from None

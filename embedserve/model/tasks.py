@@ -24,6 +24,7 @@ computes (``splade_max``, ``splade_sum``, ``_log1p`` appended for the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,17 @@ def splade_pooling(raw: dict[str, Any], path: Path) -> str:
                              f"supported: pooling_strategy max or sum, activation_function "
                              f"relu or log1p_relu")
     return f"splade_{strategy}{SPLADE_ACTIVATIONS[activation]}"
+
+
+def is_sparse_encoder_dir(model_dir: Path, read_json: Callable[[Path], Any]) -> bool:
+    """Whether a folder is a sentence-transformers ``SparseEncoder``: its modules.json has a
+    SpladePooling module, or config_sentence_transformers.json says ``model_type``
+    SparseEncoder. (``read_json``: model/config.py's reader, with its load errors.)"""
+    modules = model_dir / "modules.json"
+    if modules.exists() and any(str(m.get("type", "")).endswith("SpladePooling") for m in read_json(modules)):
+        return True
+    st_config = model_dir / "config_sentence_transformers.json"
+    return st_config.exists() and read_json(st_config).get("model_type") == "SparseEncoder"
 
 
 def is_splade(pooling: str) -> bool:

@@ -64,6 +64,16 @@ class EmbeddingsStub:
                 request_serializer=embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoRequest.SerializeToString,
                 response_deserializer=embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoResponse.FromString,
                 _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/embedserve.v1.Embeddings/Classify',
+                request_serializer=embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsResponse.FromString,
+                _registered_method=True)
+        self.EmbedSparse = channel.unary_unary(
+                '/embedserve.v1.Embeddings/EmbedSparse',
+                request_serializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsRequest.SerializeToString,
+                response_deserializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsResponse.FromString,
+                _registered_method=True)
 
 
 class EmbeddingsServicer:
@@ -113,6 +123,21 @@ class EmbeddingsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Classify(self, request, context):
+        """-- classifiers and sparse (SPLADE) models --
+        Texts (or text pairs) -> each label's probability (or logit), highest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedSparse(self, request, context):
+        """Texts -> one sparse vector per text: its nonzero vocabulary ids and weights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbeddingsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +170,16 @@ def add_EmbeddingsServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoRequest.FromString,
                     response_serializer=embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsResponse.SerializeToString,
+            ),
+            'EmbedSparse': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedSparse,
+                    request_deserializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsRequest.FromString,
+                    response_serializer=embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +344,60 @@ class Embeddings:
             '/embedserve.v1.Embeddings/Info',
             embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoRequest.SerializeToString,
             embedserve_dot_v1_dot_embeddings__pb2.ServiceInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Embeddings/Classify',
+            embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsRequest.SerializeToString,
+            embedserve_dot_v1_dot_embeddings__pb2.ClassifyTextsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedSparse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedserve.v1.Embeddings/EmbedSparse',
+            embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsRequest.SerializeToString,
+            embedserve_dot_v1_dot_embeddings__pb2.EmbedSparseTextsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from embedserve.gateway.classify_inputs import pack_items, predict_items
 from embedserve.gateway.pipeline import timed
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.routes.embed import json_response
 from embedserve.gateway.task_schemas import ClassificationResponse, ClassifyRequest, Prediction, PredictRequest
 
@@ -35,6 +36,7 @@ def predictions(scores: np.ndarray, labels: tuple[str, ...]) -> list[dict]:
              summary="Classify inputs or pairs (text-embeddings-inference-compatible)")
 async def predict(body: PredictRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "classify")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     items, batch = predict_items(body.inputs)
     gateway.check_count(len(items), "inputs")
     packed = await timed(request, "tokenize", pack_items(gateway.preprocessor, items, body.truncate,
@@ -49,6 +51,7 @@ async def predict(body: PredictRequest, request: Request) -> Response:
              summary="Classify inputs (vLLM-compatible)")
 async def classify(body: ClassifyRequest, request: Request) -> Response:
     gateway, model = request.app.state.router.route(body.model, "classify")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     texts = [body.input] if isinstance(body.input, str) else body.input
     gateway.check_count(len(texts), "input")
     truncate = body.truncate_prompt_tokens is not None

@@ -24,6 +24,7 @@ from embedserve.errors import EmbedServeError, InvalidInput
 from embedserve.gateway import embedding_types
 from embedserve.gateway.middleware import REQUEST_ID_KEY
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.routes import embed as embed_routes
 from embedserve.gateway.routes.cohere_schemas import (
     CohereEmbedRequest,
@@ -89,6 +90,12 @@ def prompt_for(model: ModelInfo, input_type: str | None) -> str:
     return model.prompt(None, "input_type")
 
 
+def _class_named(priority: int | str | None) -> str | None:
+    """The traffic class a Cohere body's ``priority`` names: a string is embedserve's class
+    (checked by ``request_priority``); Cohere's integer priority names none (ignored)."""
+    return priority if isinstance(priority, str) else None
+
+
 def _check_token_limit(value: int | None, gateway: Gateway, field: str) -> None:
     """Cohere's per-input token limits: kept when the model's window is no longer."""
     window = gateway.model.max_positions
@@ -111,6 +118,7 @@ def _requested_types(types: list[str] | None) -> list[str]:
 
 async def _embed(body: CohereEmbedRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "embed")
+    request_priority(request.scope, _class_named(body.priority), gateway.settings.route_priorities)
     if body.images:
         raise InvalidInput("images are not supported: this server embeds text", field="images")
     if body.inputs is not None:
@@ -154,6 +162,7 @@ async def _embed(body: CohereEmbedRequest, request: Request) -> Response:
 
 async def _rerank(body: CohereV2RerankRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "score")
+    request_priority(request.scope, _class_named(body.priority), gateway.settings.route_priorities)
     if body.relevant_spans is not None and body.relevant_spans.mode not in (None, "disabled"):
         raise InvalidInput("relevant_spans is not supported", field="relevant_spans")
     _check_token_limit(body.max_tokens_per_doc, gateway, "max_tokens_per_doc")

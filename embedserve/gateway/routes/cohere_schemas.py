@@ -15,6 +15,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+# Cohere's own ``priority`` is an integer (0 = handled first); embedserve's traffic classes
+# are named by a string, so the two never clash (gateway/routes/cohere.py).
+COHERE_PRIORITY_DOC = ("Cohere's integer priority: accepted and ignored. embedserve extension: a string names "
+                       "the traffic class, 'interactive' (default) or 'batch' (docs/priority.md); also the "
+                       "x-embedserve-priority header.")
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -36,7 +42,7 @@ class CohereEmbedRequest(_Body):
     max_tokens: StrictInt | None = Field(
         None, description="accepted when at least the model's window (inputs are cut to the "
         "window by truncate)")
-    priority: StrictInt | None = Field(None, description="accepted and ignored")
+    priority: StrictInt | StrictStr | None = Field(None, description=COHERE_PRIORITY_DOC)
     images: list[Any] | None = Field(None, description="refused: this server embeds text")
     inputs: list[Any] | None = Field(None, description="refused: send texts")
 
@@ -77,7 +83,7 @@ class CohereV2RerankRequest(_Body):
         None, description="accepted when at least the model's window (query and document are "
         "cut to the window together)")
     relevant_spans: RelevantSpans | None = Field(None, description="mode 'enabled' is refused")
-    priority: StrictInt | None = Field(None, description="accepted and ignored")
+    priority: StrictInt | StrictStr | None = Field(None, description=COHERE_PRIORITY_DOC)
 
 
 class CohereV2RerankResult(BaseModel):

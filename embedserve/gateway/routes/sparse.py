@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.routes.embed import _pack, json_response
 from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.gateway.task_schemas import EmbedSparseRequest, SparseValue
@@ -25,6 +26,7 @@ router = APIRouter()
              summary="Sparse (SPLADE) embeddings (text-embeddings-inference-compatible)")
 async def embed_sparse(body: EmbedSparseRequest, request: Request) -> Response:
     gateway, _ = request.app.state.router.route(body.model, "sparse")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     policy = gateway.preprocessor.long_input_policy(body.truncate, body.truncation_direction, None)
     check_sparse_policy(policy)
     packed = await _pack(gateway, request, body.inputs, "inputs", body.prompt_name, policy)

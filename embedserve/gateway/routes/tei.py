@@ -30,6 +30,7 @@ from fastapi.responses import Response
 from embedserve.errors import EmbedServeError, InvalidInput
 from embedserve.gateway.classify_inputs import pack_items, predict_items
 from embedserve.gateway.pipeline import Gateway, timed
+from embedserve.gateway.priority import request_priority
 from embedserve.gateway.routes import embed as embed_routes
 from embedserve.gateway.routes import rerank as rerank_routes
 from embedserve.gateway.routes.classify import predictions
@@ -73,7 +74,7 @@ async def root(body: RootRequest, request: Request) -> Response:
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
     try:
         return await _similarity(body.inputs, body.parameters or SimilarityParameters(),
-                                 body.model, request, "/similarity")
+                                 body.model, body.priority, request, "/similarity")
     except EmbedServeError as exc:
         return tei_error(exc, request)
 
@@ -83,7 +84,7 @@ async def _root(body: RootRequest, request: Request) -> Response:
         return await _rerank(body, request)
     if isinstance(body.inputs, SimilarityInput):
         parameters = body.parameters or SimilarityParameters()
-        return await _similarity(body.inputs, parameters, body.model, request, "/")
+        return await _similarity(body.inputs, parameters, body.model, body.priority, request, "/")
     if body.inputs is None:
         raise InvalidInput("the body needs `inputs` (texts or token ids to embed, or "
                            f"{_SIMILARITY_BODY}), or `query` and `texts` to rerank", field="inputs")
@@ -116,7 +117,7 @@ async def _embed_inputs(gateway: Gateway, body: RootRequest, request: Request) -
         truncate=body.truncate if body.truncate is not None else parameters.truncate,
         truncation_direction=body.truncation_direction or parameters.truncation_direction,
         chunk_overlap=None, prompt_name=body.prompt_name or parameters.prompt_name,
-        dimensions=body.dimensions, embedding_types=body.embedding_types)
+        dimensions=body.dimensions, embedding_types=body.embedding_types, priority=body.priority)
     return await embed_routes.embed(embed_body, request)
 
 
@@ -148,6 +149,7 @@ async def _classify_inputs(gateway: Gateway, body: RootRequest, request: Request
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     if not isinstance(texts, list) or not all(isinstance(item, (str, list)) for item in texts):
         raise InvalidInput("a classifier takes texts (or [text, text] pairs), not token ids", field="inputs")
+    request_priority(request.scope, body.priority, gateway.settings.route_priorities)
     items, _ = predict_items(body.inputs)  # type: ignore[arg-type]  # texts: checked above
     gateway.check_count(len(items), "inputs")
     packed = await timed(request, "tokenize", pack_items(
@@ -177,14 +179,15 @@ async def _rerank(body: RootRequest, request: Request) -> Response:
     rerank_body = RerankRequest.model_construct(
         query=body.query, model=gateway.model_id, texts=body.texts, raw_scores=body.raw_scores,
         return_text=body.return_text, truncate=bool(body.truncate),
-        truncation_direction=body.truncation_direction or "right")
+        truncation_direction=body.truncation_direction or "right", priority=body.priority)
     return await rerank_routes.rerank(rerank_body, request)
 
 
 async def _similarity(inputs: SimilarityInput, parameters: SimilarityParameters, name: str | None,
-                      request: Request, route: str) -> Response:
+                      priority: str | None, request: Request, route: str) -> Response:
     """The similarity of ``inputs.source_sentence`` to each of ``inputs.sentences``."""
     gateway = pick_model(request.app.state.router, name, ("embed", "score"))
+    request_priority(request.scope, priority, gateway.settings.route_priorities)
     if not inputs.sentences:
         raise InvalidInput("inputs.sentences must not be empty", field="inputs.sentences")
     if gateway.task == "score":

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from embedserve.gateway.schemas import (
+    _PRIORITY_DOC,
     Direction,
     EmbeddingsByType,
     EmbeddingTypes,
@@ -57,6 +58,7 @@ class SimilarityRequest(_Body):
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
     model: StrictStr | None = Field(None, description=_MODEL)
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
 
 
 class RootRequest(_Body):
@@ -67,6 +69,7 @@ class RootRequest(_Body):
         "sentence similarity")
     parameters: RootParameters | None = None
     model: StrictStr | None = Field(None, description=_MODEL)
+    priority: StrictStr | None = Field(None, description=_PRIORITY_DOC)
     # feature extraction (TEI's /embed fields, as InferenceClient sends them)
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
