@@ -11,7 +11,7 @@ therefore also keeps the word's slack (``slack_of``): how much larger than its r
 error the narrowest comparison of the word's Viterbi was, and a later lookup uses the
 record only when its own rounding error cannot undo any comparison (viterbi.py).
 
-The table is set-associative: a word's FNV-1a hash picks a set of ``WAYS`` adjacent
+The table is set-associative: a word's hash (``word_hash``) picks a set of ``WAYS`` adjacent
 records, the word may sit in any of them, and each record keeps the word's bytes for
 verification. A new word takes an empty record of its set, else the one its hash picks
 (``claim_slot``). With one record per hash, two frequent words that share it evict each
