@@ -118,7 +118,7 @@ def test_broken_directories_raise_model_load_error(breakage: str, message: str, 
         Engine.load(model_dir)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"dtype": "int8"}, "unsupported dtype"),
+@pytest.mark.parametrize("kwargs, message", [({"dtype": "int4"}, "unsupported dtype"),
                                              ({"device": "tpu"}, "unsupported device"),
                                              ({"attention": "magic"}, "unknown attention")])
 def test_bad_options_raise_model_load_error(kwargs: dict, message: str, tiny_bert_dir: Path) -> None:

@@ -22,6 +22,7 @@ from embedserve.engine import Batch, Engine
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.residual_norm import kernel_available as norm_kernel_available
 from embedserve.engine.small_steps import SMALL_STEP_TOKENS, SmallStepForward
+from family_models import build_family_dir
 from st_metadata import write_st_metadata
 
 QUERIES = ["how do I bake bread?", "¿Dónde está la estación de tren más cercana?", "東京の天気は？",
@@ -106,7 +107,15 @@ def test_cls_pooling_and_token_types_match_transformers(cls_bert_dir: Path) -> N
     assert (cosines(ours, reference) >= cosines(bar, reference) - 1e-6).all()
 
 
-def test_other_models_and_dtypes_keep_the_general_path(cls_bert_dir: Path, tiny_reranker_dir: Path) -> None:
+def test_other_models_and_dtypes_keep_the_general_path(cls_bert_dir: Path, tiny_reranker_dir: Path,
+                                                      tmp_path: Path) -> None:
     with Engine.load(cls_bert_dir, dtype="float32") as fp32, Engine.load(tiny_reranker_dir, dtype="bfloat16") as head:
         assert fp32._runner._small is None      # float32: no native attention kernel
         assert head._runner._small is None      # a scoring head
+    # Families whose forward adds to BERT's (MPNet's relative position bias in every
+    # layer's scores, DeBERTa's disentangled attention) would lose it in the flat loop.
+    # hidden 128 over 4 heads: a head size the native attention kernel takes.
+    for family in ("mpnet", "deberta-v2"):
+        with Engine.load(build_family_dir(tmp_path / family, family, hidden_size=128, pooler_hidden_size=128),
+                         dtype="bfloat16") as engine:
+            assert engine._runner._small is None, family

@@ -118,7 +118,9 @@ class SmallStepForward:
         bf16 encoder embedder with mean or CLS pooling (pooled rows: not a multi-vector model),
         attention other than the default ``per_sequence``, or the native attention / add +
         LayerNorm kernels not running here."""
-        if (not isinstance(model, EncoderModel) or model.head is not None or model.mlm is not None
+        if (not isinstance(model, EncoderModel) or model.head is not None or getattr(model, "mlm", None) is not None
+                # a family with a forward of its own (MPNet's position bias, DeBERTa's attention)
+                or type(model).forward is not EncoderModel.forward
                 or getattr(model.config, "task", "") == "multivector"   # token rows, not pooled ones
                 or pooling not in _POOLINGS or attention != "per_sequence"
                 or not model.attention_kind.is_full or _add_layer_norm is None):
