@@ -53,6 +53,12 @@ def _sampler(name: str, ratio: float) -> sampling.Sampler:
     return root[name]
 
 
+# A gRPC server span is an error for these codes only (OpenTelemetry's RPC conventions):
+# the others are the client's doing.
+_SERVER_FAULT_CODES = frozenset({"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS"})
+
+
 class Tracer:
     """A process's spans: made here, sent by the provider's span processors."""
 
@@ -88,8 +94,10 @@ class Tracer:
         self._provider.shutdown()
 
     def request(self, method: str, path: str, traceparent: str | None, tracestate: str | None,
-                attributes: Attributes) -> RequestTrace:
-        return RequestTrace(self.tracer, method, path, traceparent, tracestate, attributes)
+                attributes: Attributes, name: str | None = None) -> RequestTrace:
+        """A gateway request: an HTTP one (span ``METHOD PATH``), or a public gRPC API call
+        (``name``: ``service/method``, as gRPC names its spans)."""
+        return RequestTrace(self.tracer, method, path, traceparent, tracestate, attributes, name)
 
     def call(self, method: str, traceparent: str, tracestate: str, arrival: float,
              attributes: Attributes) -> CallTrace:
@@ -120,11 +128,11 @@ class RequestTrace:
     __slots__ = ("_tracer", "_method", "span", "start_ns", "_context")
 
     def __init__(self, tracer: trace.Tracer, method: str, path: str, traceparent: str | None,
-                 tracestate: str | None, attributes: Attributes) -> None:
+                 tracestate: str | None, attributes: Attributes, name: str | None = None) -> None:
         self._tracer = tracer
         self._method = method
         self.start_ns = time.time_ns()
-        self.span = tracer.start_span(f"{method} {path}", context=_continued(traceparent, tracestate),
+        self.span = tracer.start_span(name or f"{method} {path}", context=_continued(traceparent, tracestate),
                                       kind=SpanKind.SERVER, start_time=self.start_ns,
                                       attributes=attributes)
         self._context = trace.set_span_in_context(self.span)
@@ -169,6 +177,14 @@ class RequestTrace:
         self.span.set_attribute("http.response.status_code", status)
         if status >= 500:
             self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+    def end_rpc(self, code: str) -> None:
+        """End a public gRPC API call with its status code name; the codes OpenTelemetry
+        counts as a server's fault mark the span as an error."""
+        self.span.set_attribute("rpc.grpc.status_code", code)
+        if code in _SERVER_FAULT_CODES:
+            self.span.set_status(Status(StatusCode.ERROR, code))
         self.span.end()
 
 

@@ -56,10 +56,11 @@ def served(*args: str, stop_grace_s: float = 60.0,
 
 
 @contextlib.contextmanager
-def served_with_grpc(*args: str, stop_grace_s: float = 60.0) -> Iterator[tuple[str, str]]:
+def served_with_grpc(*args: str, stop_grace_s: float = 60.0,
+                     env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """``served`` with ``--grpc-port 0`` too: its URL and its gRPC API's address."""
     with _served(("--grpc-port", "0", *args), (GATEWAY_GRPC_LISTENING, GATEWAY_LISTENING),
-                 stop_grace_s) as (address, url):
+                 stop_grace_s, env) as (address, url):
         yield url, address
 
 

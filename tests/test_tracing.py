@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import tokenizers
@@ -36,11 +37,12 @@ from opentelemetry.trace import SpanKind
 
 from embedserve.entrypoint import StartupError
 from embedserve.otel import Tracer
+from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
 from embedserve.scheduler.settings import SchedulerSettings
 from embedserve.tracing import tracing_settings
 from gateway_harness import GatewayServer, gateway_settings
 from scheduler_harness import ThreadedScheduler, wait_until
-from serve_harness import served
+from serve_harness import served_with_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["one short sentence", "and another, a little longer than the first one"]
@@ -233,17 +235,32 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 
 def test_serve_exports_both_tiers_spans_to_an_otlp_receiver(tiny_bert_dir: Path):
     trace_id, parent_id, traceparent = _traceparent()
+    grpc_trace_id, grpc_parent_id, grpc_traceparent = _traceparent()
     with otlp_receiver() as receiver:
         # The SDK's batch processor holds spans for an hour here (OTEL_BSP_SCHEDULE_DELAY):
         # what arrives was sent by each process as it stopped.
-        with served("--model", str(tiny_bert_dir), "--otlp-endpoint", receiver.url,
-                    env={"OTEL_BSP_SCHEDULE_DELAY": "3600000"}) as url:
+        with served_with_grpc("--model", str(tiny_bert_dir), "--otlp-endpoint", receiver.url,
+                              env={"OTEL_BSP_SCHEDULE_DELAY": "3600000"}) as (url, address):
             reply = httpx.post(url + "/v1/embeddings", json={"input": TEXTS},
                                headers={"traceparent": traceparent}, timeout=60)
             assert reply.status_code == 200, reply.text
+            # The public gRPC API continues a traceparent sent as call metadata.
+            with grpc.insecure_channel(address) as channel:
+                answer = embeddings_pb2_grpc.EmbeddingsStub(channel).Embed(
+                    embeddings_pb2.EmbedTextsRequest(inputs=TEXTS), timeout=60,
+                    metadata=(("traceparent", grpc_traceparent),))
+            assert len(answer.embeddings) == len(TEXTS)
             assert receiver.spans == []
         of_trace = [(service, span) for service, span in receiver.spans
                     if span.trace_id.hex() == trace_id]
+        of_grpc_trace = {(service, span.name): span for service, span in receiver.spans
+                         if span.trace_id.hex() == grpc_trace_id}
+    rpc = of_grpc_trace[GATEWAY_SERVICE, "embedserve.v1.Embeddings/Embed"]
+    assert rpc.parent_span_id.hex() == grpc_parent_id
+    assert {a.key: a.value.string_value for a in rpc.attributes}["rpc.grpc.status_code"] == "OK"
+    grpc_dispatch = of_grpc_trace[GATEWAY_SERVICE, "dispatch"]
+    assert grpc_dispatch.parent_span_id == rpc.span_id
+    assert of_grpc_trace[REPLICA_SERVICE, "embedserve.v1.Inference/Embed"].parent_span_id == grpc_dispatch.span_id
     assert receiver.paths == {"/v1/traces"}
     assert len(of_trace) == 8, [(service, span.name) for service, span in of_trace]
     spans = {(service, span.name): span for service, span in of_trace}

@@ -159,6 +159,7 @@ def create_app(settings: GatewaySettings, source: ReplicaSource | None = None,
     drain = Drain(metrics.registry, settings.retry_after_s)
     app.state.drain = drain
     app.state.metrics = metrics   # the gRPC API (grpc_server.py) counts into the same metrics
+    app.state.tracer = tracer     # and traces its calls with the same tracer (None: off)
     routes = direct_routes(r for router in routers for r in router.routes)
     # The direct routes inside the drain (admitted like any request), both inside
     # GatewayMiddleware (their answers, the drain's 503s included, carry request ids

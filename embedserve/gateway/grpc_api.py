@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import numpy as np
@@ -42,7 +42,7 @@ from embedserve.gateway.grpc_api_errors import (
     api_status,
 )
 from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, server_timing
+from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, TRACE_KEY, server_timing
 from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway, timed
 from embedserve.gateway.routes import embed as embed_route
 from embedserve.gateway.routes import rerank as rerank_route
@@ -51,6 +51,9 @@ from embedserve.gateway.routes.tokenize import token_rows
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
 from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
+
+if TYPE_CHECKING:
+    from embedserve.otel import RequestTrace, Tracer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,14 +76,16 @@ _ENCODINGS = {"float": None, "float16": "<f2"}   # others are bytes as quantized
 class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
     def __init__(self, router: Callable[[], ModelRouter | None], drain: Drain,
                  metrics: GatewayMetrics, api_key: str | None, max_inputs: int,
-                 max_message_bytes: int) -> None:
-        """``router``: the app's models, None until its lifespan has started them."""
+                 max_message_bytes: int, tracer: Tracer | None = None) -> None:
+        """``router``: the app's models, None until its lifespan has started them;
+        ``tracer``: the app's (docs/tracing.md), None when tracing is off."""
         self._router = router
         self._drain = drain
         self._metrics = metrics
         self._api_key = None if api_key is None else f"Bearer {api_key}".encode()
         self._max_inputs = max_inputs
         self._max_message_bytes = max_message_bytes
+        self._tracer = tracer
 
     # -- the methods ---------------------------------------------------------
 
@@ -300,24 +305,44 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
         started = time.perf_counter()
         if not self._authorized(context):
             await self._abort(context, UNAUTHENTICATED, method, started)
+        trace = self._request_trace(method, context)
+        code = grpc.StatusCode.UNKNOWN
         try:
-            call = _call_request(method, _request_id(context), context.time_remaining())
-            with self._admitted():
-                answer = await work(call)
-        except errors.EmbedServeError as exc:
-            await self._abort(context, api_status(exc), method, started)
-        except asyncio.CancelledError:   # the client left or its deadline passed
-            self._metrics.count_request(_route(method), grpc.StatusCode.CANCELLED.name,
-                                        time.perf_counter() - started)
-            raise
-        except Exception:
-            log.exception("unhandled error in %s", _route(method))
-            await self._abort(context, UNEXPECTED, method, started)
-        context.set_trailing_metadata((("x-request-id", call.scope[REQUEST_ID_KEY]),
-                                       ("server-timing", server_timing(call.scope[TIMING_KEY]))))
-        self._metrics.count_request(_route(method), grpc.StatusCode.OK.name,
-                                    time.perf_counter() - started)
-        return answer
+            try:
+                call = _call_request(method, _request_id(context), context.time_remaining(), trace)
+                with self._admitted():
+                    answer = await work(call)
+            except errors.EmbedServeError as exc:
+                status = api_status(exc)
+                code = status.code
+                await self._abort(context, status, method, started)
+            except asyncio.CancelledError:   # the client left or its deadline passed
+                code = grpc.StatusCode.CANCELLED
+                self._metrics.count_request(_route(method), code.name, time.perf_counter() - started)
+                raise
+            except Exception:
+                log.exception("unhandled error in %s", _route(method))
+                await self._abort(context, UNEXPECTED, method, started)
+            code = grpc.StatusCode.OK
+            context.set_trailing_metadata((("x-request-id", call.scope[REQUEST_ID_KEY]),
+                                           ("server-timing", server_timing(call.scope[TIMING_KEY]))))
+            self._metrics.count_request(_route(method), code.name, time.perf_counter() - started)
+            return answer
+        finally:
+            if trace is not None:
+                trace.end_rpc(code.name)
+
+    def _request_trace(self, method: str, context: grpc.aio.ServicerContext) -> RequestTrace | None:
+        """The call's SERVER span, continuing the client's ``traceparent`` metadata, as HTTP
+        requests continue the header; None when tracing is off (docs/tracing.md)."""
+        if self._tracer is None:
+            return None
+        metadata = {key: value for key, value in context.invocation_metadata() or ()
+                    if key in ("traceparent", "tracestate") and isinstance(value, str)}
+        return self._tracer.request("", f"{SERVICE}/{method}", metadata.get("traceparent"),
+                                    metadata.get("tracestate"),
+                                    {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method},
+                                    name=f"{SERVICE}/{method}")
 
     async def _stream_message(self, index: int, message: embeddings_pb2.EmbedTextsRequest,
                               context: grpc.aio.ServicerContext,
@@ -368,12 +393,16 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
     return uuid.uuid4().hex
 
 
-def _call_request(method: str, request_id: str, time_remaining: float | None) -> Request:
-    """The Request the pipeline reads: request id, timings, and the client's deadline."""
+def _call_request(method: str, request_id: str, time_remaining: float | None,
+                  trace: RequestTrace | None = None) -> Request:
+    """The Request the pipeline reads: request id, timings, the client's deadline and,
+    when traced, the call's span (the pipeline's phases and dispatches go under it)."""
     if time_remaining is not None and time_remaining <= 0:
         raise errors.DeadlineExceeded("the call's deadline passed before it was served")
     scope: dict[str, Any] = {"type": "http", "method": "POST", "path": _route(method), "headers": [],
              REQUEST_ID_KEY: request_id, TIMING_KEY: {}}
+    if trace is not None:
+        scope[TRACE_KEY] = trace
     if time_remaining is not None:
         scope[DEADLINE_KEY] = time.monotonic() + time_remaining
     return Request(scope, _never_disconnects)
