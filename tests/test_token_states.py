@@ -26,6 +26,7 @@ from embedserve.engine.engine import Engine
 from embedserve.engine.token_rows import call_rows
 from serve_harness import served_with_grpc
 from task_models import SIZES, copy_minilm_tokenizer
+from token_vectors import assert_same_token_vectors
 
 TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "x"]
 PROMPT = "query: "
@@ -65,15 +66,6 @@ def _reference_states(model_dir: Path, texts: list[str]) -> list[np.ndarray]:
         return [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].numpy() for text in texts]
 
 
-def _assert_same_states(ours: list, expected: list[np.ndarray]) -> None:
-    assert len(ours) == len(expected)
-    for mine, theirs in zip(ours, expected, strict=True):
-        mine = np.asarray(mine, dtype=np.float32)
-        assert mine.shape == theirs.shape
-        cosine = (mine * theirs).sum(-1) / (np.linalg.norm(mine, axis=-1) * np.linalg.norm(theirs, axis=-1))
-        assert cosine.min() >= 0.99999, cosine.min()
-
-
 def test_a_step_returns_token_states_and_each_call_its_half(embedder_dir: Path) -> None:
     import transformers
 
@@ -84,7 +76,7 @@ def test_a_step_returns_token_states_and_each_call_its_half(embedder_dir: Path) 
         mixed = engine.step(Batch.of(Batch.from_sequences(ids), "embed", token_states=True)).wait()
     assert mixed.shape == (len(TEXTS), 2)
     states = call_rows(mixed[1:], token_states=True)          # a call asking states: sequences 1-2
-    _assert_same_states(list(call_rows(mixed[:1], True)) + list(states), _reference_states(embedder_dir, TEXTS))
+    assert_same_token_vectors(list(call_rows(mixed[:1], True)) + list(states), _reference_states(embedder_dir, TEXTS))
     pooled = call_rows(mixed, token_states=False)              # a plain call in the same step
     assert pooled.dtype == np.float32 and pooled.shape == plain.shape
     np.testing.assert_allclose(pooled, plain, rtol=0, atol=1e-6)
@@ -110,11 +102,11 @@ def test_embed_all_returns_last_hidden_states_beside_embed_calls(stack, embedder
 
     states, embeds = asyncio.run(both())
     assert states.status_code == 200, states.text
-    _assert_same_states(states.json(), _reference_states(embedder_dir, TEXTS))
+    assert_same_token_vectors(states.json(), _reference_states(embedder_dir, TEXTS))
     for reply in embeds:      # the /embed calls batched beside it still get pooled, normalized rows
         np.testing.assert_allclose(reply.json(), expected_pooled, rtol=0, atol=1e-5)
     one = httpx.post(f"{url}/embed_all", json={"inputs": TEXTS[0], "prompt_name": "query"}, timeout=TIMEOUT_S)
-    _assert_same_states(one.json(), _reference_states(embedder_dir, [PROMPT + TEXTS[0]]))
+    assert_same_token_vectors(one.json(), _reference_states(embedder_dir, [PROMPT + TEXTS[0]]))
 
 
 def test_embed_all_grpc_and_refusals(stack, embedder_dir: Path) -> None:
@@ -125,7 +117,7 @@ def test_embed_all_grpc_and_refusals(stack, embedder_dir: Path) -> None:
         reply = embeddings_pb2_grpc.EmbeddingsStub(channel).EmbedTokens(
             embeddings_pb2.EmbedTokensTextRequest(inputs=TEXTS[:2]), timeout=TIMEOUT_S)
     assert reply.dimension == 32
-    _assert_same_states([np.array(t.values, np.float32).reshape(t.rows, reply.dimension) for t in reply.inputs],
+    assert_same_token_vectors([np.array(t.values, np.float32).reshape(t.rows, reply.dimension) for t in reply.inputs],
                         _reference_states(embedder_dir, TEXTS[:2]))
     typed = httpx.post(f"{url}/embed_all", json={"inputs": "x", "input_type": "query"}, timeout=TIMEOUT_S)
     assert typed.status_code == 400 and "input_type applies to a multi-vector model" in typed.text
