@@ -10,23 +10,34 @@ same nonzero indices, values within 1e-4) and the Qwen3-Reranker model card's co
 (scores within 1e-5) and sentence-transformers' MultiVectorEncoder (token vectors of
 ``/embed_all`` and the public gRPC ``EmbedTokens``, per-token cosine >= 0.99999; MaxSim on
 ``/rerank`` and ``/v1/rerank`` within 1e-5); routing refusals name the model's task.
+The public gRPC API's Classify and EmbedSparse are checked on the same server with the
+generated stubs, against the same references and the HTTP routes' answers; bad fields are
+INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import torch
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
+from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
+from embedserve.protos import embeddings_pb2 as pb
 from llm_reranker_models import build_llm_reranker, model_card_scores
 from serve_harness import served_with_grpc
 from task_models import build_classifier, build_multivector, build_splade
+from token_vectors import assert_same_token_vectors
 
 LABELS = ["negative", "neutral", "positive", "mixed"]
 TEXTS = ["The Eiffel tower is in Paris.", "Bananas are yellow.", "What is the capital of France?"]
+PAIR_SECONDS = ["Where is the tower?", "Fruit.", "Paris."]
 PAIR = ("Where is the Eiffel tower?", "The Eiffel tower is in Paris.")
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "The Eiffel tower is in Paris, France.", "no"]
@@ -245,25 +256,16 @@ def colbert_reference(colbert_dir: Path):
             [e.numpy() for e in model.encode_document(DOCS)])
 
 
-def _assert_same_token_vectors(ours: list, expected: list[np.ndarray]) -> None:
-    assert len(ours) == len(expected)
-    for mine, theirs in zip(ours, expected, strict=True):
-        mine = np.asarray(mine, dtype=np.float32)
-        assert mine.shape == theirs.shape
-        cosine = (mine * theirs).sum(-1) / (np.linalg.norm(mine, axis=-1) * np.linalg.norm(theirs, axis=-1))
-        assert cosine.min() >= 0.99999
-
-
 def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) -> None:
     """/embed_all (TEI's shape: per input, a list of token vectors) for documents and
     queries, and MaxSim on /rerank and /v1/rerank, against MultiVectorEncoder."""
     model, queries, documents = colbert_reference
     docs = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": DOCS}, timeout=TIMEOUT_S)
     assert docs.status_code == 200, docs.text
-    _assert_same_token_vectors(docs.json(), documents)
+    assert_same_token_vectors(docs.json(), documents)
     query = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": QUERY, "input_type": "query"},
                        timeout=TIMEOUT_S)
-    _assert_same_token_vectors(query.json(), queries)
+    assert_same_token_vectors(query.json(), queries)
     assert len(query.json()[0]) == 24   # the query expansion's length: [MASK] positions scored too
     expected = model.similarity(queries, documents).numpy()[0]
     tei = httpx.post(f"{url}/rerank", json={"model": "colbert", "query": QUERY, "texts": DOCS},
@@ -292,7 +294,7 @@ def test_multivector_query_longer_than_the_expansion_length(url: str, colbert_re
     cut = httpx.post(f"{url}/embed_all", json={"model": "colbert", "inputs": long_query, "input_type": "query",
                                                "truncate": True}, timeout=TIMEOUT_S)
     assert cut.status_code == 200, cut.text
-    _assert_same_token_vectors(cut.json(), [e.numpy() for e in model.encode_query([long_query])])
+    assert_same_token_vectors(cut.json(), [e.numpy() for e in model.encode_query([long_query])])
     assert len(cut.json()[0]) == 24
 
 
@@ -318,10 +320,6 @@ def test_multivector_routes_refuse_and_info_says_the_output_kind(url: str) -> No
 
 
 def test_multivector_over_the_public_grpc_api(stack, colbert_reference) -> None:
-    import grpc
-
-    from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
-
     _, address = stack
     _, queries, documents = colbert_reference
     with grpc.insecure_channel(address) as channel:
@@ -333,8 +331,126 @@ def test_multivector_over_the_public_grpc_api(stack, colbert_reference) -> None:
         with pytest.raises(grpc.RpcError) as refused:
             stub.EmbedTokens(embeddings_pb2.EmbedTokensTextRequest(inputs=["x"], model="clf"), timeout=TIMEOUT_S)
     assert reply.dimension == 16 and reply.model == "colbert"
-    _assert_same_token_vectors([np.array(r.values).reshape(r.rows, reply.dimension) for r in reply.inputs],
+    assert_same_token_vectors([np.array(r.values).reshape(r.rows, reply.dimension) for r in reply.inputs],
                                documents)
-    _assert_same_token_vectors([np.array(r.values).reshape(r.rows, asked.dimension) for r in asked.inputs],
+    assert_same_token_vectors([np.array(r.values).reshape(r.rows, asked.dimension) for r in asked.inputs],
                                queries)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "task `classify`" in refused.value.details()
+
+
+# -- the public gRPC API's Classify and EmbedSparse ----------------------------
+
+
+@pytest.fixture(scope="module")
+def public_api(stack) -> Iterator[tuple[str, embeddings_pb2_grpc.EmbeddingsStub]]:
+    url, address = stack
+    with grpc.insecure_channel(address) as channel:
+        yield url, embeddings_pb2_grpc.EmbeddingsStub(channel)
+
+
+def _reference_probabilities_of(model_dir: Path, firsts: list[str], seconds: list[str] | None) -> np.ndarray:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for i, first in enumerate(firsts):
+            encoded = tokenizer(first, seconds[i] if seconds else None, return_tensors="pt")
+            rows.append(model(**encoded).logits[0].softmax(-1).numpy())
+    return np.array(rows)
+
+
+def _by_label_scores(scores) -> np.ndarray:
+    named = {s.label: s.score for s in scores}
+    return np.array([named[label] for label in LABELS])
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["texts", "pairs"])
+def test_classify_equals_transformers_and_predict(public_api, classifier_dir, pairs):
+    url, stub = public_api
+    reply = stub.Classify(pb.ClassifyTextsRequest(inputs=TEXTS, text_pairs=PAIR_SECONDS if pairs else [], model="clf"),
+                          timeout=TIMEOUT_S)
+    assert reply.model == "clf" and len(reply.results) == len(TEXTS) and reply.usage.prompt_tokens > 0
+    expected = _reference_probabilities_of(classifier_dir, TEXTS, PAIR_SECONDS if pairs else None)
+    for result, row in zip(reply.results, expected, strict=True):
+        scores = [s.score for s in result.scores]
+        assert scores == sorted(scores, reverse=True)
+        np.testing.assert_allclose(_by_label_scores(result.scores), row, atol=1e-5, rtol=0)
+    inputs = [[a, b] for a, b in zip(TEXTS, PAIR_SECONDS, strict=True)] if pairs else [[t] for t in TEXTS]
+    http = httpx.post(f"{url}/predict", json={"inputs": inputs, "model": "clf"}, timeout=TIMEOUT_S).json()
+    assert [[(s.label, s.score) for s in r.scores] for r in reply.results] == \
+        [[(p["label"], pytest.approx(p["score"], abs=1e-7)) for p in row] for row in http]
+
+
+def test_classify_raw_scores_are_the_logits(public_api, classifier_dir):
+    import transformers
+
+    _, stub = public_api
+    reply = stub.Classify(pb.ClassifyTextsRequest(inputs=TEXTS[:1], model="clf", raw_scores=True),
+                          timeout=TIMEOUT_S)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(classifier_dir)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
+    with torch.no_grad():
+        logits = model(**tokenizer(TEXTS[0], return_tensors="pt")).logits[0].numpy()
+    np.testing.assert_allclose(_by_label_scores(reply.results[0].scores), logits, atol=1e-5, rtol=0)
+
+
+def test_embed_sparse_equals_sparse_encoder_and_embed_sparse(public_api, sparse_reference):
+    url, stub = public_api
+    reply = stub.EmbedSparse(pb.EmbedSparseTextsRequest(inputs=TEXTS, model="splade"), timeout=TIMEOUT_S)
+    assert reply.model == "splade" and reply.usage.prompt_tokens > 0
+    for embedding, expected in zip(reply.embeddings, sparse_reference, strict=True):
+        np.testing.assert_array_equal(list(embedding.indices), np.flatnonzero(expected))
+        np.testing.assert_allclose(list(embedding.values), expected[list(embedding.indices)], atol=1e-4, rtol=0)
+    http = httpx.post(f"{url}/embed_sparse", json={"inputs": TEXTS, "model": "splade"}, timeout=TIMEOUT_S).json()
+    assert [list(e.indices) for e in reply.embeddings] == [[v["index"] for v in row] for row in http]
+    np.testing.assert_allclose(np.concatenate([list(e.values) for e in reply.embeddings]),
+                               [v["value"] for row in http for v in row], rtol=1e-6)
+
+
+def test_embed_sparse_top_k_keeps_the_largest_weights(public_api, sparse_reference):
+    _, stub = public_api
+    reply = stub.EmbedSparse(pb.EmbedSparseTextsRequest(inputs=TEXTS, model="splade", top_k=5), timeout=TIMEOUT_S)
+    for embedding, expected in zip(reply.embeddings, sparse_reference, strict=True):
+        largest = np.sort(np.argsort(-expected, kind="stable")[:5])
+        np.testing.assert_array_equal(list(embedding.indices), largest)
+
+
+def _bad_field(error: grpc.RpcError) -> str:
+    """The field the status's google.rpc.BadRequest detail names."""
+    status = rpc_status.from_call(error)
+    assert status is not None, "no google.rpc.Status details"
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad_request = error_details_pb2.BadRequest()
+            detail.Unpack(bad_request)
+            return bad_request.field_violations[0].field
+    raise AssertionError("no BadRequest detail")
+
+
+@pytest.mark.parametrize("call, request_, field", [
+    ("Classify", pb.ClassifyTextsRequest(inputs=[], model="clf"), "inputs"),
+    ("Classify", pb.ClassifyTextsRequest(inputs=TEXTS, text_pairs=PAIR_SECONDS[:1], model="clf"), "text_pairs"),
+    ("EmbedSparse", pb.EmbedSparseTextsRequest(inputs=TEXTS, model="splade", top_k=0), "top_k"),
+    ("EmbedSparse", pb.EmbedSparseTextsRequest(inputs=TEXTS, model="splade", truncate="chunk"), "truncate"),
+    ("EmbedSparse", pb.EmbedSparseTextsRequest(inputs=["x " * 1000], model="splade"), "inputs[0]"),
+])
+def test_bad_fields_are_invalid_argument_naming_the_field(public_api, call, request_, field):
+    _, stub = public_api
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(stub, call)(request_, timeout=TIMEOUT_S)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert _bad_field(caught.value) == field
+
+
+@pytest.mark.parametrize("call, request_, task", [
+    ("Classify", pb.ClassifyTextsRequest(inputs=TEXTS, model="splade"), "sparse"),
+    ("EmbedSparse", pb.EmbedSparseTextsRequest(inputs=TEXTS, model="clf"), "classify"),
+])
+def test_a_model_of_another_task_is_refused_naming_its_task(public_api, call, request_, task):
+    _, stub = public_api
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(stub, call)(request_, timeout=TIMEOUT_S)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert task in caught.value.details()
