@@ -30,6 +30,7 @@ from serve_harness import served_with_grpc
 
 KEY = "grpc-test-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
+BATCH_KEY = "grpc-batch-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 MAX_MESSAGE_BYTES = 1_000_000
 MAX_INPUTS = 64
@@ -65,6 +66,7 @@ class Stack:
 def stack(tiny_bert_dir: Path, tiny_reranker_dir: Path) -> Iterator[Stack]:
     with served_with_grpc("--model", f"{tiny_bert_dir}:name=embedder",
                           "--model", f"{tiny_reranker_dir}:name=reranker", "--api-key", KEY,
+                          "--batch-api-key", BATCH_KEY,
                           "--max-body-bytes", str(MAX_MESSAGE_BYTES), "--max-inputs",
                           str(MAX_INPUTS), "--max-inflight-tokens", str(BUDGET_TOKENS)) as (url, address):
         s = Stack(url, address)
@@ -373,3 +375,40 @@ def test_grpc_calls_are_counted_in_the_gateway_metrics(stack: Stack) -> None:
            'status="INVALID_ARGUMENT"}' in text
     assert 'embedserve_gateway_requests_total{route="/embedserve.v1.Embeddings/Embed",status="OK"}' in text
     assert 'embedserve_gateway_tokens_total{model="embedder",route="/embedserve.v1.Embeddings/Embed"}' in text
+
+
+def _class_counts(stack: Stack) -> dict[str, float]:
+    """The gateway's per-class request counts (embedserve_gateway_class_request_seconds_count)."""
+    text = httpx.get(stack.url + "/metrics", timeout=TIMEOUT_S).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("embedserve_gateway_class_request_seconds_count{"):
+            counts[line.split('priority="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+@pytest.mark.parametrize(("metadata", "expected"), [
+    ((*AUTH, ("x-embedserve-priority", "batch")), "batch"),
+    ((*AUTH, ("x-embedserve-priority", " Interactive ")), "interactive"),
+    (AUTH, "interactive"),
+    # a batch key forces the class, whatever the call asks (docs/priority.md)
+    ((("authorization", f"Bearer {BATCH_KEY}"), ("x-embedserve-priority", "interactive")), "batch"),
+], ids=["metadata-batch", "metadata-interactive", "default", "batch-key"])
+def test_a_call_runs_in_the_class_its_metadata_or_key_names(stack: Stack, metadata, expected) -> None:
+    before = _class_counts(stack)
+    reply = stack.stub.Embed(pb.EmbedTextsRequest(inputs=["which class am I"]), metadata=metadata,
+                             timeout=TIMEOUT_S)
+    assert len(reply.embeddings) == 1
+    after = _class_counts(stack)
+    other = "batch" if expected == "interactive" else "interactive"
+    assert after.get(expected, 0.0) == before.get(expected, 0.0) + 1
+    assert after.get(other, 0.0) == before.get(other, 0.0)
+
+
+def test_an_unknown_priority_class_is_invalid_argument(stack: Stack) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        stack.stub.Embed(pb.EmbedTextsRequest(inputs=["x"]), metadata=(*AUTH, ("x-embedserve-priority", "urgent")),
+                         timeout=TIMEOUT_S)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "x-embedserve-priority" in caught.value.details()
+    stack.assert_serving()

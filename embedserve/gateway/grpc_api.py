@@ -24,8 +24,8 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import grpc
 import numpy as np
@@ -44,12 +44,15 @@ from embedserve.gateway.grpc_api_errors import (
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.middleware import REQUEST_ID_KEY, TIMING_KEY, TRACE_KEY, server_timing
 from embedserve.gateway.pipeline import DEADLINE_KEY, Gateway, timed
+from embedserve.gateway.priority import FORCED_KEY, PRIORITY_KEY
+from embedserve.gateway.priority import HEADER as PRIORITY_HEADER
 from embedserve.gateway.routes import embed as embed_route
 from embedserve.gateway.routes import rerank as rerank_route
 from embedserve.gateway.routes.classify import predictions
 from embedserve.gateway.routes.tokenize import token_rows
 from embedserve.gateway.routing import ModelRouter
 from embedserve.gateway.sparse_outputs import check_sparse_policy, sparse_vectors
+from embedserve.link.wire import BATCH
 from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
 
 if TYPE_CHECKING:
@@ -76,13 +79,17 @@ _ENCODINGS = {"float": None, "float16": "<f2"}   # others are bytes as quantized
 class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
     def __init__(self, router: Callable[[], ModelRouter | None], drain: Drain,
                  metrics: GatewayMetrics, api_key: str | None, max_inputs: int,
-                 max_message_bytes: int, tracer: Tracer | None = None) -> None:
+                 max_message_bytes: int, tracer: Tracer | None = None,
+                 batch_api_keys: tuple[str, ...] = ()) -> None:
         """``router``: the app's models, None until its lifespan has started them;
-        ``tracer``: the app's (docs/tracing.md), None when tracing is off."""
+        ``tracer``: the app's (docs/tracing.md), None when tracing is off;
+        ``batch_api_keys``: keys accepted as ``api_key`` is, whose calls run in the batch
+        class whatever they ask (docs/priority.md), as on HTTP."""
         self._router = router
         self._drain = drain
         self._metrics = metrics
         self._api_key = None if api_key is None else f"Bearer {api_key}".encode()
+        self._batch_keys = tuple(f"Bearer {key}".encode() for key in batch_api_keys)
         self._max_inputs = max_inputs
         self._max_message_bytes = max_message_bytes
         self._tracer = tracer
@@ -98,6 +105,7 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                           ) -> AsyncIterator[embeddings_pb2.EmbedStreamResponse]:
         if not self._authorized(context):
             await self._abort(context, UNAUTHENTICATED, "EmbedStream", time.perf_counter())
+        priority = _CallPriority.of(context, self._forced_batch(context))
         # Each message is started as it arrives (about STREAM_WINDOW ahead of the answer
         # being written) and answered in arrival order; the reader stops taking messages
         # while the window is full, so gRPC's flow control holds the client back.
@@ -109,7 +117,7 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
             try:
                 async for message in requests:
                     await window.put(asyncio.ensure_future(
-                        self._stream_message(index, message, context, f"{stream_id}-{index}")))
+                        self._stream_message(index, message, context, f"{stream_id}-{index}", priority)))
                     index += 1
             except Exception:
                 # The request stream broke: the messages started are answered, then the
@@ -291,13 +299,18 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
         return router
 
     def _authorized(self, context: grpc.aio.ServicerContext) -> bool:
-        if self._api_key is None:
+        if self._api_key is None and not self._batch_keys:
             return True
-        given = next((value for key, value in context.invocation_metadata() or ()
-                      if key == "authorization"), "")
-        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        # Constant time, as the HTTP side compares its key.
-        return hmac.compare_digest(given_bytes, self._api_key)
+        given = _authorization(context)
+        # Constant time, as the HTTP side compares its keys. With batch keys alone (no
+        # --api-key), calls without a key are still accepted, as on HTTP.
+        return ((self._api_key is None and not given) or self._forced_batch(context)
+                or (self._api_key is not None and hmac.compare_digest(given, self._api_key)))
+
+    def _forced_batch(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the call bears one of the batch API keys."""
+        given = _authorization(context)
+        return any([hmac.compare_digest(given, key) for key in self._batch_keys])
 
     async def _unary(self, method: str, context: grpc.aio.ServicerContext,
                      work: Callable[[Request], Awaitable[T]]) -> T:
@@ -307,9 +320,12 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
             await self._abort(context, UNAUTHENTICATED, method, started)
         trace = self._request_trace(method, context)
         code = grpc.StatusCode.UNKNOWN
+        priority = _CallPriority.of(context, self._forced_batch(context))
+        scope: MutableMapping[str, Any] = {}   # the call's, once made: the finally reads its class
         try:
             try:
-                call = _call_request(method, _request_id(context), context.time_remaining(), trace)
+                call = _call_request(method, _request_id(context), context.time_remaining(), trace, priority)
+                scope = call.scope
                 with self._admitted():
                     answer = await work(call)
             except errors.EmbedServeError as exc:
@@ -329,6 +345,8 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
             self._metrics.count_request(_route(method), code.name, time.perf_counter() - started)
             return answer
         finally:
+            if PRIORITY_KEY in scope:   # a call that reached a model route's pipeline
+                self._metrics.count_class_request(scope[PRIORITY_KEY], time.perf_counter() - started)
             if trace is not None:
                 trace.end_rpc(code.name)
 
@@ -345,13 +363,13 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                                     name=f"{SERVICE}/{method}")
 
     async def _stream_message(self, index: int, message: embeddings_pb2.EmbedTextsRequest,
-                              context: grpc.aio.ServicerContext,
-                              request_id: str) -> embeddings_pb2.EmbedStreamResponse:
+                              context: grpc.aio.ServicerContext, request_id: str,
+                              priority: _CallPriority) -> embeddings_pb2.EmbedStreamResponse:
         """One stream message's answer: its embeddings, or its error (the stream goes on)."""
         started = time.perf_counter()
         status: ApiStatus | None = None
         try:
-            call = _call_request("EmbedStream", request_id, context.time_remaining())
+            call = _call_request("EmbedStream", request_id, context.time_remaining(), priority=priority)
             with self._admitted():
                 answer = await self._embed(message, call, "EmbedStream")
         except errors.EmbedServeError as exc:
@@ -393,14 +411,40 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
     return uuid.uuid4().hex
 
 
+class _CallPriority(NamedTuple):
+    """What a call says about its priority class: its ``x-embedserve-priority`` metadata,
+    and whether it bears a batch API key (which forces the batch class)."""
+
+    asked: str | None
+    forced_batch: bool
+
+    @classmethod
+    def of(cls, context: grpc.aio.ServicerContext, forced_batch: bool) -> _CallPriority:
+        asked = next((value for key, value in context.invocation_metadata() or ()
+                      if key == PRIORITY_HEADER), None)
+        return cls(asked if isinstance(asked, str) else None, forced_batch)
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> bytes:
+    given = next((value for key, value in context.invocation_metadata() or ()
+                  if key == "authorization"), "")
+    return given.encode() if isinstance(given, str) else bytes(given)
+
+
 def _call_request(method: str, request_id: str, time_remaining: float | None,
-                  trace: RequestTrace | None = None) -> Request:
-    """The Request the pipeline reads: request id, timings, the client's deadline and,
-    when traced, the call's span (the pipeline's phases and dispatches go under it)."""
+                  trace: RequestTrace | None = None, priority: _CallPriority | None = None) -> Request:
+    """The Request the pipeline reads: request id, timings, the client's deadline, the
+    priority class's inputs as an HTTP request carries them (the header, a batch key's
+    forced class: gateway/priority.py reads them alike) and, when traced, the call's span
+    (the pipeline's phases and dispatches go under it)."""
     if time_remaining is not None and time_remaining <= 0:
         raise errors.DeadlineExceeded("the call's deadline passed before it was served")
-    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": _route(method), "headers": [],
-             REQUEST_ID_KEY: request_id, TIMING_KEY: {}}
+    headers = [] if priority is None or priority.asked is None else \
+        [(PRIORITY_HEADER.encode(), priority.asked.encode("latin-1", "replace"))]
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": _route(method), "headers": headers,
+                             REQUEST_ID_KEY: request_id, TIMING_KEY: {}}
+    if priority is not None and priority.forced_batch:
+        scope[FORCED_KEY] = BATCH
     if trace is not None:
         scope[TRACE_KEY] = trace
     if time_remaining is not None:

@@ -32,7 +32,8 @@ class GrpcApiServer:
         state = app.state
         self.service = EmbeddingsService(lambda: getattr(state, "router", None), state.drain,
                                          state.metrics, settings.api_key, settings.max_inputs,
-                                         settings.max_body_bytes, getattr(state, "tracer", None))
+                                         settings.max_body_bytes, getattr(state, "tracer", None),
+                                         settings.batch_api_keys)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         self._address = f"{host}:{settings.grpc_port}"
         self.health = health.aio.HealthServicer()
