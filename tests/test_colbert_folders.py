@@ -165,3 +165,22 @@ def test_a_stanford_checkpoint_without_metadata_uses_pylate_defaults(tmp_path: P
     assert (spec.query_marker_id, spec.document_marker_id, spec.expansion.length, spec.document_length) == \
         (1, 2, 32, 180)
     shutil.rmtree(folder)
+
+
+def test_bulk_embedder_inserts_the_markers(tmp_path: Path, minilm_dir: Path) -> None:
+    """The bulk embedder (``embedserve embed --input-type query``) prepares a PyLate
+    folder's queries as a replica does (marker, then expansion): PyLate's vectors."""
+    from embedserve.local.embedder import LocalEmbedder
+    from embedserve.local.options import EmbedOptions
+
+    folder = build(tmp_path / "pylate", minilm_dir, kind="pylate")
+    expected = PyLateReference(folder).encode(QUERIES, is_query=True)
+    embedder = LocalEmbedder(folder, EmbedOptions(input_type="query", long_inputs="truncate"), dtype="float32")
+    try:
+        part = embedder.embed(QUERIES)
+    finally:
+        embedder.engine.close()
+    assert part.token_vectors is not None
+    ends = np.cumsum(part.token_vectors.counts)
+    ours = [part.token_vectors.vectors[a:b] for a, b in zip(ends - part.token_vectors.counts, ends, strict=True)]
+    assert_same_token_vectors(ours, expected, labels=QUERIES)

@@ -259,7 +259,8 @@ def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) 
     return QueryExpansion(strategy=str(raw["strategy"]), length=length, attend=attend, token_id=token_id)
 
 
-def expansion_token_id(model_dir: Path, token: str | None, fallbacks: tuple[str, ...] = ("mask_token", "eos_token")) -> int | None:
+def expansion_token_id(model_dir: Path, token: str | None,
+                       fallbacks: tuple[str, ...] = ("mask_token", "eos_token")) -> int | None:
     """``token``'s id; without one, the id of the first of the tokenizer's ``fallbacks``
     it has (sentence-transformers': the mask token for encoders, else EOS for decoders)."""
     if token is not None:
