@@ -4,8 +4,8 @@ Stanford-NLP ColBERT folders.
 PyLate (``pylate.models.ColBERT``) pins sentence-transformers 5.3 and does not run over
 sentence-transformers 6 (its loading hooks and ``Transformer.tokenize`` padding are gone
 there), so this is its algorithm, step for step from pylate/models/colbert.py and
-pylate/models/Dense.py of 1.6.0, over a transformers ``BertModel`` and the folder's
-projection. Loading (``__init__``, ``_load_sbert_model``, the Stanford branch): the
+pylate/models/Dense.py of 1.6.0, over the folder's transformers encoder (``AutoModel``:
+BERT, ModernBERT) and its projection. Loading (``__init__``, ``_load_sbert_model``, the Stanford branch): the
 settings from config_sentence_transformers.json (or artifact.metadata), defaults
 ``[Q] `` / ``[D] ``, 32 / 180, expansion on, not attended, punctuation skiplist; each
 prefix ``convert_tokens_to_ids``; the tokenizer's pad token set to its mask token.
@@ -33,7 +33,7 @@ class PyLateReference:
         from safetensors.torch import load_file
 
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        self.encoder = transformers.BertModel.from_pretrained(folder).eval()
+        self.encoder = transformers.AutoModel.from_pretrained(folder).eval()
         config = json.loads((folder / "config.json").read_text())
         self.linears: list[torch.nn.Linear] = []
         if config["architectures"][0] == "HF_ColBERT":

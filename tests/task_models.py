@@ -137,16 +137,21 @@ def build_multivector(directory: Path, tokenizer_dir: Path, seed: int = 0, out_f
     return directory
 
 
-def _colbert_backbone(tokenizer_dir: Path, seed: int, markers: tuple[str, str]):
-    """A random BertModel and MiniLM's tokenizer, with ``markers`` added as tokens (and the
-    embeddings resized) where the vocabulary lacks them, as PyLate's ColBERT does."""
+def _colbert_backbone(tokenizer_dir: Path, seed: int, markers: tuple[str, str], backbone: Path | None = None):
+    """A random BertModel and MiniLM's tokenizer (or the model and tokenizer saved in
+    ``backbone``), with ``markers`` added as tokens (and the embeddings resized) where the
+    vocabulary lacks them, as PyLate's ColBERT does."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.BertModel(transformers.BertConfig(vocab_size=30522, max_position_embeddings=512,
-                                                           **SIZES)).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    if backbone is not None:
+        model = transformers.AutoModel.from_pretrained(backbone).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(backbone)
+    else:
+        model = transformers.BertModel(transformers.BertConfig(vocab_size=30522, max_position_embeddings=512,
+                                                               **SIZES)).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     if tokenizer.add_tokens([m for m in markers if m]):
         model.resize_token_embeddings(len(tokenizer))
     return model, tokenizer
@@ -155,19 +160,23 @@ def _colbert_backbone(tokenizer_dir: Path, seed: int, markers: tuple[str, str]):
 def build_pylate(directory: Path, tokenizer_dir: Path, seed: int = 0, out_features: int = 16,
                  query_prefix: str = "[unused0]", document_prefix: str = "[unused1]", query_length: int = 12,
                  document_length: int = 20, do_query_expansion: bool = True,
-                 attend_to_expansion_tokens: bool = False, model_type: str | None = "ColBERT") -> Path:
+                 attend_to_expansion_tokens: bool = False, model_type: str | None = "ColBERT",
+                 backbone: Path | None = None) -> Path:
     """A random BERT ColBERT in the folder layout PyLate 1.6.0 saves (``ColBERT.save`` over
     sentence-transformers 5): the backbone at the root, ``modules.json`` with a Transformer
     and ``pylate.models.Dense.Dense`` (1_Dense: hidden -> ``out_features``, no bias), and its
     settings as top-level keys of ``config_sentence_transformers.json`` (a fresh save's
-    has no ``model_type``: ``model_type=None``). PyLate itself cannot run beside
-    sentence-transformers 6 (it pins 5.3), hence written here."""
+    has no ``model_type``: ``model_type=None``). ``backbone``: a saved encoder and tokenizer
+    to start from (a ModernBERT, as GTE-ModernColBERT) instead of a random BERT with MiniLM's
+    tokenizer. PyLate itself cannot run beside sentence-transformers 6 (it pins 5.3), hence
+    written here."""
     import string
 
     import torch
     from safetensors.torch import save_file
 
-    model, tokenizer = _colbert_backbone(tokenizer_dir, seed, (query_prefix, document_prefix))
+    model, tokenizer = _colbert_backbone(tokenizer_dir, seed, (query_prefix, document_prefix), backbone)
+    hidden = model.config.hidden_size
     tokenizer.pad_token = tokenizer.mask_token          # PyLate pads queries with [MASK]
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
@@ -179,9 +188,9 @@ def build_pylate(directory: Path, tokenizer_dir: Path, seed: int = 0, out_featur
         {"max_seq_length": document_length - 1, "do_lower_case": False}))
     (directory / "1_Dense").mkdir(exist_ok=True)
     (directory / "1_Dense" / "config.json").write_text(json.dumps(
-        {"in_features": SIZES["hidden_size"], "out_features": out_features, "bias": False,
+        {"in_features": hidden, "out_features": out_features, "bias": False,
          "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
-    weight = torch.empty(out_features, SIZES["hidden_size"]).normal_(0.0, 0.5)   # a wrong token shows
+    weight = torch.empty(out_features, hidden).normal_(0.0, 0.5)   # a wrong token shows
     save_file({"linear.weight": weight}, str(directory / "1_Dense" / "model.safetensors"))
     config = {"__version__": {"sentence_transformers": "5.3.0", "pylate": "1.6.0"},
               **({"model_type": model_type} if model_type else {}),

@@ -2,7 +2,8 @@
 
 On tiny random BERT ColBERTs written in each layout (tests/task_models.py: PyLate's
 ``ColBERT.save`` layout with ``[unused0]`` / ``[unused1]`` or added ``[Q] `` / ``[D] ``
-markers, and colbert-ai's ``HF_ColBERT`` checkpoint with ``artifact.metadata``): the
+markers, and colbert-ai's ``HF_ColBERT`` checkpoint with ``artifact.metadata``), and a
+PyLate one over a tiny ModernBERT (tests/modernbert_model.py): the
 engine's token vectors, after the marker insertion and query expansion a replica applies
 (``model/multivector.prepare_inputs``) and its skiplist and normalization
 (``model/postprocess.token_vectors``), have PyLate's token count and a per-token cosine of
@@ -31,6 +32,7 @@ from embedserve.gateway.multivector_outputs import maxsim
 from embedserve.model.info import read_model_info
 from embedserve.model.multivector import prepare_inputs
 from embedserve.model.postprocess import token_vectors
+from modernbert_model import build_tiny_modernbert
 from pylate_reference import PyLateReference, colbert_scores
 from task_models import build_pylate, build_stanford_colbert
 from token_vectors import assert_same_token_vectors
@@ -47,6 +49,10 @@ VARIANTS = {
     "pylate-added-markers": dict(kind="pylate", query_prefix="[Q] ", document_prefix="[D] ", model_type=None),
     "pylate-attended": dict(kind="pylate", attend_to_expansion_tokens=True),
     "pylate-no-expansion": dict(kind="pylate", do_query_expansion=False),
+    # GTE-ModernColBERT's shape: a ModernBERT (local window 8, so the expansion's key limit
+    # and the window meet in its local layers), a BPE tokenizer, added [Q] / [D] markers.
+    "pylate-modernbert": dict(kind="pylate-modernbert", query_prefix="[Q] ", document_prefix="[D] ",
+                              query_length=20, document_length=24),
     "stanford": dict(kind="stanford"),
     "stanford-attended": dict(kind="stanford", attend_to_mask_tokens=True),
 }
@@ -55,6 +61,9 @@ VARIANTS = {
 def build(directory: Path, tokenizer_dir: Path, kind: str, **options) -> Path:
     if kind == "stanford":
         return build_stanford_colbert(directory, tokenizer_dir, seed=11, **options)
+    if kind == "pylate-modernbert":
+        backbone = build_tiny_modernbert(directory.parent / f"{directory.name}-backbone", seed=13)
+        return build_pylate(directory, tokenizer_dir, seed=12, backbone=backbone, **options)
     return build_pylate(directory, tokenizer_dir, seed=12, **options)
 
 
@@ -91,8 +100,8 @@ def test_token_vectors_and_maxsim_equal_pylate(folder: Path) -> None:
     assert_same_token_vectors(queries, expected_queries, labels=QUERIES)
     assert_same_token_vectors(documents, expected_documents, labels=DOCS)
     if reference.do_query_expansion:       # every query padded to (or cut at) the query length
-        assert [len(q) for q in queries] == [12, 12, 12]
-    assert len(documents[3]) < 20          # cut at the document length, punctuation dropped
+        assert [len(q) for q in queries] == [reference.query_length] * 3
+    assert len(documents[3]) < reference.document_length     # cut there, punctuation dropped
     expected = colbert_scores(expected_queries, expected_documents)
     np.testing.assert_allclose(np.stack([maxsim(q, documents) for q in queries]), expected, rtol=1e-5, atol=1e-5)
 

@@ -207,10 +207,9 @@ class LocalEmbedder:
         for batch_rows in part.batches:
             ids, lengths = take(sequences, batch_rows)
             batch = Batch.from_lengths(ids, lengths, "multivector")
-            if spec.marker_id(self.multivector_task) is not None or (
-                    self.multivector_task == "query" and spec.expansion is not None):
-                # the marker token and ColBERT query expansion, as a replica's EmbedTokens does it
-                prepared, keys = multivector.prepare_inputs(batch, spec, self.multivector_task)
+            # the marker token and ColBERT query expansion, as a replica's EmbedTokens does it
+            prepared, keys = multivector.prepare_inputs(batch, spec, self.multivector_task)
+            if prepared is not batch:
                 batch = Batch.of(prepared, "multivector", key_lengths=keys)
             pending.append((batch_rows, batch, self.engine.step(batch)))
             if len(pending) >= IN_FLIGHT_STEPS:
