@@ -43,7 +43,9 @@ class PyLateReference:
                         "document_prefix": metadata.get("doc_token_id") or "[unused1]",
                         "query_length": metadata.get("query_maxlen"), "document_length": metadata.get("doc_maxlen"),
                         "attend_to_expansion_tokens": metadata.get("attend_to_mask_tokens")}
-            weight = load_file(str(folder / "model.safetensors"))["linear.weight"]
+            # Dense.from_stanford_weights: model.safetensors, else pytorch_model.bin
+            weight = (load_file(str(folder / "model.safetensors")) if (folder / "model.safetensors").exists()
+                      else torch.load(str(folder / "pytorch_model.bin"), weights_only=True))["linear.weight"]
             linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
             linear.weight.data = weight
             self.linears.append(linear)

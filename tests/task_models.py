@@ -204,12 +204,13 @@ def build_pylate(directory: Path, tokenizer_dir: Path, seed: int = 0, out_featur
 
 def build_stanford_colbert(directory: Path, tokenizer_dir: Path, seed: int = 0, dim: int = 16,
                            query_maxlen: int = 12, doc_maxlen: int = 20, attend_to_mask_tokens: bool = False,
-                           **metadata) -> Path:
+                           pickled: bool = False, **metadata) -> Path:
     """A random BERT ColBERT as Stanford-NLP's colbert-ai saves a checkpoint
     (``BaseColBERT.save``): its ``HF_ColBERT`` (a BertPreTrainedModel holding ``bert`` and a
     bias-free ``linear`` hidden -> ``dim``) through ``save_pretrained``, so config.json names
     ``HF_ColBERT`` and model.safetensors holds ``bert.*`` and ``linear.weight``; the
-    tokenizer; ``artifact.metadata``, its ColBERTConfig as JSON (``metadata`` overrides)."""
+    tokenizer; ``artifact.metadata``, its ColBERTConfig as JSON (``metadata`` overrides).
+    ``pickled``: the weights as ``pytorch_model.bin`` instead, as older checkpoints have them."""
     import torch
     import transformers
     from torch import nn
@@ -227,7 +228,12 @@ def build_stanford_colbert(directory: Path, tokenizer_dir: Path, seed: int = 0, 
         model.bert.load_state_dict(backbone.state_dict())
         model.linear.weight.normal_(0.0, 0.5)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    model.save_pretrained(directory)
+    if pickled:   # transformers 5 writes safetensors only; older colbert-ai saves were torch.save'd
+        from safetensors.torch import load_file
+
+        torch.save(load_file(str(directory / "model.safetensors")), str(directory / "pytorch_model.bin"))
+        (directory / "model.safetensors").unlink()
     tokenizer.save_pretrained(directory)
     config = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]", "doc_token": "[D]",
               "dim": dim, "doc_maxlen": doc_maxlen, "mask_punctuation": True, "query_maxlen": query_maxlen,

@@ -55,6 +55,7 @@ VARIANTS = {
                               query_length=20, document_length=24),
     "stanford": dict(kind="stanford"),
     "stanford-attended": dict(kind="stanford", attend_to_mask_tokens=True),
+    "stanford-pickled": dict(kind="stanford", pickled=True),     # pytorch_model.bin
 }
 
 
