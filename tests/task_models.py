@@ -135,3 +135,110 @@ def build_multivector(directory: Path, tokenizer_dir: Path, seed: int = 0, out_f
     model.save(str(directory))
     shutil.rmtree(backbone)
     return directory
+
+
+def _colbert_backbone(tokenizer_dir: Path, seed: int, markers: tuple[str, str], backbone: Path | None = None):
+    """A random BertModel and MiniLM's tokenizer (or the model and tokenizer saved in
+    ``backbone``), with ``markers`` added as tokens (and the embeddings resized) where the
+    vocabulary lacks them, as PyLate's ColBERT does."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    if backbone is not None:
+        model = transformers.AutoModel.from_pretrained(backbone).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(backbone)
+    else:
+        model = transformers.BertModel(transformers.BertConfig(vocab_size=30522, max_position_embeddings=512,
+                                                               **SIZES)).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.add_tokens([m for m in markers if m]):
+        model.resize_token_embeddings(len(tokenizer))
+    return model, tokenizer
+
+
+def build_pylate(directory: Path, tokenizer_dir: Path, seed: int = 0, out_features: int = 16,
+                 query_prefix: str = "[unused0]", document_prefix: str = "[unused1]", query_length: int = 12,
+                 document_length: int = 20, do_query_expansion: bool = True,
+                 attend_to_expansion_tokens: bool = False, model_type: str | None = "ColBERT",
+                 backbone: Path | None = None) -> Path:
+    """A random BERT ColBERT in the folder layout PyLate 1.6.0 saves (``ColBERT.save`` over
+    sentence-transformers 5): the backbone at the root, ``modules.json`` with a Transformer
+    and ``pylate.models.Dense.Dense`` (1_Dense: hidden -> ``out_features``, no bias), and its
+    settings as top-level keys of ``config_sentence_transformers.json`` (a fresh save's
+    has no ``model_type``: ``model_type=None``). ``backbone``: a saved encoder and tokenizer
+    to start from (a ModernBERT, as GTE-ModernColBERT) instead of a random BERT with MiniLM's
+    tokenizer. PyLate itself cannot run beside sentence-transformers 6 (it pins 5.3), hence
+    written here."""
+    import string
+
+    import torch
+    from safetensors.torch import save_file
+
+    model, tokenizer = _colbert_backbone(tokenizer_dir, seed, (query_prefix, document_prefix), backbone)
+    hidden = model.config.hidden_size
+    tokenizer.pad_token = tokenizer.mask_token          # PyLate pads queries with [MASK]
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}], indent=2))
+    (directory / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": document_length - 1, "do_lower_case": False}))
+    (directory / "1_Dense").mkdir(exist_ok=True)
+    (directory / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": hidden, "out_features": out_features, "bias": False,
+         "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    weight = torch.empty(out_features, hidden).normal_(0.0, 0.5)   # a wrong token shows
+    save_file({"linear.weight": weight}, str(directory / "1_Dense" / "model.safetensors"))
+    config = {"__version__": {"sentence_transformers": "5.3.0", "pylate": "1.6.0"},
+              **({"model_type": model_type} if model_type else {}),
+              "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "MaxSim",
+              "query_prefix": query_prefix, "document_prefix": document_prefix, "query_length": query_length,
+              "document_length": document_length, "attend_to_expansion_tokens": attend_to_expansion_tokens,
+              "skiplist_words": list(string.punctuation), "do_query_expansion": do_query_expansion}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def build_stanford_colbert(directory: Path, tokenizer_dir: Path, seed: int = 0, dim: int = 16,
+                           query_maxlen: int = 12, doc_maxlen: int = 20, attend_to_mask_tokens: bool = False,
+                           pickled: bool = False, **metadata) -> Path:
+    """A random BERT ColBERT as Stanford-NLP's colbert-ai saves a checkpoint
+    (``BaseColBERT.save``): its ``HF_ColBERT`` (a BertPreTrainedModel holding ``bert`` and a
+    bias-free ``linear`` hidden -> ``dim``) through ``save_pretrained``, so config.json names
+    ``HF_ColBERT`` and model.safetensors holds ``bert.*`` and ``linear.weight``; the
+    tokenizer; ``artifact.metadata``, its ColBERTConfig as JSON (``metadata`` overrides).
+    ``pickled``: the weights as ``pytorch_model.bin`` instead, as older checkpoints have them."""
+    import torch
+    import transformers
+    from torch import nn
+
+    class HF_ColBERT(transformers.BertPreTrainedModel):  # noqa: N801  # colbert-ai's class name, saved in config.json
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            self.linear = nn.Linear(config.hidden_size, dim, bias=False)
+            self.bert = transformers.BertModel(config)
+            self.post_init()
+
+    backbone, tokenizer = _colbert_backbone(tokenizer_dir, seed, ())
+    model = HF_ColBERT(backbone.config).eval()
+    with torch.no_grad():
+        model.bert.load_state_dict(backbone.state_dict())
+        model.linear.weight.normal_(0.0, 0.5)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    if pickled:   # transformers 5 writes safetensors only; older colbert-ai saves were torch.save'd
+        from safetensors.torch import load_file
+
+        torch.save(load_file(str(directory / "model.safetensors")), str(directory / "pytorch_model.bin"))
+        (directory / "model.safetensors").unlink()
+    tokenizer.save_pretrained(directory)
+    config = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_token": "[Q]", "doc_token": "[D]",
+              "dim": dim, "doc_maxlen": doc_maxlen, "mask_punctuation": True, "query_maxlen": query_maxlen,
+              "attend_to_mask_tokens": attend_to_mask_tokens, "interaction": "colbert", "similarity": "cosine",
+              "model_name": "bert-base-uncased", "nbits": 2, "checkpoint": "colbert-ir/colbertv2.0",
+              **metadata, "meta": {"version": "colbert-v0.4"}}
+    (directory / "artifact.metadata").write_text(json.dumps(config, indent=4) + "\n")
+    return directory

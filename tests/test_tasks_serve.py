@@ -1,15 +1,16 @@
 """Classification, sparse (SPLADE), LLM-reranker and multi-vector models through ``embedserve serve``.
 
 One server holds a BERT classifier (four labels, single-label softmax), a SPLADE
-model (``BertForMaskedLM`` + max pooling), a Qwen3-Reranker-shaped causal LM and a
-ColBERT-style MultiVectorEncoder folder; httpx (and the ``openai`` client for
+model (``BertForMaskedLM`` + max pooling), a Qwen3-Reranker-shaped causal LM, a
+ColBERT-style MultiVectorEncoder folder and a PyLate ColBERT folder; httpx (and the ``openai`` client for
 ``/v1/embeddings``' sparse answer) call TEI's ``/predict`` and ``/embed_sparse``, vLLM's
 ``/classify`` (gRPC: tests/test_scheduler_tasks.py). References are
 transformers (probabilities within 1e-5) and sentence-transformers' SparseEncoder (the
 same nonzero indices, values within 1e-4) and the Qwen3-Reranker model card's code
 (scores within 1e-5) and sentence-transformers' MultiVectorEncoder (token vectors of
 ``/embed_all`` and the public gRPC ``EmbedTokens``, per-token cosine >= 0.99999; MaxSim on
-``/rerank`` and ``/v1/rerank`` within 1e-5); routing refusals name the model's task.
+``/rerank`` and ``/v1/rerank`` within 1e-5) and PyLate's algorithm for the PyLate folder
+(tests/pylate_reference.py: ``/embed_all`` and MaxSim on ``/rerank``); routing refusals name the model's task.
 The public gRPC API's Classify and EmbedSparse are checked on the same server with the
 generated stubs, against the same references and the HTTP routes' answers; bad fields are
 INVALID_ARGUMENT naming the field.
@@ -31,8 +32,9 @@ from grpc_status import rpc_status
 from embedserve.protos import embeddings_pb2, embeddings_pb2_grpc
 from embedserve.protos import embeddings_pb2 as pb
 from llm_reranker_models import build_llm_reranker, model_card_scores
+from pylate_reference import PyLateReference, colbert_scores
 from serve_harness import served_with_grpc
-from task_models import build_classifier, build_multivector, build_splade
+from task_models import build_classifier, build_multivector, build_pylate, build_splade
 from token_vectors import assert_same_token_vectors
 
 LABELS = ["negative", "neutral", "positive", "mixed"]
@@ -69,10 +71,18 @@ def colbert_dir(tmp_path_factory, minilm_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(classifier_dir, splade_dir, reranker_dir, colbert_dir):
+def pylate_dir(tmp_path_factory, minilm_dir) -> Path:
+    # PyLate's layout with "[Q] " / "[D] " added to the tokenizer as tokens (GTE-ModernColBERT's).
+    return build_pylate(tmp_path_factory.mktemp("pylate") / "pylate", minilm_dir, seed=8, query_prefix="[Q] ",
+                        document_prefix="[D] ")
+
+
+@pytest.fixture(scope="module")
+def stack(classifier_dir, splade_dir, reranker_dir, colbert_dir, pylate_dir):
     with served_with_grpc("--model", f"{classifier_dir}:name=clf", "--model", f"{splade_dir}:name=splade",
                           "--model", f"{reranker_dir}:name=qwen3-reranker",
-                          "--model", f"{colbert_dir}:name=colbert") as (url, address):
+                          "--model", f"{colbert_dir}:name=colbert",
+                          "--model", f"{pylate_dir}:name=pylate-colbert") as (url, address):
         yield url, address
 
 
@@ -281,6 +291,32 @@ def test_multivector_embed_all_and_maxsim_rerank(url: str, colbert_reference) ->
                     timeout=TIMEOUT_S).json()
     np.testing.assert_allclose([r["relevance_score"] for r in v2["results"]], np.sort(expected)[::-1],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_pylate_folder_embed_all_and_maxsim_rerank_equal_pylate(url: str, pylate_dir: Path) -> None:
+    """A PyLate ColBERT folder (markers inserted by id, queries [MASK]-expanded to 12 tokens,
+    documents capped at 20 and without punctuation): /embed_all against PyLate's encode and
+    /rerank against pylate.scores.colbert_scores (tests/pylate_reference.py)."""
+    reference = PyLateReference(pylate_dir)
+    queries = [QUERY, "a query much longer than the twelve tokens this model's queries are cut at"]
+    documents = [*DOCS, "The Eiffel tower, in Paris, is 330 m tall; it was built for the 1889 World's Fair."]
+    expected_documents = reference.encode(documents, is_query=False)
+    docs = httpx.post(f"{url}/embed_all", json={"model": "pylate-colbert", "inputs": documents, "truncate": True},
+                      timeout=TIMEOUT_S)
+    assert docs.status_code == 200, docs.text
+    assert_same_token_vectors(docs.json(), expected_documents, labels=documents)
+    query = httpx.post(f"{url}/embed_all", json={"model": "pylate-colbert", "inputs": queries, "truncate": True,
+                                                 "input_type": "query"}, timeout=TIMEOUT_S)
+    assert query.status_code == 200, query.text
+    expected_queries = reference.encode(queries, is_query=True)
+    assert_same_token_vectors(query.json(), expected_queries, labels=queries)
+    assert [len(q) for q in query.json()] == [12, 12] and len(docs.json()[-1]) < 20
+    ranked = httpx.post(f"{url}/rerank", json={"model": "pylate-colbert", "query": QUERY, "texts": documents,
+                                               "truncate": True}, timeout=TIMEOUT_S)
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["score"] for item in ranked.json()}
+    np.testing.assert_allclose([scores[i] for i in range(len(documents))],
+                               colbert_scores(expected_queries[:1], expected_documents)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_multivector_query_longer_than_the_expansion_length(url: str, colbert_reference) -> None:

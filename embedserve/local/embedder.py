@@ -207,10 +207,10 @@ class LocalEmbedder:
         for batch_rows in part.batches:
             ids, lengths = take(sequences, batch_rows)
             batch = Batch.from_lengths(ids, lengths, "multivector")
-            if self.multivector_task == "query" and spec.expansion is not None:
-                # ColBERT query expansion, as a replica's EmbedTokens does it
-                expanded, keys = multivector.expand_queries(batch, spec.expansion)
-                batch = Batch.of(expanded, "multivector", key_lengths=keys)
+            # the marker token and ColBERT query expansion, as a replica's EmbedTokens does it
+            prepared, keys = multivector.prepare_inputs(batch, spec, self.multivector_task)
+            if prepared is not batch:
+                batch = Batch.of(prepared, "multivector", key_lengths=keys)
             pending.append((batch_rows, batch, self.engine.step(batch)))
             if len(pending) >= IN_FLIGHT_STEPS:
                 finish(*pending.popleft())

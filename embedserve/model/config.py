@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from embedserve.errors import ModelLoadError
 from embedserve.model import (
+    colbert_folders,
     deberta_v2_config,
     gemma3_config,
     llm_reranker,
@@ -44,6 +45,8 @@ ENCODER_ARCHITECTURES_TASKS: dict[str, tuple[Family, str]] = {
     "XLMRobertaForSequenceClassification": ("xlm-roberta", "score"),
     # A masked LM is served as a SPLADE sparse encoder (model/tasks.py).
     "BertForMaskedLM": ("bert", "sparse"),
+    # Stanford-NLP's ColBERT (colbert-ai) on a BERT backbone (model/colbert_folders.py).
+    colbert_folders.STANFORD_ARCHITECTURE: ("bert", "multivector"),
 }
 
 
@@ -127,6 +130,10 @@ def read_json(path: Path) -> Any:
 def parse_encoder_config(raw: dict[str, Any], architecture: str) -> EncoderConfig:
     """``config.json`` of a BERT / XLM-R encoder or reranker -> EncoderConfig."""
     family, task = ENCODER_ARCHITECTURES_TASKS[architecture]
+    if architecture == colbert_folders.STANFORD_ARCHITECTURE and raw.get("model_type") != "bert":
+        # colbert-ai names every backbone's checkpoint HF_ColBERT; only BERT's is served.
+        raise ModelLoadError(f"a Stanford-NLP ColBERT (HF_ColBERT) checkpoint on a {raw.get('model_type')!r} "
+                             "backbone is not supported; only model_type bert")
     position_type = raw.get("position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ModelLoadError(f"unsupported position_embedding_type {position_type!r}")
@@ -216,8 +223,9 @@ def load_model_config(model_dir: Path) -> ModelConfig:
             # Qwen3-Reranker: a causal LM scored by its yes/no logits (model/llm_reranker.py).
             config = dataclasses.replace(config, task="score",  # type: ignore[type-var]  # a DecoderConfig
                                          score_tokens=llm_reranker.yes_no_ids(model_dir))
-        elif config.task == "embed" and multivector.is_multivector_dir(model_dir):
-            # A MultiVectorEncoder folder: the same encoder, every token's vector kept.
+        elif config.task == "embed" and (multivector.is_multivector_dir(model_dir)
+                                         or colbert_folders.kind(model_dir) == "pylate"):
+            # A MultiVectorEncoder (or PyLate) folder: the same encoder, every token's vector kept.
             config = dataclasses.replace(config, task="multivector")  # type: ignore[type-var]  # a dataclass config
         return config
     except ModelLoadError as exc:
@@ -264,6 +272,14 @@ def load_sentence_transformer_meta(model_dir: Path, config: ModelConfig) -> Sent
         raw = read_json(st_config)
         prompts = {str(k): str(v) for k, v in (raw.get("prompts") or {}).items()}
         default_prompt_name = raw.get("default_prompt_name")
+    colbert = colbert_folders.kind(model_dir) if config.task == "multivector" else None
+    if colbert is not None:
+        # PyLate normalizes each token vector and inserts its markers as token ids
+        # (model/colbert_folders.py); a Stanford-NLP checkpoint holds its projection inline.
+        normalize = True
+        prompts = colbert_folders.legacy_prompts(prompts, default_prompt_name)
+        if colbert == "stanford":
+            dense = (colbert_folders.stanford_dense(model_dir, config.hidden_size),)
     return SentenceTransformerMeta(pooling, normalize, prompts, default_prompt_name, dense)
 
 

@@ -39,6 +39,8 @@ def read_dense_modules(model_dir: Path, modules: list[dict[str, Any]], read_json
             continue
         folder = model_dir / str(module.get("path", ""))
         raw = read_json(folder / "config.json")
+        if raw.get("use_residual"):
+            raise ModelLoadError(f"{folder}/config.json: a PyLate Dense with use_residual is not supported")
         activation = str(raw.get("activation_function") or _DEFAULT_ACTIVATION)
         if activation not in ACTIVATIONS:
             raise ModelLoadError(f"{folder}/config.json: unsupported activation_function {activation!r}; "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embedserve.errors import InvalidInput, ModelLoadError
-from embedserve.model import llm_reranker, multivector
+from embedserve.model import colbert_folders, llm_reranker
 from embedserve.model.config import load_model_config, load_sentence_transformer_meta
 from embedserve.model.multivector import MultiVectorSpec
 
@@ -77,7 +77,7 @@ def read_model_info(model_dir: Path, model_id: str | None = None) -> ModelInfo:
     """
     config = load_model_config(model_dir)
     meta = load_sentence_transformer_meta(model_dir, config)
-    spec = multivector.read_multivector(model_dir) if config.task == "multivector" else None
+    spec = colbert_folders.read_spec(model_dir) if config.task == "multivector" else None
     if spec is not None and spec.expansion is not None and spec.expansion.length > config.max_positions:
         raise ModelLoadError(f"{model_dir}: query_expansion length {spec.expansion.length} exceeds the "
                              f"model's {config.max_positions} positions")

@@ -24,10 +24,12 @@ need beyond an embedder's metadata:
   default) the padding positions are not attended to as keys, but each still gets an
   output vector (``expand_queries``: the engine attends over each query's real tokens only).
 
-Refused at load, with the reason: PyLate v3 ``"model_type": "ColBERT"`` folders (their
-legacy layout: prefixes and skiplist in the config, no MultiVectorMask module),
-``keep_only_token_ids``, token pooling and any module other than Transformer, Dense,
-MultiVectorMask and Normalize.
+PyLate and Stanford-NLP (colbert-ai) ColBERT folders are read by model/colbert_folders.py
+into the same spec; their markers are token ids inserted after the first token
+(``query_marker_id`` / ``document_marker_id``, ``prepare_inputs``), not text.
+
+Refused at load, with the reason: ``keep_only_token_ids``, token pooling and any module
+other than Transformer, Dense, MultiVectorMask and Normalize.
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ class MultiVectorSpec:
     expansion: QueryExpansion | None = None
     query_length: int | None = None
     document_length: int | None = None
+    # PyLate / Stanford-NLP folders: the marker token inserted right after the first token
+    # ([CLS]) of a query / document (model/colbert_folders.py); None: none inserted.
+    query_marker_id: int | None = None
+    document_marker_id: int | None = None
+
+    def marker_id(self, task: str) -> int | None:
+        """The token id inserted after ``task``'s first token, if any."""
+        return self.query_marker_id if task == "query" else self.document_marker_id
 
     def skips(self, task: str) -> bool:
         """Whether ``task`` ("query" or "document") drops the skiplist's tokens."""
@@ -82,16 +92,51 @@ class MultiVectorSpec:
         """The most tokens (specials included) an input of ``task`` may have, as the
         Transformer's preprocess caps it: a fixed expansion's length for queries, else
         ``query_length`` (raised to a "min" expansion's length) / ``document_length``, and
-        never more than the model's window."""
+        never more than the model's window; one less where a marker token is inserted
+        (PyLate caps the tokenizer at the length minus one for it)."""
+        marker = 1 if self.marker_id(task) is not None else 0
         if task == "query":
             if self.expansion is not None and self.expansion.strategy == "fixed":
-                return min(self.expansion.length, window)
+                return min(self.expansion.length, window) - marker
             cap = self.query_length
             if cap is not None and self.expansion is not None:
                 cap = max(cap, self.expansion.length)
         else:
             cap = self.document_length
-        return window if cap is None else min(cap, window)
+        return (window if cap is None else min(cap, window)) - marker
+
+
+def insert_markers(tokens: RaggedBatch, marker_id: int) -> RaggedBatch:
+    """``marker_id`` inserted after each sequence's first token, segment 0, as PyLate's
+    ``insert_prefix_token`` (and colbert-ai's marker in place of its ". " placeholder) do."""
+    lengths = tokens.lengths.astype(np.int64)
+    if not (lengths >= 1).all():
+        raise InvalidInput("a multi-vector input needs at least one token to put its marker after",
+                           field="tokens")
+    marked = lengths + 1
+    cu = ragged.cu_seqlens_from_lengths(marked)
+    within = np.arange(tokens.num_tokens, dtype=np.int64) - np.repeat(tokens.cu_seqlens[:-1].astype(np.int64), lengths)
+    at = np.repeat(cu[:-1], lengths) + within + (within > 0)     # where each token goes: past the marker
+    ids = np.full(int(cu[-1]), marker_id, dtype=tokens.token_ids.dtype)
+    ids[at] = tokens.token_ids
+    types = None
+    if tokens.token_type_ids is not None:
+        types = np.zeros(ids.shape[0], dtype=tokens.token_type_ids.dtype)
+        types[at] = tokens.token_type_ids
+    return ragged.from_lengths(ids, marked, types)
+
+
+def prepare_inputs(tokens: RaggedBatch, spec: MultiVectorSpec,
+                   task: str) -> tuple[RaggedBatch, np.ndarray | None]:
+    """A query's or document's tokens -> the model's input and the key lengths
+    (``expand_queries``): the marker token inserted where the folder has one, then queries
+    expanded where it expands them."""
+    marker = spec.marker_id(task)
+    if marker is not None:
+        tokens = insert_markers(tokens, marker)
+    if task == "query" and spec.expansion is not None:
+        return expand_queries(tokens, spec.expansion)
+    return tokens, None
 
 
 def expand_queries(tokens: RaggedBatch, expansion: QueryExpansion) -> tuple[RaggedBatch, np.ndarray | None]:
@@ -124,7 +169,7 @@ def marker_prompt(prompts: dict[str, str], input_type: str) -> str:
     return next((prompts[name] for name in names if name in prompts), "")
 
 
-def _json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -132,34 +177,29 @@ def _json(path: Path) -> Any:
 
 
 def is_multivector_dir(model_dir: Path) -> bool:
-    """Whether ``model_dir`` is a MultiVectorEncoder (or PyLate ColBERT) folder."""
+    """Whether ``model_dir`` is a MultiVectorEncoder folder (PyLate's and Stanford-NLP's:
+    model/colbert_folders.py)."""
     st_config = model_dir / "config_sentence_transformers.json"
-    if st_config.exists():
-        model_type = (_json(st_config) or {}).get("model_type")
-        if model_type in ("MultiVectorEncoder", "ColBERT"):
-            return True
+    if st_config.exists() and (read_json(st_config) or {}).get("model_type") == "MultiVectorEncoder":
+        return True
     modules = model_dir / "modules.json"
     return modules.exists() and any(str(m.get("type", "")).endswith("MultiVectorMask")
-                                    for m in _json(modules) or [])
+                                    for m in read_json(modules) or [])
 
 
 def read_multivector(model_dir: Path) -> MultiVectorSpec:
     """The folder's skiplist (as ids), similarity and truncate_dim; ModelLoadError for what
     is not served (see the module's docstring)."""
     st_path = model_dir / "config_sentence_transformers.json"
-    st_config = _json(st_path) if st_path.exists() else {}
-    if st_config.get("model_type") == "ColBERT":
-        raise ModelLoadError(f"{model_dir}: a PyLate v3 ColBERT folder (model_type ColBERT) is not "
-                             "supported yet (its legacy layout); load it with sentence-transformers' "
-                             "MultiVectorEncoder and save it again")
+    st_config = read_json(st_path) if st_path.exists() else {}
     bert_config_path = model_dir / "sentence_bert_config.json"
-    bert_config = _json(bert_config_path) if bert_config_path.exists() else {}
-    lengths = {key: _positive(bert_config.get(key), f"{bert_config_path}: {key}")
+    bert_config = read_json(bert_config_path) if bert_config_path.exists() else {}
+    lengths = {key: positive(bert_config.get(key), f"{bert_config_path}: {key}")
                for key in ("query_length", "document_length")}
     expansion = _expansion(model_dir, bert_config.get("query_expansion"), lengths["query_length"],
                            f"{bert_config_path}: query_expansion")
     mask: dict[str, Any] = {}
-    modules = _json(model_dir / "modules.json") if (model_dir / "modules.json").exists() else []
+    modules = read_json(model_dir / "modules.json") if (model_dir / "modules.json").exists() else []
     for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in _MODULES:
@@ -167,7 +207,7 @@ def read_multivector(model_dir: Path) -> MultiVectorSpec:
                                  f"multi-vector model; supported: {', '.join(_MODULES)}")
         if kind == "MultiVectorMask":
             path = model_dir / str(module.get("path", "")) / "config.json"
-            mask = _json(path) if path.exists() else {}
+            mask = read_json(path) if path.exists() else {}
     if mask.get("keep_only_token_ids"):
         raise ModelLoadError(f"{model_dir}: MultiVectorMask keep_only_token_ids is not supported")
     tasks = mask.get("skiplist_tasks")
@@ -185,7 +225,7 @@ def read_multivector(model_dir: Path) -> MultiVectorSpec:
         expansion=expansion, **lengths)
 
 
-def _positive(value: Any, where: str) -> int | None:
+def positive(value: Any, where: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -202,7 +242,7 @@ def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) 
     unknown = set(raw) - {"strategy", "attend", "token", "length"}
     if unknown:
         raise ModelLoadError(f"{where}: unknown keys {sorted(unknown)}")
-    length = _positive(raw.get("length"), f"{where} length")
+    length = positive(raw.get("length"), f"{where} length")
     if length is None:
         raise ModelLoadError(f"{where}: length is required (the pad target; classic ColBERT uses 32)")
     attend = raw.get("attend", False)
@@ -211,7 +251,7 @@ def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) 
     if query_length is not None and query_length < length:
         raise ModelLoadError(f"{where}: query_length {query_length} is smaller than the expansion length {length}")
     token = raw.get("token")
-    token_id = _expansion_token_id(model_dir, token)
+    token_id = expansion_token_id(model_dir, token)
     if token_id is None:
         raise ModelLoadError(f"{where}: token {token!r} is not one token of the model's vocabulary"
                              if token is not None else f"{where}: the tokenizer has no mask or EOS token "
@@ -219,15 +259,16 @@ def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) 
     return QueryExpansion(strategy=str(raw["strategy"]), length=length, attend=attend, token_id=token_id)
 
 
-def _expansion_token_id(model_dir: Path, token: str | None) -> int | None:
-    """``token``'s id; without one, the tokenizer's mask token's, else its EOS token's
-    (sentence-transformers' fallback: [MASK] for encoders, EOS for decoders)."""
+def expansion_token_id(model_dir: Path, token: str | None,
+                       fallbacks: tuple[str, ...] = ("mask_token", "eos_token")) -> int | None:
+    """``token``'s id; without one, the id of the first of the tokenizer's ``fallbacks``
+    it has (sentence-transformers': the mask token for encoders, else EOS for decoders)."""
     if token is not None:
-        return _token_ids(model_dir).get(token)
+        return vocabulary(model_dir).get(token)
     config_path = model_dir / "tokenizer_config.json"
-    config = _json(config_path) if config_path.exists() else {}
-    ids = _token_ids(model_dir)
-    for key in ("mask_token", "eos_token"):
+    config = read_json(config_path) if config_path.exists() else {}
+    ids = vocabulary(model_dir)
+    for key in fallbacks:
         name = config.get(key)
         if isinstance(name, dict):          # an AddedToken saved as a dict
             name = name.get("content")
@@ -241,17 +282,17 @@ def skiplist_ids(model_dir: Path, words: list[str]) -> tuple[int, ...]:
     a word that is not one vocabulary token (nor the unknown token itself) is dropped."""
     if not words:
         return ()
-    ids = _token_ids(model_dir)
+    ids = vocabulary(model_dir)
     return tuple(sorted({int(ids[word]) for word in words if word in ids}))
 
 
-def _token_ids(model_dir: Path) -> dict[str, int]:
+def vocabulary(model_dir: Path) -> dict[str, int]:
     """tokenizer.json's vocabulary and added tokens: token -> id."""
     path = model_dir / "tokenizer.json"
     if not path.exists():
         raise ModelLoadError(f"{model_dir}: a skiplist or query expansion needs tokenizer.json to find "
                              "its token ids")
-    tokenizer = _json(path)
+    tokenizer = read_json(path)
     model = tokenizer.get("model") or {}
     vocab = model.get("vocab") or {}
     if isinstance(vocab, list):          # Unigram: [[piece, score], ...]

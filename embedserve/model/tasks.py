@@ -11,7 +11,8 @@ Owns the closed set of tasks (torch-free; every tier reads it):
   with SpladePooling), shipped as its nonzeros: ``/embed_sparse`` (TEI) and
   ``/v1/embeddings`` with ``"sparse": true``;
 - ``multivector``: one vector per token (late interaction, ColBERT-style; a
-  sentence-transformers ``MultiVectorEncoder`` folder, model/multivector.py):
+  sentence-transformers ``MultiVectorEncoder`` folder, model/multivector.py, or a
+  PyLate / Stanford-NLP ColBERT folder, model/colbert_folders.py):
   ``/embed_all`` (TEI), and MaxSim scores on ``/rerank`` and ``/v1/rerank``.
 
 Also the classifier's label names and activation (``config.json``'s

@@ -32,7 +32,7 @@ from embedserve.errors import InvalidInput, Unavailable
 from embedserve.link import wire
 from embedserve.link.status import error_metadata, grpc_status
 from embedserve.model.calibration_texts import TEXTS_ID
-from embedserve.model.multivector import expand_queries
+from embedserve.model.multivector import prepare_inputs
 from embedserve.model.postprocess import (
     classification_probabilities,
     postprocess_embeddings,
@@ -226,17 +226,19 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         tokens = self._decode(request.tokens, "multivector", "tokens")
         spec = self._info.multivector
         assert spec is not None, "a multi-vector model's info carries its spec"
-        key_lengths = None
-        if request.query and spec.expansion is not None:
-            # ColBERT query expansion: queries padded with the expansion token; unless it is
-            # attended, those positions are nobody's keys (engine/batch.py key_lengths).
-            tokens, key_lengths = expand_queries(tokens, spec.expansion)
+        task = "query" if request.query else "document"
+        # A PyLate / Stanford-NLP folder's marker token inserted; ColBERT query expansion:
+        # queries padded with the expansion token, which, unless attended, are nobody's
+        # keys (engine/batch.py key_lengths).
+        given = tokens
+        tokens, key_lengths = prepare_inputs(tokens, spec, task)
+        if tokens is not given:
             validate.check_fits_model(tokens, self._info, "tokens")
         self._check_reply_size(tokens.num_tokens, self._info.dimension, [], inference_pb2.DTYPE_FLOAT32)
         call, rows = await self._run(tokens, "multivector", context, request.priority, request.trace,
                                      key_lengths=key_lengths)
         counts, vectors = token_vectors(rows, tokens.token_ids, tokens.cu_seqlens, spec,
-                                        self._info.normalize, "query" if request.query else "document")
+                                        self._info.normalize, task)
         return inference_pb2.EmbedTokensResponse(
             counts=wire.array_to_tensor(counts, "int32"), vectors=wire.array_to_tensor(vectors, "float32"),
             timings=self._timings(call), request_id=request.request_id)

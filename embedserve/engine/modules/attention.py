@@ -224,21 +224,33 @@ def key_limited(layout: PackedLayout, key_lengths: torch.Tensor) -> Attend:
     """Bidirectional attention in which sequence ``i``'s tokens all attend to its first
     ``key_lengths[i]`` tokens only: the tokens after them get outputs but are nobody's
     keys, as a ColBERT query's expansion tokens with ``attention_mask`` 0 in transformers.
-    One SDPA per sequence (these are short queries, on the CPU)."""
+    One SDPA per sequence (these are short queries, on the CPU). A sliding-window kind
+    (ModernBERT's local layers, which find ``windowed`` set) also keeps ``|i - j| <= w``,
+    as transformers combines its window with the padding mask; a token with no key in its
+    window gets zeros."""
     bounds = list(zip(layout.starts, layout.ends, strict=True))
     limits = key_lengths.tolist()
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kind: AttentionKind | None = None) -> torch.Tensor:
-        if kind is not None and not kind.is_full:
+        if kind is not None and kind.causal:
             raise ValueError("key-limited attention is bidirectional only")
+        window = kind.window if kind is not None else None
         out = torch.empty_like(q)
         for (start, end), keys in zip(bounds, limits, strict=True):
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             ks, vs = (t[start:start + keys].transpose(0, 1).unsqueeze(0) for t in (k, v))
-            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+            mask = None
+            if window is not None:
+                rows = torch.arange(end - start, device=q.device)[:, None]
+                mask = (rows - torch.arange(keys, device=q.device)[None, :]).abs() <= window   # [L, keys]
+            ctx = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)[0].transpose(0, 1)
+            if mask is not None:
+                ctx = ctx.masked_fill(~mask.any(dim=1)[:, None, None], 0.0)   # no key at all: not NaN
+            out[start:end] = ctx
         return out
 
+    attend.windowed = True  # type: ignore[attr-defined]  # runs a window kind itself
     return attend
 
 
