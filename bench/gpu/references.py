@@ -35,14 +35,20 @@ def sentence_transformers_forward(model_dir: Path, device: str, dtype: torch.dty
 
 def transformers_sdpa_forward(model_dir: Path, device: str, dtype: torch.dtype, task: str,
                               pooling: str) -> Forward:
-    """``transformers`` with attn_implementation="sdpa"; pooling as the directory says."""
+    """``transformers`` with attn_implementation="sdpa", or "eager" for the families
+    transformers has no SDPA path for (MPNet, DeBERTa-v2: a ValueError at load); pooling
+    as the directory says."""
     import transformers
 
     if task == "score":
         cls = transformers.AutoModelForSequenceClassification
     else:
         cls = transformers.AutoModel
-    model = cls.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    try:
+        model = cls.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa")
+    except ValueError:
+        model = cls.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="eager")
+    model = model.to(device).eval()
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = model(input_ids=ids, attention_mask=mask)
