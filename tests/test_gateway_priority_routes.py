@@ -115,10 +115,15 @@ def test_an_unknown_class_in_the_body_is_a_400_naming_priority(stacks, task, rou
 
 @pytest.mark.parametrize("route, body", [("/v2/embed", {"texts": ["x"], "input_type": "search_query"}),
                                          ("/v2/rerank", {"query": "q", "documents": ["d"]})])
-def test_cohere_integer_priority_is_its_own_and_names_no_class(stacks, route, body):
-    """Cohere's SDK sends ``priority`` as an integer (its own scheduling hint): accepted,
-    and the call stays interactive unless the header says otherwise."""
+def test_cohere_integer_priority_ranks_into_the_classes(stacks, route, body):
+    """Cohere's SDK sends ``priority`` as an integer, 0 (its default) handled first: above 0
+    is the batch class; 0 leaves the class to the header; below 0 is a 400."""
     stack = stacks["embed" if route == "/v2/embed" else "score"]
-    assert ran_in(stack, lambda c: c.post(route, json={**body, "priority": 5})) == "interactive"
+    assert ran_in(stack, lambda c: c.post(route, json={**body, "priority": 5})) == "batch"
+    assert ran_in(stack, lambda c: c.post(route, json={**body, "priority": 0})) == "interactive"
     assert ran_in(stack, lambda c: c.post(route, json={**body, "priority": 0},
                                           headers={"x-embedserve-priority": "batch"})) == "batch"
+    server, _ = stack
+    with server.client() as client:
+        reply = client.post(route, json={**body, "priority": -1})
+    assert reply.status_code == 400 and "priority" in reply.text, reply.text

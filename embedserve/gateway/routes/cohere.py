@@ -40,6 +40,7 @@ from embedserve.gateway.routes.error_shapes import (
     error_responses,
 )
 from embedserve.gateway.routes.rerank import maxsim_scores
+from embedserve.link.wire import BATCH
 from embedserve.model.info import ModelInfo
 
 router = APIRouter(route_class=CohereRoute, responses=error_responses(CohereErrorResponse))
@@ -92,8 +93,15 @@ def prompt_for(model: ModelInfo, input_type: str | None) -> str:
 
 def _class_named(priority: int | str | None) -> str | None:
     """The traffic class a Cohere body's ``priority`` names: a string is embedserve's class
-    (checked by ``request_priority``); Cohere's integer priority names none (ignored)."""
-    return priority if isinstance(priority, str) else None
+    (checked by ``request_priority``). Cohere's own integer priority ranks requests, 0 (its
+    default) first: 0 names no class (the header or the default decides), a larger number
+    asks to be handled later, which is the batch class; a negative one is a 400."""
+    if isinstance(priority, str) or priority is None:
+        return priority
+    if priority < 0:
+        raise InvalidInput(f"priority must be a string class or an integer >= 0, got {priority}",
+                           field="priority")
+    return BATCH if priority > 0 else None
 
 
 def _check_token_limit(value: int | None, gateway: Gateway, field: str) -> None:

@@ -16,10 +16,11 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 # Cohere's own ``priority`` is an integer (0 = handled first); embedserve's traffic classes
-# are named by a string, so the two never clash (gateway/routes/cohere.py).
-COHERE_PRIORITY_DOC = ("Cohere's integer priority: accepted and ignored. embedserve extension: a string names "
-                       "the traffic class, 'interactive' (default) or 'batch' (docs/priority.md); also the "
-                       "x-embedserve-priority header.")
+# are named by a string; an integer above 0 maps to the batch class (gateway/routes/cohere.py).
+COHERE_PRIORITY_DOC = ("Cohere's integer priority (0, the default, is handled first): 0 leaves the class to the "
+                       "x-embedserve-priority header (default interactive), a larger number runs the request in "
+                       "the batch class. embedserve extension: a string names the traffic class, 'interactive' "
+                       "or 'batch' (docs/priority.md).")
 
 
 class _Body(BaseModel):
