@@ -1,6 +1,6 @@
 """Short-query steps in process: the general path against small steps' flat loop, in one run.
 
-    python -m bench short_query [--lengths 6,32,128] [--steps 300] [--threads N]
+    python -m bench short_query [--lengths 6,32,128] [--steps 300] [--threads N] [--idle-ms 0,2,20]
 
 Loads the default model (multilingual-e5-small) in bf16 twice: once as served (steps of
 up to 64 tokens take the flat loop, engine/small_steps.py) and once with
@@ -11,7 +11,10 @@ machine's background load hits both alike, and reports wall p50 / p99 / min per 
 ratio flat / general of each, and the process's mean CPU time per step (all threads:
 it moves far less with a busy machine than wall time does; ``--threads 1`` keeps
 OpenMP's spinning out of it). 128 tokens is over the flat loop's limit: both run the
-general path there, so its ratio says what the noise is.
+general path there, so its ratio says what the noise is. ``--idle-ms`` repeats each
+length with the process asleep that long before every step, as a replica is between
+sporadic queries (its OpenMP threads asleep, its caches cooled by whatever ran
+meanwhile): back to back (0) is the best case, not what a user's query meets.
 
 Then, for the first length, where a flat step's time goes: the same step with its parts
 timed apart (embedding sum + LayerNorm; the linears; attention; add + LayerNorm; pooling;
@@ -47,13 +50,16 @@ def summary(seconds: list[float]) -> tuple[float, float, float]:
     return float(np.median(ms)), float(np.percentile(ms, 99)), float(ms.min())
 
 
-def interleaved(engines: dict, batch, steps: int, warmup: int = 20) -> tuple[dict, dict]:
-    """Wall seconds of ``steps`` inline steps per engine, the engines taking turns, and each
-    step's CPU seconds (the process's, every thread: OpenMP's spinning included)."""
+def interleaved(engines: dict, batch, steps: int, warmup: int = 20, idle_s: float = 0.0) -> tuple[dict, dict]:
+    """Wall seconds of ``steps`` inline steps per engine, the engines taking turns, each after
+    ``idle_s`` asleep, and each step's CPU seconds (the process's, every thread: OpenMP's
+    spinning included)."""
     times: dict[str, list[float]] = {name: [] for name in engines}
     cpu: dict[str, list[float]] = {name: [] for name in engines}
     for i in range(warmup + steps):
         for name, engine in engines.items():
+            if idle_s:
+                time.sleep(idle_s)
             started, cpu_started = time.perf_counter(), time.process_time()
             engine.step(batch, inline=True).wait()
             if i >= warmup:
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="6,32,128", help="tokens per one-sequence step")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per length and path")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--idle-ms", default="0", help="idle gaps before each step, ms, comma-separated "
+                        "(default: 0, back to back)")
     args = parser.parse_args(argv)
 
     import torch
@@ -151,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| step | general p50 / p99 / min (ms) | flat p50 / p99 / min (ms) | flat / general p50 | min "
               "| CPU ms per step, general / flat | CPU flat / general |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for n in lengths:
-            batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32)])
-            times, cpu = interleaved(engines, batch, args.steps)
-            (g50, g99, gmin), (f50, f99, fmin) = summary(times["general"]), summary(times["flat"])
-            gcpu, fcpu = (float(np.mean(cpu[name]) * 1e3) for name in ("general", "flat"))
-            print(f"| 1 x {n} | {g50:.2f} / {g99:.2f} / {gmin:.2f} | {f50:.2f} / {f99:.2f} / {fmin:.2f} "
-                  f"| {f50 / g50:.2f}x | {fmin / gmin:.2f}x | {gcpu:.2f} / {fcpu:.2f} | {fcpu / gcpu:.2f}x |")
+        for idle_ms in [float(v) for v in args.idle_ms.split(",")]:
+            for n in lengths:
+                batch = Batch.from_sequences([rng.integers(5, 200_000, n).astype(np.int32)])
+                times, cpu = interleaved(engines, batch, args.steps, idle_s=idle_ms / 1e3)
+                (g50, g99, gmin), (f50, f99, fmin) = summary(times["general"]), summary(times["flat"])
+                gcpu, fcpu = (float(np.mean(cpu[name]) * 1e3) for name in ("general", "flat"))
+                after = f", after {idle_ms:g} ms idle" if idle_ms else ""
+                print(f"| 1 x {n}{after} | {g50:.2f} / {g99:.2f} / {gmin:.2f} | {f50:.2f} / {f99:.2f} / {fmin:.2f} "
+                      f"| {f50 / g50:.2f}x | {fmin / gmin:.2f}x | {gcpu:.2f} / {fcpu:.2f} | {fcpu / gcpu:.2f}x |")
         batch = Batch.from_sequences([rng.integers(5, 200_000, lengths[0]).astype(np.int32)])
         exact = flat._runner._exact_up_to >= batch.num_tokens   # as CpuRunner._run decides
         padded = batch if exact else pad_to_bucket(batch, flat.info.max_positions)
