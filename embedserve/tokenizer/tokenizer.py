@@ -180,7 +180,8 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | Path, compat: Compat | None = None,
                   cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
-                  fairseq_ids: bool = False, word_cache_slots: int = WORD_CACHE_SLOTS) -> Tokenizer:
+                  fairseq_ids: bool = False, word_cache_slots: int = WORD_CACHE_SLOTS,
+                  word_cache_min_hit_percent: int = MIN_HIT_PERCENT) -> Tokenizer:
         """A ``.model`` (default compat "sentencepiece") or ``tokenizer.json`` (default "hf").
 
         ``fairseq_ids`` (``.model`` only): XLM-R id order instead of SentencePiece's.
@@ -199,7 +200,8 @@ class Tokenizer:
             if compat == "hf":
                 from embedserve.tokenizer.formats.hf_json import spec_for_hf_compat
                 spec = spec_for_hf_compat(spec)
-        return cls(spec, Path(cache_dir) if cache_dir is not None else None, word_cache_slots=word_cache_slots)
+        return cls(spec, Path(cache_dir) if cache_dir is not None else None, word_cache_slots=word_cache_slots,
+                   word_cache_min_hit_percent=word_cache_min_hit_percent)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, compat: Compat = "hf",
