@@ -17,8 +17,8 @@ job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. ``cache`` is the calling thread's
 ``word_cache.WordCache`` (an empty one disables it; sentencepiece mode also needs the
 Model's ``token_scores``), and ``usage`` its hit counts (``word_cache.new_table_usage``:
-where the table finds too few words, texts skip it). Parallelism over texts is the caller's (threads: every
-kernel here releases the GIL).
+where the table finds too few words, texts skip it). Parallelism over texts is the
+caller's (threads: every kernel here releases the GIL).
 
 A cached kernel here embeds the normalizers and Viterbi it calls; its on-disk cache is
 keyed by the source of the whole package (kernel_cache.py), so an edit to any of them

@@ -35,6 +35,9 @@ hit is used only where that slack exceeds twice the rounding bound after the cur
 prefix (then every comparison, and so the path, comes out the same), and replays the
 path's float32 additions to get the score at the word's end exactly. Words with an
 unknown piece on their path, or near the rebase threshold, are not cached in this mode.
+
+A text may also skip the table (``use`` NO_TABLE: it finds too few words there to pay,
+``word_cache.table_use``); a probe text counts the words the table holds after it.
 """
 
 from __future__ import annotations
