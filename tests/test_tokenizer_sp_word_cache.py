@@ -68,7 +68,9 @@ def rebase(tmp_path_factory) -> tuple[Path, sentencepiece.SentencePieceProcessor
 
 
 def ours(path: Path, slots: int = 1 << 16) -> Tokenizer:
-    return Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None, word_cache_slots=slots)
+    # Never skipped (word_cache_min_hit_percent=0): every text goes through the table.
+    return Tokenizer.from_file(path, compat="sentencepiece", cache_dir=None, word_cache_slots=slots,
+                               word_cache_min_hit_percent=0)
 
 
 def test_a_word_decided_by_rounding_after_a_long_prefix(near_tie):
@@ -129,7 +131,7 @@ def test_udhr_in_a_thrashing_table(tokenizer_cache_dir, xlmr_sp_reference):
     expected = [xlmr_sp_reference.encode(t) for t in texts]
     for slots in (WAYS, 1 << 16):
         tokenizer = Tokenizer.from_file(model, compat="sentencepiece", cache_dir=tokenizer_cache_dir,
-                                        word_cache_slots=slots)
+                                        word_cache_slots=slots, word_cache_min_hit_percent=0)
         for _ in range(2):
             assert_ids_equal(texts, tokenizer.encode_batch(texts, add_special_tokens=False), expected)
             for text, ids in list(zip(texts, expected))[::5]:

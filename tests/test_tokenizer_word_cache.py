@@ -42,9 +42,10 @@ def expected(reference, corpus) -> dict[str, list[int]]:
     return {t: e.ids for t, e in zip(corpus, reference.encode_batch_fast(corpus))}
 
 
-def ours(tokenizer_cache_dir, slots: int) -> Tokenizer:
+def ours(tokenizer_cache_dir, slots: int, min_hit_percent: int = 0) -> Tokenizer:
+    """Never skipped by default (every text goes through the table, whatever it finds)."""
     return Tokenizer.from_file(shared_file("xlmr/tokenizer.json"), cache_dir=tokenizer_cache_dir,
-                               word_cache_slots=slots)
+                               word_cache_slots=slots, word_cache_min_hit_percent=min_hit_percent)
 
 
 def check(tokenizer: Tokenizer, texts: list[str], expected: dict[str, list[int]], no_cache: Tokenizer) -> None:
@@ -134,3 +135,36 @@ def test_prefetching_a_slot_reads_nothing_and_writes_nothing():
         for start, end in ((0, 9), (3, 3), (10, text.shape[0])):
             prefetch_slot(cache, text, start, end)
         assert (cache.records == before).all()
+
+
+def test_a_table_that_finds_few_words_is_skipped_until_text_comes_again(tokenizer_cache_dir, corpus, expected):
+    """UDHR texts seen once find under 60 % of their words' bytes in the table: after a
+    window of probes, the other texts skip it (it stops filling), and the texts coming
+    again find their words in the probes' records, so the table is used again; the ids
+    equal tokenizers' throughout, encode() and encode_batch() alike."""
+    skipping, always = ours(tokenizer_cache_dir, 1 << 16, 60), ours(tokenizer_cache_dir, 1 << 16)
+    usage = skipping._thread_buffers(0).usage  # [0]: whether the table is skipped
+
+    def skipped_share(texts: list[str]) -> float:
+        skipped = 0
+        for text in texts:
+            assert skipping.encode(text).tolist() == expected[text]
+            skipped += int(usage[0])
+        return skipped / len(texts)
+
+    assert skipped_share(corpus) > 0.5  # once each: the cache cannot pay here
+    for text in corpus:
+        always.encode(text)
+    assert 0 < cached_word_count(skipping._word_cache()) < cached_word_count(always._word_cache()) / 2
+    skipped_share(corpus)  # the same texts again: the probes find their words, the others fill the table
+    assert skipped_share(corpus[::-1]) < 0.1
+    assert_ids_equal(corpus, skipping.encode_batch(corpus), [expected[t] for t in corpus])
+    assert cached_word_count(skipping._word_cache()) > cached_word_count(always._word_cache()) / 2
+    skipping.clear_word_cache()
+    assert usage[:3].tolist() == [0, 0, 0]
+
+
+def test_min_hit_percent_is_a_percentage(tokenizer_cache_dir):
+    for share in (-1, 101):
+        with pytest.raises(ValueError, match="min_hit_percent"):
+            ours(tokenizer_cache_dir, WAYS, share)

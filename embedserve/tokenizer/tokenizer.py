@@ -49,7 +49,14 @@ from embedserve.tokenizer.kernels.trie import (
     NO_TOKEN,
     load_or_build_compact_nodes,
 )
-from embedserve.tokenizer.kernels.word_cache import WordCache, clear_word_cache, new_word_cache
+from embedserve.tokenizer.kernels.word_cache import (
+    MIN_HIT_PERCENT,
+    WordCache,
+    clear_table_usage,
+    clear_word_cache,
+    new_table_usage,
+    new_word_cache,
+)
 from embedserve.tokenizer.spec import Compat, PieceKind, TemplateItem, TokenizerSpec
 from embedserve.tokenizer.templates import NO_LIMIT, pack_pairs, pack_single, truncation_limit
 from embedserve.tokenizer.wordpiece import WordPieceEncoder
@@ -72,6 +79,7 @@ KEEP_SCRATCH_BYTES = 1 << 17
 # (BENCHMARKS.md).
 WORD_CACHE_SLOTS = 1 << 17
 _NO_WORD_CACHE = new_word_cache(0)  # never written: a table of no slots caches nothing
+_NO_USAGE = new_table_usage()  # never written: only a table with slots counts its hits
 
 
 def to_utf8(text: str) -> bytes:
@@ -88,18 +96,24 @@ class Tokenizer:
     """An exact Unigram encoder over a loaded TokenizerSpec (a ``backend.TokenizerBackend``)."""
 
     def __init__(self, spec: TokenizerSpec, cache_dir: Path | None = DEFAULT_CACHE_DIR,
-                 threads: int | None = None, word_cache_slots: int = WORD_CACHE_SLOTS) -> None:
+                 threads: int | None = None, word_cache_slots: int = WORD_CACHE_SLOTS,
+                 word_cache_min_hit_percent: int = MIN_HIT_PERCENT) -> None:
         """``threads``: how many threads encode_batch uses (default: all cores).
 
         ``word_cache_slots``: slots of each thread's cache of per-word results (a power of
         two; 0 turns it off). sentencepiece mode caches only where every piece has "▁"
         at most as its first character and "▁" alone is a piece (``_words_chain``).
+        ``word_cache_min_hit_percent``: below this share of the bytes of its words found
+        in the cache, text skips it (all but a probe in 16; kernels/word_cache.py; 0:
+        never skipped).
         """
         if any(spec.single_type_ids):  # encode_batch gives single texts no segment ids
             raise ModelLoadError(f"{spec.source}: field post_processor.single: segment ids other than 0 are "
                                  "not supported; supported: type_id 0 throughout the single-text template")
         self.spec = spec
         new_word_cache(word_cache_slots)  # checks the size before anything is built
+        new_table_usage(word_cache_min_hit_percent)  # and the share
+        self._word_cache_min_hit_percent = word_cache_min_hit_percent
         # The table packs a token id in 23 bits (kernels/word_cache.py).
         caches = word_cache_slots > 0 and spec.vocab_size < 1 << 23 and (spec.compat == "hf" or _words_chain(spec))
         self._word_cache_slots = word_cache_slots if caches else 0
@@ -146,10 +160,10 @@ class Tokenizer:
         if self._ids_read_origins:
             return self._encode_one_by_run
         return compiled_for(encode_with_template, self._model, np.frombuffer(b"", np.uint8),
-                            self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE)
+                            self._encode_scratch(0, 2), _EMPTY, _EMPTY, self._hf, _NO_WORD_CACHE, _NO_USAGE)
 
     def _encode_one_by_run(self, model: Model, src: np.ndarray, scratch: Scratch, prefix: np.ndarray,
-                           suffix: np.ndarray, hf, cache) -> tuple[np.ndarray, bool]:
+                           suffix: np.ndarray, hf, cache, usage) -> tuple[np.ndarray, bool]:
         """``_encode_one`` through encode_batch's kernel. Takes the single-text kernel's
         arguments so that encode() calls either alike; the model, scratch, normalizer
         parameters and cache are encode_batch's own (this thread's word cache)."""
@@ -166,7 +180,8 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | Path, compat: Compat | None = None,
                   cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
-                  fairseq_ids: bool = False, word_cache_slots: int = WORD_CACHE_SLOTS) -> Tokenizer:
+                  fairseq_ids: bool = False, word_cache_slots: int = WORD_CACHE_SLOTS,
+                  word_cache_min_hit_percent: int = MIN_HIT_PERCENT) -> Tokenizer:
         """A ``.model`` (default compat "sentencepiece") or ``tokenizer.json`` (default "hf").
 
         ``fairseq_ids`` (``.model`` only): XLM-R id order instead of SentencePiece's.
@@ -185,7 +200,8 @@ class Tokenizer:
             if compat == "hf":
                 from embedserve.tokenizer.formats.hf_json import spec_for_hf_compat
                 spec = spec_for_hf_compat(spec)
-        return cls(spec, Path(cache_dir) if cache_dir is not None else None, word_cache_slots=word_cache_slots)
+        return cls(spec, Path(cache_dir) if cache_dir is not None else None, word_cache_slots=word_cache_slots,
+                   word_cache_min_hit_percent=word_cache_min_hit_percent)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, compat: Compat = "hf",
@@ -246,18 +262,21 @@ class Tokenizer:
         buffers = getattr(self._local, "buffers", None)
         if buffers is None or len(src) > buffers.capacity:
             buffers = self._thread_buffers(len(src))
-        ids, ok = self._encode_one(self._model, src, buffers.scratch, prefix, suffix, self._hf, buffers.word_cache)
-        return ids if ok else self._encode_growing(src, prefix, suffix, buffers.word_cache)
+        ids, ok = self._encode_one(self._model, src, buffers.scratch, prefix, suffix, self._hf, buffers.word_cache,
+                                   buffers.usage)
+        return ids if ok else self._encode_growing(src, prefix, suffix, buffers)
 
-    def _encode_growing(self, src: np.ndarray, prefix: np.ndarray, suffix: np.ndarray, cache) -> np.ndarray:
+    def _encode_growing(self, src: np.ndarray, prefix: np.ndarray, suffix: np.ndarray,
+                        buffers: _ThreadBuffers) -> np.ndarray:
         """encode() of a text whose normalization expanded it more than 2x (rare): retry
         with ever larger scratch, kept for next time unless the text is huge."""
         factor = 4
         while True:
             scratch = self._encode_scratch(len(src), factor)
             if len(src) <= KEEP_SCRATCH_BYTES:  # never pin a huge one
-                self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, cache)
-            ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, cache)
+                self._local.buffers = buffers._replace(capacity=_capacity(scratch), scratch=scratch)
+            ids, ok = self._encode_one(self._model, src, scratch, prefix, suffix, self._hf, buffers.word_cache,
+                                       buffers.usage)
             if ok:
                 return ids
             factor *= 2
@@ -313,13 +332,14 @@ class Tokenizer:
         if buffers is None:  # a table is not safe to share between threads: one each
             scratch = self._encode_scratch(256, 2)
             buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch,
-                                                           new_word_cache(self._word_cache_slots))
+                                                           new_word_cache(self._word_cache_slots),
+                                                           new_table_usage(self._word_cache_min_hit_percent))
         if src_len <= buffers.capacity:
             return buffers
         scratch = self._encode_scratch(src_len, 2)
         if src_len > KEEP_SCRATCH_BYTES:
-            return _ThreadBuffers(src_len, scratch, buffers.word_cache)
-        buffers = self._local.buffers = _ThreadBuffers(_capacity(scratch), scratch, buffers.word_cache)
+            return buffers._replace(capacity=src_len, scratch=scratch)
+        buffers = self._local.buffers = buffers._replace(capacity=_capacity(scratch), scratch=scratch)
         return buffers
 
     def _word_cache(self):
@@ -331,6 +351,7 @@ class Tokenizer:
         buffers = getattr(self._local, "buffers", None)
         if buffers is not None:
             clear_word_cache(buffers.word_cache)
+            clear_table_usage(buffers.usage)
 
     def _encode_raw(self, texts: Sequence[str], want_offsets: bool):
         if isinstance(texts, str):
@@ -354,10 +375,11 @@ class Tokenizer:
             return self._wordpiece.encode_range(data, text_starts, lo, hi, want_offsets)
         parts = []
         factor = 1
+        buffers = self._thread_buffers(0)
         while True:
             ids, spans, start, count, first_left = encode_run(self._model, data, text_starts, lo, hi,
                                                               factor, want_offsets, self._hf,
-                                                              self._word_cache())
+                                                              buffers.word_cache, buffers.usage)
             done = first_left - lo
             parts.append((ids, spans, start[:done], count[:done]))
             if first_left == hi:
@@ -377,6 +399,7 @@ class _ThreadBuffers(NamedTuple):
     capacity: int  # the longest source (bytes) the scratch holds
     scratch: Scratch
     word_cache: WordCache
+    usage: np.ndarray  # the word cache's hit counts (kernels/word_cache.py new_table_usage)
 
 
 def _capacity(scratch: Scratch) -> int:

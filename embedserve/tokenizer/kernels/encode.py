@@ -16,8 +16,9 @@ byte piece spans the character it is a byte of. Templates and truncation are ``t
 job. Scratch is caller-owned (single text) or allocated once per call (a run of
 texts); nothing is allocated per token or per match. ``cache`` is the calling thread's
 ``word_cache.WordCache`` (an empty one disables it; sentencepiece mode also needs the
-Model's ``token_scores``). Parallelism over texts is the caller's (threads: every
-kernel here releases the GIL).
+Model's ``token_scores``), and ``usage`` its hit counts (``word_cache.new_table_usage``:
+where the table finds too few words, texts skip it). Parallelism over texts is the
+caller's (threads: every kernel here releases the GIL).
 
 A cached kernel here embeds the normalizers and Viterbi it calls; its on-disk cache is
 keyed by the source of the whole package (kernel_cache.py), so an edit to any of them
@@ -37,6 +38,7 @@ from embedserve.tokenizer.kernels.normalize_hf import normalize_hf_into
 from embedserve.tokenizer.kernels.normalize_sp import normalize_sp_into, split_at_metaspace
 from embedserve.tokenizer.kernels.origins import origin_end, origin_start
 from embedserve.tokenizer.kernels.viterbi import viterbi_into
+from embedserve.tokenizer.kernels.word_cache import NO_TABLE, table_use
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 
@@ -103,7 +105,7 @@ def _normalize_for(model, src, scratch, hf):
 # Inlined into the entry points: a real call costs a reference-count round trip on each
 # array of the Model and Scratch tuples, a fixed cost that a short text notices.
 @cached_njit(nogil=True, inline="always")
-def encode_raw(model, src, scratch, want_offsets, hf, cache):
+def encode_raw(model, src, scratch, want_offsets, hf, cache, usage):
     """Tokens of one text into scratch.ids (and scratch.spans as character offsets).
 
     Returns the token count, or SCRATCH_TOO_SMALL.
@@ -111,7 +113,8 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache):
     n_bytes, n_words = normalize(model, src, scratch, hf)
     if n_bytes == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
-    if hf is None and model.token_scores.shape[0] > 0 and cache.records.shape[0] > 0:
+    use = table_use(cache, usage, src)  # the table, or none for text it does not pay on
+    if hf is None and model.token_scores.shape[0] > 0 and use != NO_TABLE:
         n_words = split_at_metaspace(scratch.norm_bytes, n_bytes, scratch.words)  # the cache's words
         if n_words == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL
@@ -121,7 +124,8 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache):
     use_f64 = hf is not None
     n = viterbi_into(model.nodes, model.nodes_f32, model.score64, model.token_scores, model.max_abs_score,
                      scratch.norm_bytes, scratch.words, n_words, use_f64, model.unk_id, model.unk_score,
-                     scratch.best_score, scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, cache)
+                     scratch.best_score, scratch.best_start, scratch.best_id, scratch.ids, scratch.spans, cache,
+                     use, usage)
     if n == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     if model.byte_ids.shape[0] == 256:
@@ -184,7 +188,7 @@ def _spans_to_chars(src, scratch, n):
 
 
 @cached_njit(nogil=True)
-def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache):
+def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache, usage):
     """Encode texts lo..hi-1 (text i is data[text_starts[i]:text_starts[i+1]]).
 
     The output holds (bytes of the run) * factor + 8 per text tokens, plenty for real
@@ -208,7 +212,7 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache
         grow = 4
         # One call site: encode_raw is inlined, and each site costs its whole compile again.
         while True:
-            n = encode_raw(model, src, scratch, want_offsets, hf, cache)
+            n = encode_raw(model, src, scratch, want_offsets, hf, cache, usage)
             if n != SCRATCH_TOO_SMALL:
                 break
             scratch = new_scratch(longest, grow)  # rare: normalization expanded the text more than 2x
@@ -225,13 +229,13 @@ def encode_run(model, data, text_starts, lo, hi, factor, want_offsets, hf, cache
 
 
 @cached_njit(nogil=True)
-def encode_with_template(model, src, scratch, prefix, suffix, hf, cache):
+def encode_with_template(model, src, scratch, prefix, suffix, hf, cache, usage):
     """One text, specials around it, as a fresh int32 array.
 
     Returns an empty array with ok=False when scratch is too small (grow and retry);
     the scratch is not returned, as boxing it back costs more than a short encode.
     """
-    n = encode_raw(model, src, scratch, False, hf, cache)
+    n = encode_raw(model, src, scratch, False, hf, cache, usage)
     if n == SCRATCH_TOO_SMALL:
         return np.empty(0, np.int32), False
     out = np.empty(prefix.shape[0] + n + suffix.shape[0], np.int32)

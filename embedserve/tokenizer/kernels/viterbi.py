@@ -35,6 +35,9 @@ hit is used only where that slack exceeds twice the rounding bound after the cur
 prefix (then every comparison, and so the path, comes out the same), and replays the
 path's float32 additions to get the score at the word's end exactly. Words with an
 unknown piece on their path, or near the rebase threshold, are not cached in this mode.
+
+A text may also skip the table (``use`` NO_TABLE: it finds too few words there to pay,
+``word_cache.table_use``); a probe text counts the words the table holds after it.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ from embedserve.tokenizer.kernels.normalize_sp import utf8_len
 from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
 from embedserve.tokenizer.kernels.word_cache import (
     MAX_WORD_BYTES,
+    NO_TABLE,
+    PROBE,
     TOKEN_INTS,
     claim_slot,
+    count_use,
     forget,
     lookup,
     prefetch_slot,
@@ -73,7 +79,7 @@ _ULP = 2.0 ** -23
 # trip on each of its array arguments.
 @cached_njit(nogil=True, inline="always")
 def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, words, n_words, use_f64, unk_id,
-                 unk_score, best_score, best_start, best_id, out_ids, out_spans, cache):
+                 unk_score, best_score, best_start, best_id, out_ids, out_spans, cache, use, usage):
     """The best segmentation of each range text[words[w, 0]:words[w, 1]] (w < n_words),
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
@@ -85,13 +91,15 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
     word cache. ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
     derives it from a type), so that each mode's loop has none of the other's branches.
     ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
-    SCRATCH_TOO_SMALL if ``out_ids`` is too small.
+    SCRATCH_TOO_SMALL if ``out_ids`` is too small. ``use``: how this text uses the
+    table ``cache`` (``word_cache.table_use``; a probe counts its words in ``usage``).
     """
     unk32 = np.float32(unk_score)
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
     # (about a third of the time of this loop).
     one = np.uint64(1)
-    caching = cache.records.shape[0] > 0
+    caching = use != NO_TABLE
+    probe = use == PROBE
     chained = not use_f64  # sentencepiece mode: a word's paths go on from the score at its start
     records_f32 = cache.records.view(np.float32)
     wide_scores = score64.shape[0] > 0
@@ -119,6 +127,8 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
             slot = lookup(cache, text, start, end, h)
             if slot >= 0 and (not chained or
                               _reusable(records_f32, slot, best_score[start], end - start, max_abs_score)):
+                if probe:
+                    count_use(usage, end - start, end - start)
                 # The cached path, where the back-track reads it.
                 prev = start
                 score = np.float32(best_score[start])
@@ -202,7 +212,8 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
         if not cacheable:
             continue
         if not chained:
-            _store(cache, text, start, end, h, best_start, best_id, unk_id)
+            if _store(cache, text, start, end, h, best_start, best_id, unk_id) >= 0 and probe:
+                count_use(usage, end - start, 0)
             continue
         prefix = best_score[start]
         slack = narrowest - 2.0 * _rounding_bound(prefix, end - start, max_abs_score)
@@ -210,6 +221,8 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 and not _has_unknown(best_start, best_id, start, end, unk_id):
             slot = _store(cache, text, start, end, h, best_start, best_id, unk_id)
             if slot >= 0:
+                if probe:
+                    count_use(usage, end - start, 0)
                 put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
     # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
     count = 0

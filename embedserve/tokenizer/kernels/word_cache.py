@@ -56,6 +56,44 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
+# Text that does not come again: a table that finds too few of the words it looks up
+# costs more than its hits save (hashing, probing and storing every word). On the UDHR
+# stream (each 512-token text once; about 40 % of the bytes of its words found) both
+# modes ran 8-25 % slower with the table than without. So one text in PROBE_EVERY,
+# picked by a hash of its first and last bytes (a text that comes again is picked again),
+# counts the bytes of the words the table holds after it and of those it found there;
+# at the end of each WINDOW_BYTES of them, below ``min_hit_percent`` found, every text
+# but the probes skips the table (runs as if it had none) until a window finds enough
+# again. The probes go on looking words up and storing them: text that comes again
+# finds its words, and the table is used again one pass later.
+WINDOW_BYTES = 2048
+PROBE_EVERY = 16  # a power of two
+MIN_HIT_PERCENT = 60
+# Columns of a table's usage array (``new_table_usage``).
+_U_SKIP, _U_LOOKED, _U_FOUND, _U_MIN_HIT = 0, 1, 2, 3
+# What ``table_use`` answers: the text skips the table, uses it, or uses it and counts.
+NO_TABLE, TABLE, PROBE = 0, 1, 2
+
+
+def new_table_usage(min_hit_percent: int = MIN_HIT_PERCENT) -> np.ndarray:
+    """The hit counts that decide whether a table is skipped (int64 [4]: skipped or not,
+    the current window's bytes held and found, ``min_hit_percent``; 0: never skipped).
+
+    An array of its own beside the table, not a WordCache field: every inlined helper
+    that takes the table pays a reference count round trip per array in it, and a
+    second array there made the warm table ~15 % slower."""
+    if not 0 <= min_hit_percent <= 100:
+        raise ValueError(f"word cache min_hit_percent {min_hit_percent}: expected 0-100")
+    usage = np.zeros(4, np.int64)
+    usage[_U_MIN_HIT] = min_hit_percent
+    return usage
+
+
+def clear_table_usage(usage: np.ndarray) -> None:
+    """Forget the hit counts (a cleared table is used until a window says otherwise)."""
+    usage[:_U_MIN_HIT] = 0
+
+
 class WordCache(NamedTuple):
     # int32 [C, RECORD_INTS]: [0] the header, word length (0: empty) | token count << 8 |
     # tag << 16; [1:7] the word's bytes, 4 an int; [7] the slack; [8 + t] token t's id << 8
@@ -81,6 +119,32 @@ def clear_word_cache(cache: WordCache) -> None:
 def cached_word_count(cache: WordCache) -> int:
     """How many slots hold a word."""
     return int(np.count_nonzero(cache.records[:, 0] & 0xFF))
+
+
+@cached_njit(nogil=True, inline="always")
+def table_use(cache, usage, src):
+    """How text ``src`` uses the table: NO_TABLE, TABLE or PROBE (see WINDOW_BYTES)."""
+    if cache.records.shape[0] == 0:
+        return NO_TABLE
+    n = src.shape[0]
+    ends = min(n, MAX_WORD_BYTES)
+    h = word_hash(src, 0, ends) ^ (word_hash(src, n - ends, n) >> np.uint64(7))
+    if (h >> np.uint64(40)) & np.uint64(PROBE_EVERY - 1) == 0:
+        return PROBE
+    return TABLE if usage[_U_SKIP] == 0 else NO_TABLE
+
+
+@cached_njit(nogil=True, inline="always")
+def count_use(usage, held, found):
+    """Count a probe's word of ``held`` bytes that the table holds now, ``found`` of them
+    there before it (all or none); at the end of a window, skip the table or use it again
+    by what the window found."""
+    usage[_U_LOOKED] += held
+    usage[_U_FOUND] += found
+    if usage[_U_LOOKED] >= WINDOW_BYTES:
+        usage[_U_SKIP] = 1 if usage[_U_FOUND] * 100 < usage[_U_MIN_HIT] * usage[_U_LOOKED] else 0
+        usage[_U_LOOKED] = 0
+        usage[_U_FOUND] = 0
 
 
 # Bytes 0..k of an 8-byte chunk, by how many of its bytes belong to the word (0-8).
