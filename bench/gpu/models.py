@@ -31,6 +31,9 @@ class Shape:
     pooling: str                              # cls, mean or lasttoken ("score" heads: cls)
     normalize: bool = True
     extra_small: dict[str, Any] = field(default_factory=dict)  # what "small" keeps besides heads
+    # The config class's own names for the BERT-style keys ``config`` uses (DistilBERT's
+    # dim, n_heads, ...): applied after scaling, so scaling reads one set of names.
+    config_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def task(self) -> str:
@@ -85,6 +88,32 @@ SHAPES: dict[str, Shape] = {
         vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
         intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2, pad_token_id=0,
         num_labels=1), "cls", normalize=False),
+    # sentence-transformers/all-roberta-large-v1
+    "all-roberta-large-v1": Shape("RobertaModel", "RobertaConfig", dict(
+        vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+        intermediate_size=4096, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2), "mean"),
+    # sentence-transformers/msmarco-distilbert-base-v4
+    "msmarco-distilbert-base-v4": Shape("DistilBertModel", "DistilBertConfig", dict(
+        vocab_size=30522, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512, pad_token_id=0), "mean",
+        config_names=dict(hidden_size="dim", num_hidden_layers="n_layers", num_attention_heads="n_heads",
+                          intermediate_size="hidden_dim")),
+    # nomic-ai/nomic-embed-text-v1.5: rotary positions, SwiGLU
+    "nomic-embed-text-v1.5": Shape("NomicBertModel", "NomicBertConfig", dict(
+        vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=8192, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0}), "mean"),
+    # google/embeddinggemma-300m: Gemma3 used bidirectionally, grouped heads (3 q, 1 kv) of
+    # 256, sliding layers (window 512) with one global layer in six (its Dense modules not
+    # written: they run after pooling, on the CPU path's code)
+    "embeddinggemma-300m": Shape("Gemma3TextModel", "Gemma3TextConfig", dict(
+        vocab_size=262144, hidden_size=768, num_hidden_layers=24, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=256, intermediate_size=1152, max_position_embeddings=2048,
+        sliding_window=512, query_pre_attn_scalar=256, use_bidirectional_attention=True,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        pad_token_id=0, eos_token_id=1, bos_token_id=2), "mean"),
     # intfloat/e5-mistral-7b-instruct's structure (sliding window 4096) at a small width
     "mistral-window": Shape("MistralModel", "MistralConfig", dict(
         vocab_size=32000, hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
@@ -142,7 +171,8 @@ def write_model(directory: Path, name: str, scale: str = "real", seed: int = 0,
     import transformers
 
     shape = SHAPES[name]
-    config = getattr(transformers, shape.config_class)(**scaled_config(shape, scale))
+    fields = {shape.config_names.get(key, key): value for key, value in scaled_config(shape, scale).items()}
+    config = getattr(transformers, shape.config_class)(**fields)
     torch.manual_seed(seed)
     with torch.device(device):
         model = getattr(transformers, shape.architecture)(config).eval()
