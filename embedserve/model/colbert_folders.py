@@ -42,6 +42,7 @@ from embedserve.model.dense_config import DenseSpec
 from embedserve.model.multivector import (
     MultiVectorSpec,
     QueryExpansion,
+    checked_modules,
     expansion_token_id,
     positive,
     read_json,
@@ -87,12 +88,7 @@ def read_pylate(model_dir: Path) -> MultiVectorSpec:
     st_path = model_dir / "config_sentence_transformers.json"
     raw = read_json(st_path) if st_path.exists() else {}
     config = {**_PYLATE_DEFAULTS, **{k: v for k, v in raw.items() if k in _PYLATE_DEFAULTS and v is not None}}
-    modules = read_json(model_dir / "modules.json") if (model_dir / "modules.json").exists() else []
-    for module in modules:
-        module_kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if module_kind not in _PYLATE_MODULES:
-            raise ModelLoadError(f"{model_dir}/modules.json: module {module_kind!r} is not supported in a "
-                                 f"PyLate ColBERT model; supported: {', '.join(_PYLATE_MODULES)}")
+    checked_modules(model_dir, _PYLATE_MODULES, "a PyLate ColBERT model")
     skiplist = raw.get("skiplist_words")
     return _spec(model_dir, str(st_path), query_prefix=config["query_prefix"],
                  document_prefix=config["document_prefix"], query_length=config["query_length"],

@@ -187,6 +187,22 @@ def is_multivector_dir(model_dir: Path) -> bool:
                                     for m in read_json(modules) or [])
 
 
+def checked_modules(model_dir: Path, allowed: tuple[str, ...], what: str) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, entry) of each module ``modules.json`` lists (the kind: its class name's last
+    part); ModelLoadError naming the first one not in ``allowed`` (``what``: the model kind,
+    for the message). No modules.json: none."""
+    path = model_dir / "modules.json"
+    modules = read_json(path) if path.exists() else []
+    checked = []
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in allowed:
+            raise ModelLoadError(f"{path}: module {kind!r} is not supported in {what}; "
+                                 f"supported: {', '.join(allowed)}")
+        checked.append((kind, module))
+    return checked
+
+
 def read_multivector(model_dir: Path) -> MultiVectorSpec:
     """The folder's skiplist (as ids), similarity and truncate_dim; ModelLoadError for what
     is not served (see the module's docstring)."""
@@ -199,12 +215,7 @@ def read_multivector(model_dir: Path) -> MultiVectorSpec:
     expansion = _expansion(model_dir, bert_config.get("query_expansion"), lengths["query_length"],
                            f"{bert_config_path}: query_expansion")
     mask: dict[str, Any] = {}
-    modules = read_json(model_dir / "modules.json") if (model_dir / "modules.json").exists() else []
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in _MODULES:
-            raise ModelLoadError(f"{model_dir}/modules.json: module {kind!r} is not supported in a "
-                                 f"multi-vector model; supported: {', '.join(_MODULES)}")
+    for kind, module in checked_modules(model_dir, _MODULES, "a multi-vector model"):
         if kind == "MultiVectorMask":
             path = model_dir / str(module.get("path", "")) / "config.json"
             mask = read_json(path) if path.exists() else {}
