@@ -301,11 +301,10 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
     def _authorized(self, context: grpc.aio.ServicerContext) -> bool:
         if self._api_key is None and not self._batch_keys:
             return True
-        given = _authorization(context)
         # Constant time, as the HTTP side compares its keys. With batch keys alone (no
-        # --api-key), calls without a key are still accepted, as on HTTP.
-        return ((self._api_key is None and not given) or self._forced_batch(context)
-                or (self._api_key is not None and hmac.compare_digest(given, self._api_key)))
+        # --api-key), calls without one are still accepted, as on HTTP.
+        return (self._forced_batch(context) or self._api_key is None
+                or hmac.compare_digest(_authorization(context), self._api_key))
 
     def _forced_batch(self, context: grpc.aio.ServicerContext) -> bool:
         """Whether the call bears one of the batch API keys."""
