@@ -103,9 +103,9 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
     async def EmbedStream(self, requests: AsyncIterator[embeddings_pb2.EmbedTextsRequest],
                           context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[embeddings_pb2.EmbedStreamResponse]:
-        if not self._authorized(context):
-            await self._abort(context, UNAUTHENTICATED, "EmbedStream", time.perf_counter())
         priority = _CallPriority.of(context, self._forced_batch(context))
+        if not self._authorized(context, priority):
+            await self._abort(context, UNAUTHENTICATED, "EmbedStream", time.perf_counter())
         # Each message is started as it arrives (about STREAM_WINDOW ahead of the answer
         # being written) and answered in arrival order; the reader stops taking messages
         # while the window is full, so gRPC's flow control holds the client back.
@@ -298,16 +298,16 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
             raise errors.Unavailable("the gateway is starting; retry shortly")
         return router
 
-    def _authorized(self, context: grpc.aio.ServicerContext) -> bool:
-        if self._api_key is None and not self._batch_keys:
-            return True
+    def _authorized(self, context: grpc.aio.ServicerContext, priority: _CallPriority) -> bool:
         # Constant time, as the HTTP side compares its keys. With batch keys alone (no
         # --api-key), calls without one are still accepted, as on HTTP.
-        return (self._forced_batch(context) or self._api_key is None
+        return (priority.forced_batch or self._api_key is None
                 or hmac.compare_digest(_authorization(context), self._api_key))
 
     def _forced_batch(self, context: grpc.aio.ServicerContext) -> bool:
-        """Whether the call bears one of the batch API keys."""
+        """Whether the call bears one of the batch API keys (each compared in constant time)."""
+        if not self._batch_keys:
+            return False
         given = _authorization(context)
         return any([hmac.compare_digest(given, key) for key in self._batch_keys])
 
@@ -315,11 +315,11 @@ class EmbeddingsService(embeddings_pb2_grpc.EmbeddingsServicer):
                      work: Callable[[Request], Awaitable[T]]) -> T:
         """Run one unary call's ``work`` admitted, under its deadline, counted; abort on error."""
         started = time.perf_counter()
-        if not self._authorized(context):
+        priority = _CallPriority.of(context, self._forced_batch(context))
+        if not self._authorized(context, priority):
             await self._abort(context, UNAUTHENTICATED, method, started)
         trace = self._request_trace(method, context)
         code = grpc.StatusCode.UNKNOWN
-        priority = _CallPriority.of(context, self._forced_batch(context))
         scope: MutableMapping[str, Any] = {}   # the call's, once made: the finally reads its class
         try:
             try:

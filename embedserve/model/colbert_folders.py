@@ -127,7 +127,7 @@ def _spec(model_dir: Path, where: str, *, query_prefix: Any, document_prefix: An
     assert query_cap is not None and document_cap is not None      # both have defaults
     expansion = None
     if expand:
-        token_id = expansion_token_id(model_dir, None, _EXPANSION_TOKENS)
+        token_id = expansion_token_id(model_dir, None, _EXPANSION_TOKENS, ids)
         if token_id is None:
             raise ModelLoadError(f"{where}: the tokenizer has no mask, EOS or pad token to expand queries with")
         expansion = QueryExpansion(strategy="fixed", length=query_cap, attend=attend, token_id=token_id)

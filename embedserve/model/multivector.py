@@ -271,14 +271,16 @@ def _expansion(model_dir: Path, raw: Any, query_length: int | None, where: str) 
 
 
 def expansion_token_id(model_dir: Path, token: str | None,
-                       fallbacks: tuple[str, ...] = ("mask_token", "eos_token")) -> int | None:
+                       fallbacks: tuple[str, ...] = ("mask_token", "eos_token"),
+                       ids: dict[str, int] | None = None) -> int | None:
     """``token``'s id; without one, the id of the first of the tokenizer's ``fallbacks``
-    it has (sentence-transformers': the mask token for encoders, else EOS for decoders)."""
+    it has (sentence-transformers': the mask token for encoders, else EOS for decoders).
+    ``ids``: the folder's ``vocabulary`` where the caller has read it already."""
+    ids = vocabulary(model_dir) if ids is None else ids
     if token is not None:
-        return vocabulary(model_dir).get(token)
+        return ids.get(token)
     config_path = model_dir / "tokenizer_config.json"
     config = read_json(config_path) if config_path.exists() else {}
-    ids = vocabulary(model_dir)
     for key in fallbacks:
         name = config.get(key)
         if isinstance(name, dict):          # an AddedToken saved as a dict
