@@ -2,7 +2,9 @@
 
 The kernel this CPU runs: float32 on the AVX2 kernel (``engine/avx2_linear.py``) where
 AVX2 is the widest vector unit, bf16 on the AVX512-BF16 kernel
-(``engine/bf16_linear.py``) where the CPU has AVX512-BF16 but no AMX.
+(``engine/bf16_linear.py``) where the CPU has AVX512-BF16 but no AMX, bf16 calls of up to
+64 rows on the AMX kernel (``engine/amx_linear.py``) where it has AMX (oneDNN keeps the
+larger calls there: above 64 tokens both contenders are oneDNN).
 ``python -m bench native_linears`` prints two tables:
 
 - the 48 linears of one multilingual-e5-small step (12 layers of QKV 1152 x 384,
@@ -43,9 +45,10 @@ def linears_table(repeats: int, threads: int, dtype: str) -> None:
               (INTERMEDIATE, HIDDEN, "none")]
     torch_dtype = getattr(torch, dtype)
     linears = [(nn.Linear(i, o).to(torch_dtype), i, attr) for _ in range(LAYERS) for i, o, attr in shapes]
-    packed = {native: [(PackedWeight(linear, native), width, attr) for linear, width, attr in linears]
+    packed = {native: [(PackedWeight(linear, native, few_rows=native), width, attr) for linear, width, attr in linears]
               for native in (True, False)}
-    assert all(p.native for p, _, _ in packed[True]) and not any(p.native for p, _, _ in packed[False])
+    assert all(p.native or p.few_rows for p, _, _ in packed[True])
+    assert not any(p.native or p.few_rows for p, _, _ in packed[False])
     macs_per_token = LAYERS * sum(i * o for i, o, _ in shapes)
     print(f"| tokens | kernel ms | oneDNN ms | oneDNN / kernel | kernel GFLOP/s | oneDNN GFLOP/s |"
           f"  ({len(linears)} linears, {threads} threads)")
@@ -102,17 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=41, help="timed calls per contender and size")
     args = parser.parse_args(argv)
 
-    from embedserve.engine import avx2_linear, bf16_linear
+    from embedserve.engine import amx_linear, avx2_linear, bf16_linear
 
     if avx2_linear.kernel_available():
         dtype = "float32"
-    elif bf16_linear.kernel_available():
+    elif bf16_linear.kernel_available() or amx_linear.kernel_available():
         dtype = "bfloat16"
     else:
-        print("no native linear runs here: not built, or this CPU has AMX or AVX-512 without BF16 "
+        print("no native linear runs here: not built, or this CPU has AVX-512 without BF16 "
               "(oneDNN keeps every call)")
         return 0
-    print(f"native linear: {dtype}")
+    print(f"native linear: {dtype}{' (AMX, calls of up to 64 rows)' if amx_linear.kernel_available() else ''}")
     linears_table(args.repeats, args.threads, dtype)
     print()
     engine_table(args.repeats, args.threads, dtype)

@@ -16,7 +16,10 @@ same function with oneDNN (the library behind ``torch.backends.mkldnn``):
   ``python -m bench engine_profile``);
 - where a native kernel covers a linear (avx2_linear in float32 on AVX2-only
   CPUs, bf16_linear in bf16 on AVX512-BF16 CPUs without AMX), it runs there
-  instead, on weights packed into the kernel's panels.
+  instead, on weights packed into the kernel's panels;
+- on AMX CPUs, calls of few rows (a short query's step) run on amx_linear, on a
+  second copy of the weight in bf16_linear's panels, where the model is small
+  enough (amx_linear.py says why and which).
 
 Measured on the project's 2-core CPU (BENCHMARKS.md, engine section). The
 math is unchanged up to float rounding (the parity tests run on this path).
@@ -29,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embedserve.engine import avx2_linear, bf16_linear
+from embedserve.engine import amx_linear, avx2_linear, bf16_linear
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.residual_norm import ResidualNorm
 
@@ -58,19 +61,26 @@ class PackedWeight(nn.Module):
     """One linear layer's weight, packed once for what runs it (oneDNN's layout, or a
     native kernel's panels where one covers it), plus its bias."""
 
-    def __init__(self, linear: nn.Linear, native: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, native: bool = True, few_rows: bool = False) -> None:
+        """``few_rows``: calls of up to ``amx_linear.MAX_ROWS`` rows run on amx_linear where it
+        covers the weight and oneDNN runs the rest (``fuse_layers`` decides per model)."""
         super().__init__()
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
         covering = (kernel for kernel in _NATIVE_KERNELS if kernel.covers(weight))
         self.kernel = next(covering, None) if native else None
+        # The kernels always add a bias, in float32.
+        bias32 = (bias if bias is not None else weight.new_zeros(weight.shape[0])).float()
         if self.kernel is not None:
             self.register_buffer("weight", self.kernel.pack_panels(weight))
-            # The kernels always add a bias, in float32.
-            self.register_buffer("bias", (bias if bias is not None else weight.new_zeros(weight.shape[0])).float())
+            self.register_buffer("bias", bias32)
         else:
             self.register_buffer("weight", _mkldnn._reorder_linear_weight(weight, _TOKEN_HINT))
             self.register_buffer("bias", bias)
+        self.few_rows = (native and few_rows and self.kernel is None and amx_linear.covers(weight))
+        if self.few_rows:
+            self.register_buffer("few_rows_panels", bf16_linear.pack_panels(weight))
+            self.register_buffer("few_rows_bias", bias32)
 
     @property
     def native(self) -> bool:
@@ -81,21 +91,23 @@ class PackedWeight(nn.Module):
         # x: [T, in] contiguous -> [T, out]
         if self.kernel is not None:
             return self.kernel.linear(x, self.weight, self.bias, attr, algorithm)
+        if self.few_rows and x.shape[0] <= amx_linear.MAX_ROWS:
+            return amx_linear.linear(x, self.few_rows_panels, self.few_rows_bias, attr, algorithm)
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
 
 
 class FusedLayer(nn.Module):
     """encoder.Layer's math (post-norm) on packed weights with fused epilogues."""
 
-    def __init__(self, layer: Layer, hidden_act: str, native_linears: bool = True) -> None:
+    def __init__(self, layer: Layer, hidden_act: str, native_linears: bool = True, few_rows: bool = False) -> None:
         super().__init__()
         self.num_heads = layer.num_heads
         self.head_dim = layer.head_dim
-        self.qkv = PackedWeight(layer.qkv, native_linears)
-        self.attn_out = PackedWeight(layer.attn_out, native_linears)
+        self.qkv = PackedWeight(layer.qkv, native_linears, few_rows)
+        self.attn_out = PackedWeight(layer.attn_out, native_linears, few_rows)
         self.attn_norm = ResidualNorm(layer.attn_norm)
-        self.ffn_in = PackedWeight(layer.ffn_in, native_linears)
-        self.ffn_out = PackedWeight(layer.ffn_out, native_linears)
+        self.ffn_in = PackedWeight(layer.ffn_in, native_linears, few_rows)
+        self.ffn_out = PackedWeight(layer.ffn_out, native_linears, few_rows)
         self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = _FUSED_ACTIVATIONS[hidden_act]
 
@@ -119,9 +131,19 @@ def fuse_layers(model: EncoderModel, native_linears: bool = True) -> bool:
     if config.hidden_act not in _FUSED_ACTIVATIONS or not supported(dtype):
         return False
     layers = model.encoder.layers
+    few_rows = native_linears and few_rows_kernel_fits(layers)
     for i, layer in enumerate(layers):
-        layers[i] = FusedLayer(layer, config.hidden_act, native_linears)  # type: ignore[arg-type]  # a Layer
+        layers[i] = FusedLayer(layer, config.hidden_act, native_linears, few_rows)  # type: ignore[arg-type]  # a Layer
     return True
+
+
+def few_rows_kernel_fits(layers: nn.ModuleList) -> bool:
+    """Whether the encoder's linears get amx_linear's copy for calls of few rows: the kernel
+    runs here and their bf16 weights are at most ``amx_linear.MAX_WEIGHT_BYTES``."""
+    if not amx_linear.kernel_available():
+        return False
+    linears = [module for module in layers.modules() if isinstance(module, nn.Linear)]
+    return sum(linear.weight.numel() * 2 for linear in linears) <= amx_linear.MAX_WEIGHT_BYTES
 
 
 def linears_all_native(model: nn.Module) -> bool:

@@ -11,6 +11,7 @@ BF16_ATTENTION = "embedserve::bf16_attention"
 ADD_LAYER_NORM = "embedserve::add_layer_norm"
 AVX2_LINEAR = "embedserve::avx2_linear"
 BF16_LINEAR = "embedserve::bf16_linear"
+AMX_LINEAR = "embedserve::amx_linear"
 
 
 def named(name: str) -> AbstractContextManager[object]:

@@ -27,6 +27,7 @@ from typing import NamedTuple, cast
 import numpy as np
 import torch
 
+from embedserve.engine import amx_linear
 from embedserve.engine.batch import Batch
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.bert import EncoderModel
@@ -48,7 +49,7 @@ class _Linear(NamedTuple):
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    kernel: object | None      # avx2_linear / bf16_linear module, or None for oneDNN
+    kernel: object | None      # avx2_linear / bf16_linear / amx_linear module, or None for oneDNN
 
 
 class _Norm(NamedTuple):
@@ -78,7 +79,12 @@ def _linear(linear: _Linear, x: torch.Tensor, attr: str = "none", algorithm: str
 
 
 def _plan_linear(packed: PackedWeight) -> _Linear:
-    # buffers, typed by nn.Module as Tensor | Module
+    # buffers, typed by nn.Module as Tensor | Module. Every step here has at most
+    # SMALL_STEP_TOKENS <= amx_linear.MAX_ROWS rows: where the weight has amx_linear's
+    # copy, PackedWeight.forward would always pick it.
+    if packed.few_rows:
+        return _Linear(cast(torch.Tensor, packed.few_rows_panels), cast(torch.Tensor, packed.few_rows_bias),
+                       amx_linear)
     return _Linear(cast(torch.Tensor, packed.weight), cast("torch.Tensor | None", packed.bias), packed.kernel)
 
 

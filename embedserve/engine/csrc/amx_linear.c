@@ -1,0 +1,197 @@
+/*
+ * y = activation(x @ W.T + b) in bf16 on AMX tiles, for calls of few rows (a short
+ * query's step), f32 accumulation.
+ *
+ * Why native: oneDNN's AMX matmul costs ~40 us a call at 1-16 rows whatever the weight
+ * (48 calls of one layer's weights, hot in L2, take as long as 48 distinct ones: the
+ * time is the call, not the arithmetic or the memory), so the linears of a 6-token
+ * step of multilingual-e5-small take ~2 ms where streaming their 42 MB of weights takes
+ * ~1.2. Here a call is one OpenMP region over blocks of 64 output columns: per 32 input
+ * columns, one A tile (the rows) meets four B tiles (the weights' bf16 pairs), four C
+ * tiles of float32 sums; the epilogue adds the bias, applies the activation and rounds
+ * each output once to bf16, as oneDNN's fused epilogues do (bf16_activations.h).
+ *
+ * Layout: x is [rows, K] bf16 with rows ``x_stride`` elements apart; ``panels`` is the
+ * weight [N, K] repacked as bf16_linear.c reads it, [N / 32][K / 2][32][2]
+ * (bf16_linear.py: pack_panels): a panel's pair row is 128 bytes, its first 64 the B
+ * tile row of columns 0-15, its last 64 that of columns 16-31. K a multiple of 32, N a
+ * multiple of 32; bias float32 [N]; y [rows, N] bf16 contiguous. Rows go in blocks of
+ * 16 (a tile's height), the last one shorter; each thread configures its tiles once per
+ * row-block height. The caller has had Linux grant the process the AMX tile state
+ * (bf16_attention.py does, at import).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16_activations.h"
+
+#define PANEL 32          /* output columns per panel (pack_panels) */
+#define BLOCK_COLUMNS 64  /* output columns per block: two panels, four C tiles */
+#define TILE_ROWS 16
+#define K_STEP 32         /* input columns per tile product: 16 bf16 pairs */
+/* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
+#define SERIAL_MACS 65536
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+typedef struct {
+    const uint16_t *x;
+    Py_ssize_t x_stride;
+    const uint16_t *panels;
+    const float *bias;
+    uint16_t *y;
+    Py_ssize_t rows, n, k;
+    int activation;
+} Call;
+
+/* Tiles 0-3: C (rows x 16 float32); 4: A (rows x 32 bf16); 5-7: B (16 pairs x 16 columns). */
+static void configure_tiles(int rows) {
+    TileConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette_id = 1;
+    for (int t = 0; t < 5; ++t) {
+        config.rows[t] = (uint8_t)rows;
+        config.colsb[t] = 64;
+    }
+    for (int t = 5; t < 8; ++t) {
+        config.rows[t] = TILE_ROWS;
+        config.colsb[t] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* Rows [row, row + height) by the block of columns [column, column + 64) (or + 32 at
+ * the end of an N that is an odd number of panels). */
+static void run_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t column) {
+    const int two = column + BLOCK_COLUMNS <= c->n;
+    const uint16_t *first = c->panels + (column / PANEL) * c->k * PANEL;
+    const uint16_t *second = first + c->k * PANEL;
+    const uint16_t *x = c->x + row * c->x_stride;
+    const Py_ssize_t x_bytes = c->x_stride * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+        for (Py_ssize_t k0 = 0; k0 < c->k; k0 += K_STEP) {
+            const Py_ssize_t pair_row = (k0 / 2) * 2 * PANEL;   /* elements */
+#ifdef AMX_PREFETCH
+            if (k0 + AMX_PREFETCH * K_STEP < c->k)
+                for (int line = 0; line < 32; ++line) {
+                    _mm_prefetch((const char *)(first + pair_row + AMX_PREFETCH * K_STEP * PANEL) + 64 * line, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(second + pair_row + AMX_PREFETCH * K_STEP * PANEL) + 64 * line, _MM_HINT_T0);
+                }
+#endif
+            _tile_loadd(4, x + k0, x_bytes);
+            _tile_loadd(5, first + pair_row, 2 * PANEL * 2);
+            _tile_loadd(6, first + pair_row + PANEL, 2 * PANEL * 2);
+            _tile_loadd(7, second + pair_row, 2 * PANEL * 2);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(5, second + pair_row + PANEL, 2 * PANEL * 2);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    } else {
+        for (Py_ssize_t k0 = 0; k0 < c->k; k0 += K_STEP) {
+            const Py_ssize_t pair_row = (k0 / 2) * 2 * PANEL;
+            _tile_loadd(4, x + k0, x_bytes);
+            _tile_loadd(5, first + pair_row, 2 * PANEL * 2);
+            _tile_loadd(6, first + pair_row + PANEL, 2 * PANEL * 2);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+        }
+    }
+    float sums[TILE_ROWS * BLOCK_COLUMNS] __attribute__((aligned(64)));
+    const int vectors = two ? 4 : 2;
+    _tile_stored(0, sums, BLOCK_COLUMNS * 4);
+    _tile_stored(1, sums + 16, BLOCK_COLUMNS * 4);
+    if (two) {
+        _tile_stored(2, sums + 32, BLOCK_COLUMNS * 4);
+        _tile_stored(3, sums + 48, BLOCK_COLUMNS * 4);
+    }
+    for (int r = 0; r < height; ++r) {
+        uint16_t *out = c->y + (row + r) * c->n + column;
+        for (int v = 0; v < vectors; ++v) {
+            const __m512 sum = _mm512_add_ps(_mm512_load_ps(sums + r * BLOCK_COLUMNS + 16 * v),
+                                             _mm512_loadu_ps(c->bias + column + 16 * v));
+            _mm256_storeu_si256((__m256i *)(out + 16 * v),
+                                (__m256i)_mm512_cvtneps_pbh(activate(sum, c->activation)));
+        }
+    }
+}
+
+/* Every block of the call, on up to ``threads`` of torch's OpenMP team (the one whose
+ * threads oneDNN's AMX kernels already run on). Row blocks outer, so that a thread
+ * configures its tiles once per height; the column blocks of each split between threads. */
+static void run_call(const Call *c, int threads) {
+    const Py_ssize_t blocks = (c->n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS;
+#pragma omp parallel num_threads(threads)
+    {
+        int configured = 0;
+        for (Py_ssize_t row = 0; row < c->rows; row += TILE_ROWS) {
+            const int height = (int)(c->rows - row < TILE_ROWS ? c->rows - row : TILE_ROWS);
+            if (height != configured) {
+                configure_tiles(height);
+                configured = height;
+            }
+#pragma omp for schedule(static) nowait
+            for (Py_ssize_t b = 0; b < blocks; ++b) run_block(c, row, height, b * BLOCK_COLUMNS);
+        }
+        if (configured) _tile_release();
+    }
+}
+
+static PyObject *amx_linear(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, panels, bias, y;
+    Py_ssize_t rows, n, k, x_stride, threads;
+    int activation;
+    if (!PyArg_ParseTuple(args, "KKKKnnnnni", &x, &panels, &bias, &y, &rows, &n, &k, &x_stride, &threads,
+                          &activation))
+        return NULL;
+    if (activation < 0 || activation >= ACTIVATIONS) {
+        PyErr_Format(PyExc_ValueError, "activation must be 0 to %d, got %d", ACTIVATIONS - 1, activation);
+        return NULL;
+    }
+    if (rows < 0 || k <= 0 || k % K_STEP != 0 || n <= 0 || n % PANEL != 0 || x_stride < k) {
+        PyErr_Format(PyExc_ValueError,
+                     "need rows >= 0, k a positive multiple of %d, n a positive multiple of %d and "
+                     "x_stride >= k; got rows %zd, n %zd, k %zd, x_stride %zd", K_STEP, PANEL, rows, n, k,
+                     x_stride);
+        return NULL;
+    }
+    if (rows == 0) Py_RETURN_NONE;
+    if (threads < 1 || rows * n * k < SERIAL_MACS) threads = 1;
+    const Call call = {(const uint16_t *)(uintptr_t)x, x_stride, (const uint16_t *)(uintptr_t)panels,
+                       (const float *)(uintptr_t)bias, (uint16_t *)(uintptr_t)y, rows, n, k, activation};
+    Py_BEGIN_ALLOW_THREADS
+    run_call(&call, (int)threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"linear", amx_linear, METH_VARARGS,
+     "linear(x, panels, bias, y, rows, n, k, x_stride, threads, activation): y = activation(x @ W.T + bias) "
+     "in bf16 on AMX tiles; arguments are data pointers and sizes, W packed as [n / 32][k / 2][32][2], "
+     "k a multiple of 32; activation 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx_linear", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__amx_linear(void) { return PyModule_Create(&module); }
