@@ -87,13 +87,6 @@ static void run_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t colu
         _tile_zero(3);
         for (Py_ssize_t k0 = 0; k0 < c->k; k0 += K_STEP) {
             const Py_ssize_t pair_row = (k0 / 2) * 2 * PANEL;   /* elements */
-#ifdef AMX_PREFETCH
-            if (k0 + AMX_PREFETCH * K_STEP < c->k)
-                for (int line = 0; line < 32; ++line) {
-                    _mm_prefetch((const char *)(first + pair_row + AMX_PREFETCH * K_STEP * PANEL) + 64 * line, _MM_HINT_T0);
-                    _mm_prefetch((const char *)(second + pair_row + AMX_PREFETCH * K_STEP * PANEL) + 64 * line, _MM_HINT_T0);
-                }
-#endif
             _tile_loadd(4, x + k0, x_bytes);
             _tile_loadd(5, first + pair_row, 2 * PANEL * 2);
             _tile_loadd(6, first + pair_row + PANEL, 2 * PANEL * 2);
