@@ -37,6 +37,7 @@ BENCHMARKS = {
     "native_linears": "bench.native_linears",
     "gpu": "bench.gpu.workloads",
     "priority": "bench.priority_bench",
+    "priority_toggle": "bench.priority_toggle",
     "short_query": "bench.short_query",
     "int8": "bench.int8_bench",
 }

@@ -54,6 +54,7 @@ from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_
 
 ROOT = Path(__file__).resolve().parents[1]
 WARM_DOCS = 300
+SERVE_WARM_QUERIES = 20     # unmeasured queries first: the engine's short-step shapes
 QUERIES = ("how do I reset my password", "opening hours of the city library",
            "cheap flights to lisbon in may", "symptoms of vitamin d deficiency",
            "best way to learn python", "weather tomorrow in berlin")
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             meter = CpuMeter(server.pid)
             # Warm-up, unmeasured: the engine's first steps of each padded shape, the
             # bulk client's first tokenizer load.
-            interactive_client(base_url, interval, threading.Event(), 20, args.client)
+            interactive_client(base_url, interval, threading.Event(), SERVE_WARM_QUERIES, args.client)
             run_embed(warm_corpus, output, model_dir, "--url", base_url)
             log(f"idle: {args.queries} queries, one every {args.interval_ms:.0f} ms")
             idle = percentiles(interactive_client(base_url, interval, threading.Event(), args.queries, args.client))
