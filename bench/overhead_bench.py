@@ -27,7 +27,9 @@ Reports per stack: client p50/p99, the engine compute p50 (Server-Timing
 Server-Timing entry the stack sends, plus ``outside`` (client time minus the
 gateway's ``total``: the HTTP client, the socket and uvicorn's parse/write),
 and the CPU time per request of the gateway process and of its replicas
-(``/proc``: user + system, all threads). CPU time hardly depends on how busy
+(``/proc``: user + system, all threads), and where the tail comes from (the
+requests at or above the client's p99: their median inference, gateway and hop,
+and outside time). CPU time hardly depends on how busy
 the machine is, so it compares stacks where wall times are noise; a replica's
 CPU beyond its compute is its event loop, gRPC, and OpenMP threads spinning.
 The entries a stack may send, in request order:
@@ -308,6 +310,12 @@ def summarize(stack: Stack) -> list[tuple[str, float]]:
             ("outside p50 (client - total)", float(np.nanmedian(client - total))),
             ("gateway CPU per request", 1e3 * stack.gateway_cpu_s / len(client)),
             ("replica CPU per request", 1e3 * stack.replica_cpu_s / len(client))]
+    # Where the tail comes from: the requests at or above the client's p99, their medians.
+    slow = client >= np.percentile(client, 99)
+    rows += [("inference p99", float(np.nanpercentile(inference, 99))),
+             ("slowest 1 %: inference", float(np.nanmedian(inference[slow]))),
+             ("slowest 1 %: gateway and hop (total - inference)", float(np.nanmedian((total - inference)[slow]))),
+             ("slowest 1 %: outside (client - total)", float(np.nanmedian((client - total)[slow])))]
     names = list(dict.fromkeys(name for t in stack.timings for name in t))
     for name in names:
         rows.append((f"  {name}", float(np.nanmedian([t.get(name, np.nan) for t in stack.timings]))))
