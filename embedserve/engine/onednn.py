@@ -29,6 +29,8 @@ Knows nothing about batching or attention: the layer still calls the
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -92,7 +94,8 @@ class PackedWeight(nn.Module):
         if self.kernel is not None:
             return self.kernel.linear(x, self.weight, self.bias, attr, algorithm)
         if self.few_rows and x.shape[0] <= amx_linear.MAX_ROWS:
-            return amx_linear.linear(x, self.few_rows_panels, self.few_rows_bias, attr, algorithm)
+            return amx_linear.linear(x, cast(torch.Tensor, self.few_rows_panels),
+                                     cast(torch.Tensor, self.few_rows_bias), attr, algorithm)
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
 
 

@@ -243,8 +243,9 @@ class SmallStepForward:
         starts_at, lengths_at, sequences = starts.data_ptr(), lengths.data_ptr(), int(starts.shape[0])
         linear, attend, norm = amx_linear._native.linear, bf16_attention._native.attend, _add_layer_norm.add_layer_norm
         intermediate, scale, amx = self._intermediate, self._scale, self._amx
+        pointers = cast("list[tuple[int, ...]]", self._pointers)       # run() checked
         for layer, (qkv_w, qkv_b, out_w, out_b, in_w, in_b, ffn_w, ffn_b, activation) in zip(
-                self._layers, self._pointers, strict=True):
+                self._layers, pointers, strict=True):
             linear(here, qkv_w, qkv_b, qkv_at, tokens, 3 * hidden, hidden, hidden, threads, 0)
             attend(qkv_at, qkv_at + 2 * hidden, qkv_at + 4 * hidden, context_at, 3 * hidden, 3 * hidden,
                    3 * hidden, heads * head_dim, heads, head_dim, starts_at, lengths_at, sequences, scale,
