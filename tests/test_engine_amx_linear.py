@@ -3,8 +3,9 @@
 The reference is ``F.linear`` in float64 on the same bf16 inputs; the bar is torch's own
 bf16 linear (oneDNN's, what the kernel replaces for calls of up to ``MAX_ROWS`` rows): both
 sum the products in float32 and round each output once to bf16, so the kernel's error must
-be of the same size. Also: which calls and models take it, and that an engine with it
-agrees with the same engine on oneDNN alone and with transformers' float32 as closely.
+be of the same size. Also: which calls and models take it, that an engine with it agrees
+with the same engine on oneDNN alone and with transformers' float32 as closely, and runs
+steps of up to 64 tokens unpadded (no oneDNN primitive per count to bound).
 Only where the kernel runs (built, AMX granted).
 """
 
@@ -128,6 +129,11 @@ def test_an_engine_with_the_kernel_agrees_with_onednn_and_transformers(kernel: N
                 ours, theirs, reference = (engine.step(batch).wait() for engine in (few, onednn, exact))
                 assert cosine(ours, theirs).min() >= 0.9999
                 assert 1 - cosine(ours, reference).min() <= 2 * (1 - cosine(theirs, reference).min()) + 1e-5
+            # Up to 64 tokens no oneDNN primitive is built, so no token bucket either: 6 and
+            # 60 tokens run as they are, 73 as 80; on oneDNN 6 -> 8 and 60 -> 64 too.
+            real = 6 + 60 + 73
+            assert few.stats()["padding_waste"] == pytest.approx((6 + 60 + 80 - real) / (6 + 60 + 80))
+            assert onednn.stats()["padding_waste"] == pytest.approx((8 + 64 + 80 - real) / (8 + 64 + 80))
 
 
 def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -> None:

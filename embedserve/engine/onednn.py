@@ -29,6 +29,7 @@ Knows nothing about batching or attention: the layer still calls the
 
 from __future__ import annotations
 
+import sys
 from typing import cast
 
 import torch
@@ -158,3 +159,17 @@ def linears_all_native(model: nn.Module) -> bool:
     if encoder is None or not packed or any(isinstance(module, nn.Linear) for module in encoder.modules()):
         return False
     return all(module.native for module in packed)
+
+
+def linears_native_up_to(model: nn.Module) -> int:
+    """The most rows a call may have for every linear over the model's tokens to run on a
+    native kernel, which keeps no state per row count (oneDNN builds and keeps a primitive
+    per count, cpu_shapes.py): unbounded where all are native (``linears_all_native``),
+    ``amx_linear.MAX_ROWS`` where the rest have amx_linear's copy for few rows, else 0."""
+    if linears_all_native(model):
+        return sys.maxsize
+    encoder = getattr(model, "encoder", None)
+    packed = [module for module in model.modules() if isinstance(module, PackedWeight)]
+    if encoder is None or not packed or any(isinstance(module, nn.Linear) for module in encoder.modules()):
+        return 0
+    return amx_linear.MAX_ROWS if all(module.native or module.few_rows for module in packed) else 0

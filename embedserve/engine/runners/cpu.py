@@ -11,8 +11,9 @@ Each step's token count is rounded up to a bucket (``cpu_shapes.py``) unless the
 runner is built with ``token_buckets=False``: a few step shapes keep oneDNN's
 per-shape primitives, and so the replica's memory, bounded under mixed traffic.
 A model whose linears all run on a native kernel (avx2_linear or bf16_linear:
-``onednn.linears_all_native``) keeps no primitives: its steps of up to 64 tokens run
-exact counts, so a 20-token query computes 20 rows, not 24. Larger steps keep their
+``onednn.linears_all_native``), or on amx_linear for calls of few rows, keeps no
+primitives for short steps (``onednn.linears_native_up_to``): its steps of up to 64
+tokens run exact counts, so a 20-token query computes 20 rows, not 24. Larger steps keep their
 buckets: with exact counts up to 512 such a replica still grew by ~130 MB over 400
 mixed steps (about 25 MB with buckets; cause not identified), where 64 exact counts
 added ~13 MB and stayed there.
@@ -39,7 +40,7 @@ from embedserve.engine.lazy import FutureLazyTensor, LazyTensor
 from embedserve.engine.modules.attention import ATTENTION_IMPLS, key_limited
 from embedserve.engine.modules.forward import Model, forward_with_token_states, pooled_forward
 from embedserve.engine.modules.layout import build_layout
-from embedserve.engine.onednn import linears_all_native
+from embedserve.engine.onednn import linears_native_up_to
 from embedserve.engine.runners.preemption import LayerPreemption
 from embedserve.engine.small_steps import SmallStepForward
 from embedserve.engine.token_rows import pooled_and_states, token_rows
@@ -67,7 +68,7 @@ class CpuRunner:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedserve-engine")
         self._last_queued: concurrent.futures.Future | None = None
         self._token_buckets = token_buckets
-        self._exact_up_to = TOKEN_STEP_SMALL if linears_all_native(model) else 0
+        self._exact_up_to = min(TOKEN_STEP_SMALL, linears_native_up_to(model))
         self._counts = {"steps": 0, "failed_steps": 0, "tokens": 0, "eager_runs": 0}
         self._padded_tokens = 0   # tokens run, padding included
         self._preemption = LayerPreemption(self._run)
