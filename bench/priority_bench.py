@@ -32,6 +32,7 @@ tokens/s >= 85 % of solo (median of the rounds).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,10 +80,12 @@ PHASES = ("parse", "tokenize", "dispatch", "rpc", "replica", "queue", "inference
 
 def interactive_client(base_url: str, interval_s: float, stop: threading.Event,
                        max_queries: int | None, client_kind: str = "httpx",
-                       cpu: list[float] | None = None) -> list[tuple[float, float, dict[str, float]]]:
+                       cpu: list[float] | None = None,
+                       active: threading.Event | None = None) -> list[tuple[float, float, dict[str, float]]]:
     """(send time, latency s, Server-Timing phases in s) of each query: one every
     ``interval_s`` (or right after the previous answer when that came later), until
-    ``stop`` or ``max_queries``. ``client_kind``: overhead_bench's clients (httpx, as an
+    ``stop`` or ``max_queries``; with ``active``, only while it is set (the period starts
+    again when it is). ``client_kind``: overhead_bench's clients (httpx, as an
     application would; raw, a bare socket that costs the machine least). The thread's CPU
     seconds are added to ``cpu[0]``."""
     from bench.overhead_bench import CLIENTS
@@ -93,6 +97,10 @@ def interactive_client(base_url: str, interval_s: float, stop: threading.Event,
         next_at = time.monotonic()
         k = 0
         while not stop.is_set() and (max_queries is None or k < max_queries):
+            if active is not None and not active.is_set():
+                active.wait(0.05)
+                next_at = time.monotonic()
+                continue
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -151,29 +159,36 @@ def percentiles(results: list[tuple[float, float, dict[str, float]]]) -> dict[st
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench priority", description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=3000, help="bulk job documents (default: %(default)s)")
-    parser.add_argument("--queries", type=int, default=200,
-                        help="interactive queries in the idle run (default: %(default)s)")
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags both priority benchmarks take: the client, the server's flags, the data."""
     parser.add_argument("--interval-ms", type=float, default=50.0,
                         help="interactive client's period (default: %(default)s)")
     parser.add_argument("--serve-args", default="",
                         help="extra flags for embedserve serve, one string (default: none)")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="solo and shared bulk runs, in ABBA order (default: %(default)s)")
     parser.add_argument("--client", choices=("httpx", "raw"), default="httpx",
                         help="the interactive client: httpx as an application would use, or a bare "
                              "socket that costs the 2-core machine least (default: %(default)s)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "embedserve" / "bench",
                         help="server logs (default: %(default)s)")
-    args = parser.parse_args(argv)
-    missing = missing_line("python -m bench priority", [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
-    if missing:
-        print(missing, file=sys.stderr)
-        return MISSING_EXIT_STATUS
 
+
+@dataclass
+class Served:
+    """A warm default ``embedserve serve`` and the bulk job's files (``warm_serve``)."""
+
+    base_url: str
+    pid: int
+    model_dir: Path
+    corpus: Path
+    output: Path
+
+
+@contextlib.contextmanager
+def warm_serve(args: argparse.Namespace, docs: int) -> Iterator[Served]:
+    """One default ``embedserve serve`` (plus ``--serve-args``), warmed up unmeasured: a few
+    queries (the engine's short-step shapes) and a small bulk job (its shapes, the ``embed``
+    client's first tokenizer load); and a corpus of ``docs`` mixed documents for the job."""
     from bench.suite.peer_process import running_server
     from bench.suite.systems import SERVE_READY_TIMEOUT_S, serve_command
     from embedserve.defaults.build import ensure_default_model
@@ -181,42 +196,58 @@ def main(argv: list[str] | None = None) -> int:
     from embedserve.launch.processes import free_port
 
     model_dir = ensure_default_model(default_cache_dir())
-    interval = args.interval_ms / 1e3
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     command = [*serve_command(model_dir, port, "cpu", None), *shlex.split(args.serve_args)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="embedserve-priority-") as tmp:
+        corpus = bulk_corpus.write_jsonl(Path(tmp) / "docs.jsonl", bulk_corpus.mixed(args.data_dir, docs))
+        warm_corpus = bulk_corpus.write_jsonl(Path(tmp) / "warm.jsonl", bulk_corpus.mixed(args.data_dir, WARM_DOCS))
+        output = Path(tmp) / "out.parquet"
+        with running_server(command, name="embedserve serve", health_url=f"{base_url}/ready",
+                            log_path=args.work_dir / "priority-serve.log",
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            ready_timeout_s=SERVE_READY_TIMEOUT_S, log=log) as server:
+            interactive_client(base_url, args.interval_ms / 1e3, threading.Event(), SERVE_WARM_QUERIES, args.client)
+            run_embed(warm_corpus, output, model_dir, "--url", base_url)
+            yield Served(base_url, server.pid, model_dir, corpus, output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench priority", description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=3000, help="bulk job documents (default: %(default)s)")
+    parser.add_argument("--queries", type=int, default=200,
+                        help="interactive queries in the idle run (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="solo and shared bulk runs, in ABBA order (default: %(default)s)")
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    missing = missing_line("python -m bench priority", [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
+    if missing:
+        print(missing, file=sys.stderr)
+        return MISSING_EXIT_STATUS
+
+    interval = args.interval_ms / 1e3
     solos: list[Phase] = []
     shareds: list[Phase] = []
     client_results: list[tuple[float, float, dict[str, float]]] = []
-    with tempfile.TemporaryDirectory(prefix="embedserve-priority-") as tmp:
-        corpus = bulk_corpus.write_jsonl(Path(tmp) / "docs.jsonl", bulk_corpus.mixed(args.data_dir, args.docs))
-        warm_corpus = bulk_corpus.write_jsonl(Path(tmp) / "warm.jsonl",
-                                              bulk_corpus.mixed(args.data_dir, WARM_DOCS))
-        output = Path(tmp) / "out.parquet"
-        with running_server(command, name="embedserve serve", health_url=f"{base_url}/ready",
-                            log_path=args.work_dir / "priority-serve.log", env=env,
-                            ready_timeout_s=SERVE_READY_TIMEOUT_S, log=log) as server:
-            meter = CpuMeter(server.pid)
-            # Warm-up, unmeasured: the engine's first steps of each padded shape, the
-            # bulk client's first tokenizer load.
-            interactive_client(base_url, interval, threading.Event(), SERVE_WARM_QUERIES, args.client)
-            run_embed(warm_corpus, output, model_dir, "--url", base_url)
-            log(f"idle: {args.queries} queries, one every {args.interval_ms:.0f} ms")
-            idle = percentiles(interactive_client(base_url, interval, threading.Event(), args.queries, args.client))
-            for round_ in range(args.rounds):
-                # ABBA: solo first in even rounds, shared first in odd ones, so that a host
-                # slowing down or speeding up over the run biases neither side
-                order = ("solo", "shared") if round_ % 2 == 0 else ("shared", "solo")
-                for kind in order:
-                    log(f"round {round_ + 1}/{args.rounds}, {kind}: {args.docs} documents")
-                    if kind == "solo":
-                        solos.append(measure_solo(meter, corpus, output, model_dir, base_url))
-                    else:
-                        shared_phase, during = measure_shared(meter, corpus, output, model_dir, base_url,
-                                                              interval, args.client)
-                        shareds.append(shared_phase)
-                        client_results.extend(during)
+    with warm_serve(args, args.docs) as served:
+        base_url, model_dir, corpus, output = served.base_url, served.model_dir, served.corpus, served.output
+        meter = CpuMeter(served.pid)
+        log(f"idle: {args.queries} queries, one every {args.interval_ms:.0f} ms")
+        idle = percentiles(interactive_client(base_url, interval, threading.Event(), args.queries, args.client))
+        for round_ in range(args.rounds):
+            # ABBA: solo first in even rounds, shared first in odd ones, so that a host
+            # slowing down or speeding up over the run biases neither side
+            order = ("solo", "shared") if round_ % 2 == 0 else ("shared", "solo")
+            for kind in order:
+                log(f"round {round_ + 1}/{args.rounds}, {kind}: {args.docs} documents")
+                if kind == "solo":
+                    solos.append(measure_solo(meter, corpus, output, model_dir, base_url))
+                else:
+                    shared_phase, during = measure_shared(meter, corpus, output, model_dir, base_url,
+                                                          interval, args.client)
+                    shareds.append(shared_phase)
+                    client_results.extend(during)
     if not client_results:
         log("the shared runs saw no bulk tokens in flight: nothing measured")
         return 1

@@ -21,24 +21,18 @@ pipeline) and the one the job ends in are left out.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import shlex
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from bench import bulk_corpus
 from bench.bulk_bench import run_embed
-from bench.priority_bench import QUERIES, ROOT, SERVE_WARM_QUERIES, WARM_DOCS, log, percentiles, server_timing
-from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+from bench.priority_bench import add_server_arguments, interactive_client, log, percentiles, warm_serve
+from bench.reference_data import MISSING_EXIT_STATUS, missing_line
 
 BATCH_TOKENS = re.compile(
     r'^embedserve_scheduler_class_step_tokens_sum\{[^}]*priority="batch"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
@@ -48,38 +42,6 @@ def batch_tokens(base_url: str) -> float:
     """Batch-class tokens the replicas have put in steps so far."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10.0) as reply:
         return sum(float(v) for v in BATCH_TOKENS.findall(reply.read().decode()))
-
-
-def switched_client(base_url: str, interval_s: float, active: threading.Event, stop: threading.Event,
-                    client_kind: str) -> list[tuple[float, float, dict[str, float]]]:
-    """A query every ``interval_s`` while ``active`` is set, until ``stop``; (send time,
-    latency s, Server-Timing phases) of each."""
-    from bench.overhead_bench import CLIENTS
-
-    results: list[tuple[float, float, dict[str, float]]] = []
-    client: Any = CLIENTS[client_kind](base_url)
-    try:
-        k = 0
-        next_at = time.monotonic()
-        while not stop.is_set():
-            if not active.is_set():
-                active.wait(0.05)
-                next_at = time.monotonic()
-                continue
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            body = json.dumps({"input": QUERIES[k % len(QUERIES)], "input_type": "query"}).encode()
-            sent = time.monotonic()
-            status, timing = client.request("POST", "/v1/embeddings", body)
-            if status != 200:
-                raise RuntimeError(f"interactive query answered {status}")
-            results.append((sent, time.monotonic() - sent, server_timing(timing)))
-            next_at += interval_s
-            k += 1
-    finally:
-        client.close()
-    return results
 
 
 def on_off_ratios(segments: list[tuple[bool, float, float]]) -> list[float]:
@@ -99,74 +61,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=15000, help="bulk job documents (default: %(default)s)")
     parser.add_argument("--segment-s", type=float, default=4.0,
                         help="seconds the interactive client is on, then off (default: %(default)s)")
-    parser.add_argument("--interval-ms", type=float, default=50.0,
-                        help="interactive client's period while on (default: %(default)s)")
-    parser.add_argument("--serve-args", default="", help="extra flags for embedserve serve, one string")
-    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx",
-                        help="the interactive client (overhead_bench's; default: %(default)s)")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "embedserve" / "bench",
-                        help="server logs (default: %(default)s)")
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     missing = missing_line("python -m bench priority_toggle", [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
     if missing:
         print(missing, file=sys.stderr)
         return MISSING_EXIT_STATUS
 
-    from bench.priority_bench import interactive_client
-    from bench.suite.peer_process import running_server
-    from bench.suite.systems import SERVE_READY_TIMEOUT_S, serve_command
-    from embedserve.defaults.build import ensure_default_model
-    from embedserve.defaults.model_args import default_cache_dir
-    from embedserve.launch.processes import free_port
-
-    model_dir = ensure_default_model(default_cache_dir())
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    command = [*serve_command(model_dir, port, "cpu", None), *shlex.split(args.serve_args)]
     interval = args.interval_ms / 1e3
     segments: list[tuple[bool, float, float]] = []
-    with tempfile.TemporaryDirectory(prefix="embedserve-priority-") as tmp:
-        corpus = bulk_corpus.write_jsonl(Path(tmp) / "docs.jsonl", bulk_corpus.mixed(args.data_dir, args.docs))
-        warm_corpus = bulk_corpus.write_jsonl(Path(tmp) / "warm.jsonl", bulk_corpus.mixed(args.data_dir, WARM_DOCS))
-        output = Path(tmp) / "out.parquet"
-        with running_server(command, name="embedserve serve", health_url=f"{base_url}/ready",
-                            log_path=args.work_dir / "priority-serve.log", env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            ready_timeout_s=SERVE_READY_TIMEOUT_S, log=log):
-            interactive_client(base_url, interval, threading.Event(), SERVE_WARM_QUERIES, args.client)
-            run_embed(warm_corpus, output, model_dir, "--url", base_url)
-            active, stop, finished = threading.Event(), threading.Event(), threading.Event()
-            results: list[tuple[float, float, dict[str, float]]] = []
-            summary: dict[str, float] = {}
-            client = threading.Thread(target=lambda: results.extend(
-                switched_client(base_url, interval, active, stop, args.client)))
+    with warm_serve(args, args.docs) as served:
+        base_url = served.base_url
+        active, stop, finished = threading.Event(), threading.Event(), threading.Event()
+        results: list[tuple[float, float, dict[str, float]]] = []
+        summary: dict[str, float] = {}
+        client = threading.Thread(target=lambda: results.extend(
+            interactive_client(base_url, interval, stop, None, args.client, active=active)))
 
-            def job() -> None:
-                summary.update(run_embed(corpus, output, model_dir, "--url", base_url))
-                finished.set()
+        def job() -> None:
+            summary.update(run_embed(served.corpus, served.output, served.model_dir, "--url", base_url))
+            finished.set()
 
-            bulk = threading.Thread(target=job)
-            client.start()
-            log(f"one bulk job of {args.docs} documents, the client on and off every {args.segment_s:g} s")
-            bulk.start()
-            start = batch_tokens(base_url)
-            while not finished.is_set() and batch_tokens(base_url) <= start:   # the job's own tokenizing
-                finished.wait(0.2)
-            on_windows: list[tuple[float, float]] = []
-            on, last_t, last_tokens = False, time.monotonic(), batch_tokens(base_url)
-            while not finished.is_set():
-                (active.set if on else active.clear)()
-                ended = finished.wait(args.segment_s)
-                now, tokens = time.monotonic(), batch_tokens(base_url)
-                if not ended:
-                    segments.append((on, tokens - last_tokens, now - last_t))
-                    if on:
-                        on_windows.append((last_t, now))
-                on, last_t, last_tokens = not on, now, tokens
-            active.clear()
-            stop.set()
-            client.join()
-            bulk.join()
+        bulk = threading.Thread(target=job)
+        client.start()
+        log(f"one bulk job of {args.docs} documents, the client on and off every {args.segment_s:g} s")
+        bulk.start()
+        start = batch_tokens(base_url)
+        while not finished.is_set() and batch_tokens(base_url) <= start:   # the job's own tokenizing
+            finished.wait(0.2)
+        on_windows: list[tuple[float, float]] = []
+        on, last_t, last_tokens = False, time.monotonic(), batch_tokens(base_url)
+        while not finished.is_set():
+            (active.set if on else active.clear)()
+            ended = finished.wait(args.segment_s)
+            now, tokens = time.monotonic(), batch_tokens(base_url)
+            if not ended:
+                segments.append((on, tokens - last_tokens, now - last_t))
+                if on:
+                    on_windows.append((last_t, now))
+            on, last_t, last_tokens = not on, now, tokens
+        active.clear()
+        stop.set()
+        client.join()
+        bulk.join()
     segments = segments[1:]            # the first: the pipeline filling
     ratios = on_off_ratios(segments)
     if not ratios:

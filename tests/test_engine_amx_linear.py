@@ -23,31 +23,13 @@ from embedserve.engine import Batch, Engine, amx_linear, bf16_linear, profiler_n
 from embedserve.engine.onednn import FusedLayer, PackedWeight
 from embedserve.engine.small_steps import SMALL_STEP_TOKENS
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, kernel_calls, linear_layer
+from tests.native_linear_cases import ACTIVATIONS, bf16_layer, bf16_rows, kernel_calls, within_torchs_error
 
 
 @pytest.fixture
 def kernel() -> None:
     if not amx_linear.kernel_available():
         pytest.skip("the AMX linear does not run here: not built, no AMX, or the tile state not granted")
-
-
-def bf16_layer(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    return linear_layer(in_features, out_features, bias, torch.bfloat16)
-
-
-def bf16_rows(rows: int, features: int) -> torch.Tensor:
-    return torch.randn(rows, features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
-
-
-def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
-    bias = None if layer.bias is None else layer.bias.double()
-    expected = activation(F.linear(x.double(), layer.weight.double(), bias))
-    torch_error = (activation(F.linear(x, layer.weight, layer.bias)).double() - expected).abs()
-    error = (out.double() - expected).abs()
-    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
-    assert error.max() <= 1.25 * torch_error.max() + 1e-6, (error.max(), torch_error.max())
-    assert error.mean() <= 1.1 * torch_error.mean() + 1e-7, (error.mean(), torch_error.mean())
 
 
 def amx(x: torch.Tensor, layer: nn.Linear, attr: str = "none", algorithm: str = "") -> torch.Tensor:

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from embedserve.engine import Batch, Engine, bf16_linear, profiler_names
 from embedserve.engine.onednn import PackedWeight, linears_all_native
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, kernel_calls, linear_layer
+from tests.native_linear_cases import ACTIVATIONS, bf16_layer, bf16_rows, kernel_calls, within_torchs_error
 
 
 @pytest.fixture
@@ -36,24 +35,6 @@ def runs_here() -> None:
 def kernel() -> None:
     if not bf16_linear.kernel_available():
         pytest.skip("the bf16 linear does not run here: not built, no AVX512-BF16, or AMX (oneDNN keeps every call)")
-
-
-def bf16_layer(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    return linear_layer(in_features, out_features, bias, torch.bfloat16)
-
-
-def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, activation=lambda t: t) -> None:
-    bias = None if layer.bias is None else layer.bias.double()
-    expected = activation(F.linear(x.double(), layer.weight.double(), bias))
-    torch_error = (activation(F.linear(x, layer.weight, layer.bias)).double() - expected).abs()
-    error = (out.double() - expected).abs()
-    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
-    assert error.max() <= 1.25 * torch_error.max() + 1e-6, (error.max(), torch_error.max())
-    assert error.mean() <= 1.1 * torch_error.mean() + 1e-7, (error.mean(), torch_error.mean())
-
-
-def bf16_rows(rows: int, features: int) -> torch.Tensor:
-    return torch.randn(rows, features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 20, 24, 95, 96, 97, 300])

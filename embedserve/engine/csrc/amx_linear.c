@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "amx_tiles.h"
 #include "bf16_activations.h"
 
 #define PANEL 32          /* output columns per panel (pack_panels) */
@@ -37,14 +38,6 @@
 #define K_STEP 32         /* input columns per tile product: 16 bf16 pairs */
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
 #define SERIAL_MACS 65536
-
-typedef struct {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
 
 typedef struct {
     const uint16_t *x;

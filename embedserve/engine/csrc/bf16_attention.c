@@ -43,6 +43,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
 #include "avx512_exp.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -53,14 +54,6 @@
 #define KEY_PAD 64       /* keys are padded to a multiple of this: four 16-key score blocks */
 #define MAX_THREADS 64
 #define MAX_ROW_STRIDE (1 << 26)   /* 15 rows of it, in bytes, fit a gather's int32 offsets */
-
-typedef struct {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
 
 typedef struct {
     const uint16_t *q, *k, *v;
