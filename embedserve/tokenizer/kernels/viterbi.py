@@ -113,9 +113,18 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
     # The spare last entry of the best_* scratch, where a losing candidate goes: past
     # every word's end, or the scratch is too small.
     spare = np.uint64(best_score.shape[0] - 1)
+    # Words in order, none overlapping the one before (as the normalizers write them):
+    # then every entry is set to "no path yet" (-inf) once, here, not per word (a short
+    # loop per word: a mispredicted exit each, on hf mode's hundreds of words).
+    in_order = True
     for w in range(n_words):
         if words[w, 1] >= best_score.shape[0] - 1:
             return SCRATCH_TOO_SMALL
+        if w > 0 and words[w, 0] < words[w - 1, 1]:
+            in_order = False
+    if in_order and n_words > 0:
+        for i in range(words[0, 0], words[n_words - 1, 1] + 1):
+            best_score[i] = -np.inf
     unk32 = np.float32(unk_score)
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
     # (about a third of the time of this loop).
@@ -172,8 +181,9 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
         track = chained and cacheable  # keep the narrowest comparison's gap, for the slack
         narrowest = np.inf
         u_end = np.uint64(end)
-        for i in range(np.uint64(start) + one, u_end + one):
-            best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
+        if not in_order:
+            for i in range(np.uint64(start) + one, u_end + one):
+                best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
         pos = np.uint64(start)
         reached = pos  # at least as far as any candidate has set so far (the rebase's range)
         while pos < u_end:
@@ -248,13 +258,11 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 if probe:
                     count_use(usage, end - start, 0)
                 put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
-    # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
-    count = 0
-    for w in range(n_words):
-        count += _fused_token_count(best_start, best_id, words[w, 0], words[w, 1], unk_id)
-    if count > out_ids.shape[0]:
-        return SCRATCH_TOO_SMALL
-    t = count
+    # Back-track each word, fusing runs of unknowns inside it, filling out_ids from its
+    # end, then move the tokens to its start: one pass over the path (counting the
+    # tokens first cost hf mode a second pass, and a mispredicted loop exit per word).
+    room = min(out_ids.shape[0], out_spans.shape[0])
+    t = room
     for w in range(n_words - 1, -1, -1):
         start = words[w, 0]
         j = words[w, 1]
@@ -266,12 +274,19 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
             if is_unk and prev_unk:
                 out_spans[t, 0] = s  # extend the fused unknown to the left
             else:
+                if t == 0:
+                    return SCRATCH_TOO_SMALL
                 t -= 1
                 out_ids[t] = tid
                 out_spans[t, 0] = s
                 out_spans[t, 1] = j
             prev_unk = is_unk
             j = s
+    count = room - t
+    for q in range(count):
+        out_ids[q] = out_ids[t + q]
+        out_spans[q, 0] = out_spans[t + q, 0]
+        out_spans[q, 1] = out_spans[t + q, 1]
     return count
 
 
