@@ -133,12 +133,12 @@ def test_single_child_chains_lie_in_consecutive_cells(source, small_sp_model):
 
 
 @pytest.mark.parametrize("source", ["small", "spm/test_ja_model.model"])
-def test_compact_nodes_are_the_trie_in_16_byte_rows(source, small_sp_model):
+def test_compact_nodes_are_the_trie_in_32_byte_rows(source, small_sp_model):
     trie = build_trie(load_sentencepiece_model(small_sp_model if source == "small" else shared_file(source)))
     nodes, score64 = trie_module.compact_nodes(trie, use_f64=False)
     n = trie.shape[0]
     width = trie_module.COMPACT_COLUMNS
-    assert nodes.dtype == np.int32 and nodes.shape[1] == width and width * 4 == 16 and score64.shape == (0,)
+    assert nodes.dtype == np.int32 and nodes.shape[1] == width and width * 4 == 32 and score64.shape == (0,)
     # Base and check are flat offsets (row * COMPACT_COLUMNS); -1 for no parent.
     assert (nodes[:n, trie_module.COMPACT_BASE] == trie["base"] * width).all()
     assert (nodes[:n, trie_module.COMPACT_CHECK] == np.where(trie["check"] >= 0, trie["check"] * width, -1)).all()
@@ -150,13 +150,17 @@ def test_compact_nodes_are_the_trie_in_16_byte_rows(source, small_sp_model):
     # Every base + byte is a row (the walk has no bounds test); rows past the trie are free.
     assert nodes.shape[0] >= trie["base"].max() + 256
     assert (nodes[n:, trie_module.COMPACT_CHECK] == -1).all() and (nodes[n:, trie_module.COMPACT_TOKEN] == -1).all()
-    # A child is found by its check alone: exactly the bitmap's children.
     flat = nodes.reshape(-1)
+    masks = nodes[:, trie_module.COMPACT_MASK:trie_module.COMPACT_MASK + 2].copy().view(np.uint64)[:, 0]
+    assert (masks[n:] == 0).all()
     for node in range(0, n, max(1, n // 200)):
+        children = [byte for byte in range(256) if int(trie["children"][node][byte >> 6]) >> (byte & 63) & 1]
+        # A child is found by its check alone: exactly the bitmap's children.
         for byte in range(256):
-            has_child = bool(int(trie["children"][node][byte >> 6]) >> (byte & 63) & 1)
             child = nodes[node, trie_module.COMPACT_BASE] + byte * width
-            assert (flat[child + trie_module.COMPACT_CHECK] == node * width) == has_child
+            assert (flat[child + trie_module.COMPACT_CHECK] == node * width) == (byte in children)
+        # The mask has bit c & 63 for each child c, and no other.
+        assert int(masks[node]) == sum({1 << (byte & 63) for byte in children})
 
 
 def test_hf_mode_reads_float64_scores_only_where_float32_would_differ(small_sp_model):

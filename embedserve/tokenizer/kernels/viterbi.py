@@ -1,4 +1,4 @@
-"""Unigram Viterbi over the word ranges of normalized bytes, on the trie's 16-byte rows
+"""Unigram Viterbi over the word ranges of normalized bytes, on the trie's 32-byte rows
 (``trie.compact_nodes``).
 
 The algorithm is the "optimized" encoder both references use (sentencepiece's
@@ -51,6 +51,7 @@ from embedserve.tokenizer.kernels.trie import (
     COMPACT_BASE,
     COMPACT_CHECK,
     COMPACT_COLUMNS,
+    COMPACT_MASK,
     COMPACT_SCORE32,
     COMPACT_TOKEN,
     NO_TOKEN,
@@ -79,6 +80,9 @@ _BASE = np.uint64(COMPACT_BASE)
 _CHECK = np.uint64(COMPACT_CHECK)
 _TOKEN = np.uint64(COMPACT_TOKEN)
 _SCORE32 = np.uint64(COMPACT_SCORE32)
+_MASK = np.uint64(COMPACT_MASK)
+_MASK_WORD_SHIFT = np.uint64(5)  # bit 5 of a byte picks the mask's column, bits 0-4 its bit
+_MASK_BIT = np.uint64(31)
 _ROW_SHIFT = np.uint64(COMPACT_COLUMNS.bit_length() - 1)  # offset = row << _ROW_SHIFT
 assert 1 << _ROW_SHIFT == COMPACT_COLUMNS
 # A word's cache slot starts loading this many words before it is looked up.
@@ -202,7 +206,13 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
             node = np.uint64(0)
             k = pos
             while k < u_end:
-                child = np.uint64(np.int64(nodes[node + _BASE])) + (np.uint64(text[k]) << _ROW_SHIFT)
+                c = np.uint64(text[k])
+                # No child with this byte's low six bits: the walk ends on this row's mask
+                # (trie.py), without loading the row of a child that is not there.
+                mask = np.uint64(np.uint32(nodes[node + _MASK + ((c >> _MASK_WORD_SHIFT) & one)]))
+                if (mask >> (c & _MASK_BIT)) & one == 0:
+                    break
+                child = np.uint64(np.int64(nodes[node + _BASE])) + (c << _ROW_SHIFT)
                 # Unsigned: a free row's check (-1) never equals a node's offset.
                 if np.uint64(np.int64(nodes[child + _CHECK])) != node:
                     break
