@@ -95,13 +95,13 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
                     continue
                 if b <= 0xC2 or 0xE1 <= b <= 0xE3 or b == rep_first:
                     break  # a stray continuation byte, or maybe whitespace: the general path
-                n = 2 + np.int64(b >= 0xE0) + np.int64(b >= 0xF0)
-                if i + n > e or w + n > limit:
+                width = 2 + int(b >= 0xE0) + int(b >= 0xF0)  # the character's bytes
+                if i + width > e or w + width > limit:
                     break
-                for k in range(n):
+                for k in range(width):
                     put(buf, origin, w + k, buf[i + k], origin_start(origin, i + k), origin_end(origin, i + k))
-                w += n
-                i += n
+                w += width
+                i += width
         if i == e:
             cp, n, is_space = _NO_CHAR, 0, True  # the end closes the last piece
         else:
