@@ -23,6 +23,7 @@ import tokenizers
 
 from embedserve.errors import InvalidInput, ModelLoadError
 from embedserve.tokenizer import HfTokenizer, Tokenizer, TokenizerBackend, load_tokenizer, load_tokenizer_file
+from embedserve.tokenizer.kernels.trie import COMPACT_COLUMNS
 from embedserve.tokenizer.load import native_backend_for
 from trained_tokenizers import (
     MULTILINGUAL,
@@ -193,7 +194,7 @@ def test_a_supported_unigram_runs_natively_and_exactly(tmp_path):
     assert isinstance(ours, Tokenizer) and ours.backend == "native-unigram"
     assert native_backend_for(json.loads(path.read_text()))[0] == "native-unigram"
     # Trained scores are not float32s: Viterbi reads them from the float64 column.
-    assert ours._model.score64.shape == (ours._model.nodes.shape[0],)
+    assert ours._model.score64.shape == (ours._model.nodes.shape[0] // COMPACT_COLUMNS,)
     reference = tokenizers.Tokenizer.from_file(str(path))
     reference.encode_special_tokens = True
     # The trained vocabulary holds "<s>" as a scored piece: tokenizers' Viterbi matches it

@@ -133,23 +133,34 @@ def test_single_child_chains_lie_in_consecutive_cells(source, small_sp_model):
 
 
 @pytest.mark.parametrize("source", ["small", "spm/test_ja_model.model"])
-def test_compact_nodes_are_the_trie_in_16_byte_rows(source, small_sp_model):
+def test_compact_nodes_are_the_trie_in_32_byte_rows(source, small_sp_model):
     trie = build_trie(load_sentencepiece_model(small_sp_model if source == "small" else shared_file(source)))
     nodes, score64 = trie_module.compact_nodes(trie, use_f64=False)
     n = trie.shape[0]
-    assert nodes.dtype == np.int32 and nodes.shape[1] * 4 == 16 and score64.shape == (0,)
-    assert (nodes[:n, trie_module.COMPACT_BASE] == trie["base"]).all()
-    assert (nodes[:n, trie_module.COMPACT_CHECK] == trie["check"]).all()
+    width = trie_module.COMPACT_COLUMNS
+    assert nodes.dtype == np.int32 and nodes.shape[1] == width and width * 4 == 32 and score64.shape == (0,)
+    # Base and check are flat offsets (row * COMPACT_COLUMNS); -1 for no parent.
+    assert (nodes[:n, trie_module.COMPACT_BASE] == trie["base"] * width).all()
+    assert (nodes[:n, trie_module.COMPACT_CHECK] == np.where(trie["check"] >= 0, trie["check"] * width, -1)).all()
     assert (nodes[:n, trie_module.COMPACT_TOKEN] == trie["token_id"]).all()
-    assert (nodes.view(np.float32)[:n, trie_module.COMPACT_SCORE32] == trie["score32"]).all()
+    # A node with no token scores -inf (a candidate through it never wins).
+    has_token = trie["token_id"] >= 0
+    scores = nodes.view(np.float32)[:n, trie_module.COMPACT_SCORE32]
+    assert (scores[has_token] == trie["score32"][has_token]).all() and (scores[~has_token] == -np.inf).all()
     # Every base + byte is a row (the walk has no bounds test); rows past the trie are free.
     assert nodes.shape[0] >= trie["base"].max() + 256
     assert (nodes[n:, trie_module.COMPACT_CHECK] == -1).all() and (nodes[n:, trie_module.COMPACT_TOKEN] == -1).all()
-    # A child is found by its check alone: exactly the bitmap's children.
+    flat = nodes.reshape(-1)
+    masks = nodes[:, trie_module.COMPACT_MASK:trie_module.COMPACT_MASK + 2].copy().view(np.uint64)[:, 0]
+    assert (masks[n:] == 0).all()
     for node in range(0, n, max(1, n // 200)):
+        children = [byte for byte in range(256) if int(trie["children"][node][byte >> 6]) >> (byte & 63) & 1]
+        # A child is found by its check alone: exactly the bitmap's children.
         for byte in range(256):
-            has_child = bool(int(trie["children"][node][byte >> 6]) >> (byte & 63) & 1)
-            assert (nodes[nodes[node, trie_module.COMPACT_BASE] + byte, trie_module.COMPACT_CHECK] == node) == has_child
+            child = nodes[node, trie_module.COMPACT_BASE] + byte * width
+            assert (flat[child + trie_module.COMPACT_CHECK] == node * width) == (byte in children)
+        # The mask has bit c & 63 for each child c, and no other.
+        assert int(masks[node]) == sum({1 << (byte & 63) for byte in children})
 
 
 def test_hf_mode_reads_float64_scores_only_where_float32_would_differ(small_sp_model):
@@ -158,7 +169,8 @@ def test_hf_mode_reads_float64_scores_only_where_float32_would_differ(small_sp_m
     tokens = np.flatnonzero(trie["token_id"] >= 0)
     trie["score64"][tokens[0]] += 1e-12  # no longer a float32
     nodes, score64 = trie_module.compact_nodes(trie, use_f64=True)
-    assert (score64[:trie.shape[0]] == trie["score64"]).all()
+    assert (score64[:trie.shape[0]][tokens] == trie["score64"][tokens]).all()
+    assert (np.delete(score64, tokens) == -np.inf).all()  # no token: never a winning candidate
     assert trie_module.compact_nodes(trie, use_f64=False)[1].shape == (0,)  # sentencepiece mode: float32
 
 

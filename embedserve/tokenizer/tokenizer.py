@@ -143,7 +143,8 @@ class Tokenizer:
         token_scores, max_abs_score = np.zeros(0, np.float32), 0.0
         if spec.compat == "sentencepiece" and self._word_cache_slots:
             token_scores, max_abs_score = _token_scores(nodes, spec.vocab_size, unk_score)
-        self._model = Model(units, strings, params, nodes, nodes.view(np.float32), score64, token_scores,
+        flat = nodes.reshape(-1)  # the kernels walk flat offsets (trie.py)
+        self._model = Model(units, strings, params, flat, flat.view(np.float32), score64, token_scores,
                             max_abs_score, int(spec.unk_id), unk_score, _byte_ids(spec))
         # hf mode's "first" prepend scheme reads where a word came from (kernels/origins.py).
         self._ids_read_origins = spec.hf is not None and spec.hf.prepend_scheme == "first"

@@ -46,8 +46,8 @@ class Model(NamedTuple):
     units: np.ndarray  # charsmap trie, uint32
     strings: np.ndarray  # charsmap replacement strings, uint8
     params: np.ndarray  # normalizer parameters, int64
-    nodes: np.ndarray  # trie.compact_nodes: int32 [M, 4]
-    nodes_f32: np.ndarray  # the same rows viewed as float32 (the score column)
+    nodes: np.ndarray  # trie.compact_nodes as one flat int32 array [M * 4]
+    nodes_f32: np.ndarray  # the same array viewed as float32 (the score column)
     score64: np.ndarray  # float64 [M], hf mode's scores where not all are float32; else empty
     token_scores: np.ndarray  # float32 [V]: sentencepiece mode's score per id when it caches words; else empty
     max_abs_score: float  # the largest |score| of a piece or the unknown (sentencepiece mode's cache)

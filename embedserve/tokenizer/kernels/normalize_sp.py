@@ -17,6 +17,7 @@ import numpy as np
 
 from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match
 from embedserve.tokenizer.kernel_cache import cached_njit
+from embedserve.tokenizer.kernels.branchless import unpredictable_select
 from embedserve.tokenizer.kernels.origins import set_origin
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, PieceKind, TokenizerSpec
 
@@ -214,6 +215,33 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
     pieces (each position must try those first).
     """
     while pos < n and o <= cap:
+        if escape:
+            # ASCII, spaces escaped: branch-free on whether a character is a space (on
+            # unseen text a mispredicted branch or two a word). A space writes "▁" and
+            # advances 3 unless it follows a space (collapsed), another character
+            # writes itself and advances 1; the two bytes after it are overwritten by
+            # what follows (``cap`` leaves room for them).
+            while pos < n and o <= cap:
+                b = np.int64(src[pos])
+                if b >= 0x80:
+                    break
+                entry = params[_P_TABLE + b]
+                if np.int32(entry & 0xFFFFFFFF) != NO_RULE:
+                    break
+                if pos + 1 < n and np.int64(src[pos + 1]) >= (entry >> 32):
+                    break  # a longer key may match: the trie decides
+                is_space = b == _SPACE
+                out_bytes[o] = unpredictable_select(is_space, np.int64(0xE2), b)
+                out_bytes[o + 1] = 0x96
+                out_bytes[o + 2] = 0x81
+                for k in range(3):
+                    set_origin(out_origin, o + k, pos, pos + 1)
+                o += unpredictable_select(is_space, unpredictable_select(is_prev_space, np.int64(0), np.int64(3)),
+                                          np.int64(1))
+                is_prev_space = is_space & remove_ws
+                pos += 1
+            if pos >= n or o > cap:
+                break
         b = np.int64(src[pos])
         if b < 0x80:
             length = 1

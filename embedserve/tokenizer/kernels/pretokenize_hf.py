@@ -78,16 +78,30 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
     i = s
     while i <= e:
         if in_piece:
-            # Inside a piece, a run of ASCII bytes that are neither whitespace nor a
-            # space nor the replacement's first byte (most of Latin-script text) is
-            # copied as it is.
-            while i < e and w < limit:
+            # Inside a piece, a run of characters that are neither whitespace nor a
+            # space nor start with the replacement's first byte (most of any text) is
+            # copied as it is, one character a step. Every whitespace character above
+            # ASCII (is_rust_whitespace) starts with C2 (U+0085, U+00A0), E1 (U+1680),
+            # E2 (U+2000-U+205F) or E3 (U+3000), so a character that starts with none
+            # of them is copied without decoding it.
+            while i < e:
                 b = buf[i]
-                if b >= 0x80 or b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first:
+                if b < 0x80:
+                    if b == _SPACE or 0x09 <= b <= 0x0D or b == rep_first or w >= limit:
+                        break
+                    put(buf, origin, w, b, origin_start(origin, i), origin_end(origin, i))
+                    w += 1
+                    i += 1
+                    continue
+                if b <= 0xC2 or 0xE1 <= b <= 0xE3 or b == rep_first:
+                    break  # a stray continuation byte, or maybe whitespace: the general path
+                width = 2 + int(b >= 0xE0) + int(b >= 0xF0)  # the character's bytes
+                if i + width > e or w + width > limit:
                     break
-                put(buf, origin, w, b, origin_start(origin, i), origin_end(origin, i))
-                w += 1
-                i += 1
+                for k in range(width):
+                    put(buf, origin, w + k, buf[i + k], origin_start(origin, i + k), origin_end(origin, i + k))
+                w += width
+                i += width
         if i == e:
             cp, n, is_space = _NO_CHAR, 0, True  # the end closes the last piece
         else:

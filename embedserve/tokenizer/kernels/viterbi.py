@@ -1,4 +1,4 @@
-"""Unigram Viterbi over the word ranges of normalized bytes, on the trie's 16-byte rows
+"""Unigram Viterbi over the word ranges of normalized bytes, on the trie's 32-byte rows
 (``trie.compact_nodes``).
 
 The algorithm is the "optimized" encoder both references use (sentencepiece's
@@ -45,8 +45,17 @@ from __future__ import annotations
 import numpy as np
 
 from embedserve.tokenizer.kernel_cache import cached_njit
+from embedserve.tokenizer.kernels.branchless import unpredictable_select
 from embedserve.tokenizer.kernels.normalize_sp import utf8_len
-from embedserve.tokenizer.kernels.trie import COMPACT_BASE, COMPACT_CHECK, COMPACT_SCORE32, COMPACT_TOKEN, NO_TOKEN
+from embedserve.tokenizer.kernels.trie import (
+    COMPACT_BASE,
+    COMPACT_CHECK,
+    COMPACT_COLUMNS,
+    COMPACT_MASK,
+    COMPACT_SCORE32,
+    COMPACT_TOKEN,
+    NO_TOKEN,
+)
 from embedserve.tokenizer.kernels.word_cache import (
     MAX_WORD_BYTES,
     NO_TABLE,
@@ -66,6 +75,16 @@ from embedserve.tokenizer.kernels.word_cache import (
 )
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
+# The columns of a node as unsigned offsets from the node's own (the flat layout).
+_BASE = np.uint64(COMPACT_BASE)
+_CHECK = np.uint64(COMPACT_CHECK)
+_TOKEN = np.uint64(COMPACT_TOKEN)
+_SCORE32 = np.uint64(COMPACT_SCORE32)
+_MASK = np.uint64(COMPACT_MASK)
+_MASK_WORD_SHIFT = np.uint64(5)  # bit 5 of a byte picks the mask's column, bits 0-4 its bit
+_MASK_BIT = np.uint64(31)
+_ROW_SHIFT = np.uint64(COMPACT_COLUMNS.bit_length() - 1)  # offset = row << _ROW_SHIFT
+assert 1 << _ROW_SHIFT == COMPACT_COLUMNS
 # A word's cache slot starts loading this many words before it is looked up.
 _PREFETCH_WORDS = 8
 _REBASE_BELOW = np.float32(-1e5)
@@ -84,16 +103,32 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
     written in order to out_ids / out_spans (``out_spans[t]``: the token's [start, end)
     in ``text``).
 
-    ``nodes``/``nodes_f32``/``score64``: ``trie.compact_nodes`` (the float32 view of the
-    same rows, and hf mode's float64 scores when they are not all float32, else empty).
+    ``nodes``/``nodes_f32``/``score64``: ``trie.compact_nodes`` as one flat array (and
+    its float32 view), and hf mode's float64 scores when they are not all float32, else
+    empty.
     ``token_scores``: sentencepiece mode's float32 score per token id, and
     ``max_abs_score`` the largest magnitude of a score (the unknown's included), for its
     word cache. ``use_f64`` (hf mode) is meant to be a compile-time constant (``encode.encode_raw``
     derives it from a type), so that each mode's loop has none of the other's branches.
-    ``best_*`` scratch needs len(text) + 1 entries. Returns the token count, or
-    SCRATCH_TOO_SMALL if ``out_ids`` is too small. ``use``: how this text uses the
+    ``best_*`` scratch needs an entry past the last word's end and one spare. Returns the
+    token count, or SCRATCH_TOO_SMALL if ``out_ids`` or ``best_*`` is too small. ``use``: how this text uses the
     table ``cache`` (``word_cache.table_use``; a probe counts its words in ``usage``).
     """
+    # The spare last entry of the best_* scratch, where a losing candidate goes: past
+    # every word's end, or the scratch is too small.
+    spare = np.uint64(best_score.shape[0] - 1)
+    # Words in order, none overlapping the one before (as the normalizers write them):
+    # then every entry is set to "no path yet" (-inf) once, here, not per word (a short
+    # loop per word: a mispredicted exit each, on hf mode's hundreds of words).
+    in_order = True
+    for w in range(n_words):
+        if words[w, 1] >= best_score.shape[0] - 1:
+            return SCRATCH_TOO_SMALL
+        if w > 0 and words[w, 0] < words[w - 1, 1]:
+            in_order = False
+    if in_order and n_words > 0:
+        for i in range(words[0, 0], words[n_words - 1, 1] + 1):
+            best_score[i] = -np.inf
     unk32 = np.float32(unk_score)
     # Unsigned indices: Numba then skips the negative-index wraparound on every access
     # (about a third of the time of this loop).
@@ -150,10 +185,11 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
         track = chained and cacheable  # keep the narrowest comparison's gap, for the slack
         narrowest = np.inf
         u_end = np.uint64(end)
-        for i in range(np.uint64(start) + one, u_end + one):
-            best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
+        if not in_order:
+            for i in range(np.uint64(start) + one, u_end + one):
+                best_score[i] = -np.inf  # every real candidate beats it: "no path yet"
         pos = np.uint64(start)
-        reached = pos  # the furthest end any candidate has set so far
+        reached = pos  # at least as far as any candidate has set so far (the rebase's range)
         while pos < u_end:
             here = best_score[pos]
             here32 = np.float32(here)
@@ -161,6 +197,7 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 # sentencepiece 0.2.3 keeps float32 path scores near zero: once the score
                 # at the current start leaves +-1e5 it subtracts it (in float32) from every
                 # set entry from here to the furthest one; the current entry becomes 0.
+                # (Entries in that range no candidate set are -inf and stay so.)
                 for i in range(pos, reached + one):
                     best_score[i] = np.float64(np.float32(best_score[i]) - here32)
                 here32 = np.float32(0.0)
@@ -170,34 +207,41 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
             k = pos
             while k < u_end:
                 c = np.uint64(text[k])
-                child = np.uint64(nodes[node, COMPACT_BASE]) + c
-                # Unsigned: a free row's check (-1) never equals a node's index.
-                if np.uint64(np.int64(nodes[child, COMPACT_CHECK])) != node:
+                # No child with this byte's low six bits: the walk ends on this row's mask
+                # (trie.py), without loading the row of a child that is not there.
+                mask = np.uint64(np.uint32(nodes[node + _MASK + ((c >> _MASK_WORD_SHIFT) & one)]))
+                if (mask >> (c & _MASK_BIT)) & one == 0:
+                    break
+                child = np.uint64(np.int64(nodes[node + _BASE])) + (c << _ROW_SHIFT)
+                # Unsigned: a free row's check (-1) never equals a node's offset.
+                if np.uint64(np.int64(nodes[child + _CHECK])) != node:
                     break
                 node = child
                 k += one
-                tid = nodes[node, COMPACT_TOKEN]
-                if tid != NO_TOKEN:
-                    if k > reached:
-                        reached = k
-                    if not use_f64:
-                        cand = np.float64(here32 + nodes_f32[node, COMPACT_SCORE32])  # a float32 add
-                    elif wide_scores:
-                        cand = here + score64[node]
-                    else:  # the float64 score is this float32 exactly
-                        cand = here + np.float64(nodes_f32[node, COMPACT_SCORE32])
-                    if track:
-                        narrowest = min(narrowest, abs(cand - best_score[k]))
-                    if cand > best_score[k]:
-                        best_score[k] = cand
-                        best_start[k] = np.int32(pos)
-                        best_id[k] = tid
-                    if k - pos == mblen:
-                        has_single = True
+                # Every node is a candidate: one with no token scores -inf and never wins.
+                # Which one wins is as good as random on unseen text, so the update is
+                # branch-free (branchless.py): a losing candidate is written to the
+                # scratch's spare last entry instead of k.
+                tid = nodes[node + _TOKEN]
+                if not use_f64:
+                    cand = np.float64(here32 + nodes_f32[node + _SCORE32])  # a float32 add
+                elif wide_scores:
+                    cand = here + score64[node >> _ROW_SHIFT]
+                else:  # the float64 score is this float32 exactly
+                    cand = here + np.float64(nodes_f32[node + _SCORE32])
+                if track:
+                    # A node with no token gives inf or NaN here, never below narrowest.
+                    gap = abs(cand - best_score[k])
+                    narrowest = unpredictable_select(gap < narrowest, gap, narrowest)
+                at = unpredictable_select(cand > best_score[k], k, spare)
+                best_score[at] = cand
+                best_start[at] = np.int32(pos)
+                best_id[at] = tid
+                has_single = has_single | ((k - pos == mblen) & (tid != NO_TOKEN))
+            reached = max(reached, k)
             if not has_single:
                 k = pos + mblen
-                if k > reached:
-                    reached = k
+                reached = max(reached, k)
                 if use_f64:
                     cand = here + unk_score
                 else:
@@ -224,13 +268,11 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
                 if probe:
                     count_use(usage, end - start, 0)
                 put_slack(records_f32, slot, np.float32(slack * (1.0 - 2.0 ** -20)))  # rounded down
-    # Back-track each word, fusing runs of unknowns inside it: count, then fill from the right.
-    count = 0
-    for w in range(n_words):
-        count += _fused_token_count(best_start, best_id, words[w, 0], words[w, 1], unk_id)
-    if count > out_ids.shape[0]:
-        return SCRATCH_TOO_SMALL
-    t = count
+    # Back-track each word, fusing runs of unknowns inside it, filling out_ids from its
+    # end, then move the tokens to its start: one pass over the path (counting the
+    # tokens first cost hf mode a second pass, and a mispredicted loop exit per word).
+    room = min(out_ids.shape[0], out_spans.shape[0])
+    t = room
     for w in range(n_words - 1, -1, -1):
         start = words[w, 0]
         j = words[w, 1]
@@ -242,12 +284,19 @@ def viterbi_into(nodes, nodes_f32, score64, token_scores, max_abs_score, text, w
             if is_unk and prev_unk:
                 out_spans[t, 0] = s  # extend the fused unknown to the left
             else:
+                if t == 0:
+                    return SCRATCH_TOO_SMALL
                 t -= 1
                 out_ids[t] = tid
                 out_spans[t, 0] = s
                 out_spans[t, 1] = j
             prev_unk = is_unk
             j = s
+    count = room - t
+    for q in range(count):
+        out_ids[q] = out_ids[t + q]
+        out_spans[q, 0] = out_spans[t + q, 0]
+        out_spans[q, 1] = out_spans[t + q, 1]
     return count
 
 
