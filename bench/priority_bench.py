@@ -7,7 +7,8 @@ Issue 46's check of the priority classes (docs/priority.md), on one default
 1. **idle**: one interactive client sends a short query (``/v1/embeddings``, one
    text of a few words) every ``--interval-ms``, waiting for each answer, for
    ``--queries`` queries;
-2. **bulk solo** and **shared**, ``--rounds`` times in ABBA order (solo then shared,
+2. **bulk solo** and **shared**, ``--rounds`` times (8: a round's ratio moves by +-0.1 with
+   this host's speed over its ~20 s, so fewer rounds give a median that moves by 0.05) in ABBA order (solo then shared,
    then shared then solo, ...), so that a host that speeds up or slows down during the
    run biases neither side: ``embedserve embed --url`` re-embeds ``--docs`` documents of
    the bulk benchmark's mixed corpus (``bench/bulk_corpus.py``) through the server (it
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=3000, help="bulk job documents (default: %(default)s)")
     parser.add_argument("--queries", type=int, default=200,
                         help="interactive queries in the idle run (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=4,
+    parser.add_argument("--rounds", type=int, default=8,
                         help="solo and shared bulk runs, in ABBA order (default: %(default)s)")
     add_server_arguments(parser)
     args = parser.parse_args(argv)
@@ -280,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{phase.interactive * per:.1f} | {phase.queries} |")
     extra = [(both.total - alone.total * both.tokens / alone.tokens) / both.queries
              for both, alone in zip(shareds, solos, strict=True) if both.queries]
+    pooled = (sum(p.tokens for p in shareds) / sum(p.seconds for p in shareds)) / \
+        (sum(p.tokens for p in solos) / sum(p.seconds for p in solos))
     print(f"\nbulk shared / solo per round: {', '.join(f'{r:.2f}' for r in ratios)}; median {np.median(ratios):.2f} "
-          f"(median tokens/s solo {solo_rate:,.0f}, shared {shared_rate:,.0f}). CPU each interactive query "
-          f"added (all processes, shared minus solo at the same bulk tokens): "
+          f"(quartiles {np.percentile(ratios, 25):.2f}-{np.percentile(ratios, 75):.2f}; all shared / all solo "
+          f"{pooled:.2f}; median tokens/s solo {solo_rate:,.0f}, shared {shared_rate:,.0f}). CPU each interactive "
+          f"query added (all processes, shared minus solo at the same bulk tokens): "
           f"{', '.join(f'{e * 1e3:.1f}' for e in extra)} ms")
     checks = [("interactive p99 during bulk <= 250 ms", shared["p99"] <= 250.0),
               ("interactive p50 during bulk <= 1.5x idle p50", shared["p50"] <= 1.5 * idle["p50"]),
