@@ -207,17 +207,20 @@ def test_hub_failures_are_one_line_naming_cause_and_fix(tmp_path: Path, minilm_d
         "org/bin-only": FakeRepo(MAIN, {**no_safetensors, "pytorch_model.bin": b"\0" * 64}),
         REPO: FakeRepo(MAIN, files),
     })
-    with socket.socket() as closed:    # a port nothing listens on: the Hub unreachable
-        closed.bind(("127.0.0.1", 0))
-        unreachable = f"http://127.0.0.1:{closed.getsockname()[1]}"
     cases = {"gated": "org/gated", "missing": "org/private-or-missing", "revision": f"{REPO}@v9",
              "no-safetensors": "org/bin-only"}
     messages = {}
     with hub.running():
         for case, model in cases.items():
             messages[case] = _pull_error(model, _env(tmp_path / case / "hub", HF_ENDPOINT=hub.url))
-    messages["unreachable"] = _pull_error(REPO, _env(tmp_path / "unreachable" / "hub",
-                                                     HF_ENDPOINT=unreachable))
+    # A port bound and not listening: connections are refused (the Hub unreachable), and no
+    # other test's server can take the port meanwhile (once it was closed before the call,
+    # a parallel worker's server got it and answered).
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        unreachable = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        messages["unreachable"] = _pull_error(REPO, _env(tmp_path / "unreachable" / "hub",
+                                                         HF_ENDPOINT=unreachable))
     assert all("\n" not in message for message in messages.values()), messages
     assert messages["gated"].startswith("org/gated is gated on the Hugging Face Hub; accept its terms")
     assert "set HF_TOKEN" in messages["gated"]
