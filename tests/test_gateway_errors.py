@@ -106,14 +106,16 @@ def test_full_budget_is_429_and_a_stuck_replica_is_504(gateway, tiny_replica):
 
 
 def test_no_replica_is_503(tiny_bert_dir):
+    # bound and not listening for the whole test: refused, and no other test's server can
+    # take the port meanwhile
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{sock.getsockname()[1]}"
-    gateway = GatewayServer(gateway_settings(tiny_bert_dir, [closed]))
-    try:
-        _check_unavailable(gateway)
-    finally:
-        gateway.stop()
+        gateway = GatewayServer(gateway_settings(tiny_bert_dir, [closed]))
+        try:
+            _check_unavailable(gateway)
+        finally:
+            gateway.stop()
 
 
 def _check_unavailable(gateway: GatewayServer) -> None:
