@@ -189,12 +189,11 @@ class SmallStepForward:
         # the attention's output, one buffer every layer reuses; per step, so that steps on
         # several threads (a second runner on the same model) never share it
         context = torch.empty(tokens, self._heads, self._head_dim, dtype=torch.bfloat16)
-        sequences = int(starts.shape[0])
         if self._pointers is not None:
             x = self._layers_on_pointers(x, context, starts, lengths, threads)
         else:
             x = self._layers_on_tensors(x, context, starts, lengths, threads)
-        rows = sequences
+        rows = int(starts.shape[0])
         if self._pooling == "cls":
             pooled = x[starts].float()
         else:
@@ -230,7 +229,7 @@ class SmallStepForward:
         """The layers with every linear on the AMX kernel: the same calls as
         ``_layers_on_tensors`` on data pointers, into three buffers allocated once per step
         (the layers' activations, the QKV rows, the feed-forward's inner rows), not an output
-        per call: at 6 tokens the Python around 48 calls was a fifth of the step."""
+        per call: ~0.4 ms less of a 1 x 6 step, the Python around 84 calls."""
         tokens, hidden, heads, head_dim = x.shape[0], self._hidden, self._heads, self._head_dim
         x = x.contiguous()
         qkv = torch.empty(tokens, 3 * hidden, dtype=torch.bfloat16)
