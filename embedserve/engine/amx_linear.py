@@ -4,8 +4,9 @@ Owns deciding whether a model's linears get the native kernel for calls of up to
 ``MAX_ROWS`` rows (``engine/csrc/amx_linear.c``, built at install where the compiler
 targets AMX) and calling it. Why: on AMX CPUs oneDNN keeps every linear (its tile
 kernels are the fastest at hundreds of rows), but a call of a few rows costs it ~40 us
-whatever the weight, so the 48 linears of a short query's step take ~1.7-2 ms where
-streaming their weights takes ~0.85 (``python -m bench native_linears``, AMX section).
+whatever the weight, so the 48 linears of a short query's step took ~1.7-2.7 ms against
+~0.85-1.6 on the kernel, about what streaming their weights takes (``python -m bench
+native_linears``, AMX section).
 The kernel reads bf16_linear.py's panels, a second copy of each weight beside oneDNN's
 (whose packed layout is opaque), so a model takes it only while its linears' weights
 are at most ``MAX_WEIGHT_BYTES``: the copy costs as much memory again, and in a large
@@ -28,8 +29,8 @@ except ImportError:          # not built: no compiler, or one that cannot target
     _native = None
 
 # Calls of up to this many rows take the kernel. Measured against oneDNN's AMX matmul on
-# the 48 linears of one multilingual-e5-small step (2 threads, Xeon with AMX): 2.0x at
-# 1-16 rows, 1.6x at 32, 1.3x at 64.
+# the 48 linears of one multilingual-e5-small step (2 threads, Xeon with AMX, quiet):
+# 1.7-1.8x at 1-16 rows, 1.3x at 32, 1.2x at 64; level above (BENCHMARKS.md).
 MAX_ROWS = 64
 # A model's linears take the kernel while their weights are at most this large (bf16
 # bytes): multilingual-e5-small's are 42 MB, a base-size encoder's ~170 MB.

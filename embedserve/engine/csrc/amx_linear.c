@@ -5,11 +5,12 @@
  * Why native: oneDNN's AMX matmul costs ~40 us a call at 1-16 rows whatever the weight
  * (48 calls of one layer's weights, hot in L2, take as long as 48 distinct ones: the
  * time is the call, not the arithmetic or the memory), so the linears of a 6-token
- * step of multilingual-e5-small take ~2 ms where streaming their 42 MB of weights takes
- * ~1.2. Here a call is one OpenMP region over blocks of 64 output columns: per 32 input
- * columns, one A tile (the rows) meets four B tiles (the weights' bf16 pairs), four C
- * tiles of float32 sums; the epilogue adds the bias, applies the activation and rounds
- * each output once to bf16, as oneDNN's fused epilogues do (bf16_activations.h).
+ * step of multilingual-e5-small take ~1.7-2.7 ms; here ~0.85-1.6, about the time their
+ * 42 MB of weights take to stream (bench native_linears). A call is one OpenMP region
+ * over blocks of 64 output columns: per 32 input columns, one A tile (the rows) meets
+ * four B tiles (the weights' bf16 pairs), four C tiles of float32 sums; the epilogue
+ * adds the bias, applies the activation and rounds each output once to bf16, as
+ * oneDNN's fused epilogues do (bf16_activations.h).
  *
  * Layout: x is [rows, K] bf16 with rows ``x_stride`` elements apart; ``panels`` is the
  * weight [N, K] repacked as bf16_linear.c reads it, [N / 32][K / 2][32][2]
