@@ -154,22 +154,27 @@ def linears_all_native(model: nn.Module) -> bool:
     """Whether every linear over the model's tokens runs on a native kernel (all its
     layers FusedLayers with native weights), which keeps no state per row count; oneDNN
     builds and keeps a primitive per count (cpu_shapes.py)."""
-    encoder = getattr(model, "encoder", None)
-    packed = [module for module in model.modules() if isinstance(module, PackedWeight)]
-    if encoder is None or not packed or any(isinstance(module, nn.Linear) for module in encoder.modules()):
-        return False
-    return all(module.native for module in packed)
+    packed = _token_linears(model)
+    return bool(packed) and all(module.native for module in packed)
 
 
 def linears_native_up_to(model: nn.Module) -> int:
     """The most rows a call may have for every linear over the model's tokens to run on a
-    native kernel, which keeps no state per row count (oneDNN builds and keeps a primitive
-    per count, cpu_shapes.py): unbounded where all are native (``linears_all_native``),
-    ``amx_linear.MAX_ROWS`` where the rest have amx_linear's copy for few rows, else 0."""
-    if linears_all_native(model):
-        return sys.maxsize
-    encoder = getattr(model, "encoder", None)
-    packed = [module for module in model.modules() if isinstance(module, PackedWeight)]
-    if encoder is None or not packed or any(isinstance(module, nn.Linear) for module in encoder.modules()):
+    native kernel, which keeps no state per row count: unbounded where all are native
+    (``linears_all_native``), ``amx_linear.MAX_ROWS`` where the rest have amx_linear's copy
+    for few rows, else 0."""
+    packed = _token_linears(model)
+    if not packed:
         return 0
+    if all(module.native for module in packed):
+        return sys.maxsize
     return amx_linear.MAX_ROWS if all(module.native or module.few_rows for module in packed) else 0
+
+
+def _token_linears(model: nn.Module) -> list[PackedWeight]:
+    """The model's PackedWeights, where they are all the linears over its tokens (an encoder
+    whose layers are all fused); else empty."""
+    encoder = getattr(model, "encoder", None)
+    if encoder is None or any(isinstance(module, nn.Linear) for module in encoder.modules()):
+        return []
+    return [module for module in model.modules() if isinstance(module, PackedWeight)]

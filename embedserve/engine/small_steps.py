@@ -161,7 +161,7 @@ class SmallStepForward:
         plan = []
         for layer in layers:
             linears = (layer.qkv, layer.attn_out, layer.ffn_in, layer.ffn_out)
-            if any(linear.kernel is not amx_linear or linear.bias is None for linear in linears):
+            if any(linear.kernel is not amx_linear for linear in linears):
                 return None
             plan.append((*(pointer for linear in linears
                            for pointer in (linear.weight.data_ptr(), cast(torch.Tensor, linear.bias).data_ptr())),
