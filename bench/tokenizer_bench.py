@@ -19,8 +19,8 @@ pass; a second group times hf mode cold on every text and turned off, against
 sentencepiece, and a last measurement times both modes with the cache on and off on a
 stream of text that is not repeated (every UDHR line once). The stream rows are the
 issue's measure of text never seen: every 512-token UDHR text once, against
-sentencepiece on the same text (whichever first alternating per text), with the word
-cache cleared at the start ("cold") and turned off.
+sentencepiece on the same text, with the word cache cleared at the start ("cold") and
+turned off, the three taking turns on each text in rotating order (``stream_to_reference``).
 
 Then batch throughput (tokens/s) of ``encode_batch`` on all cores against
 sentencepiece's batch encode with the same thread count.
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "stream":
         texts = udhr_windows(sp, udhr_documents(args.data))
         reference = lambda t: sp.encode(t, add_bos=True, add_eos=True)  # noqa: E731
-        streams = {(mode, cache): stream_to_reference(ours, reference, texts, cache)
-                   for mode, ours in (("sp", ours_sp), ("hf", ours_hf)) for cache in ("cold", "off")}
+        streams = {(mode, cache): ratio for mode, ours in (("sp", ours_sp), ("hf", ours_hf))
+                   for cache, ratio in stream_to_reference(ours, reference, texts).items()}
         print(f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n")
         print(render_stream(streams, len(texts)))
         return 0
@@ -231,8 +231,8 @@ def multilingual_row(sp, ours_sp, ours_hf, hf, data: Path) -> dict:
     row["cache"] = group
     lines = [line for document in documents for line in document.split("\n") if line.strip()]
     row["stream"] = {"sp": stream_ratio(ours_sp, lines), "hf": stream_ratio(ours_hf, lines)}
-    row["stream_512"] = {(mode, cache): stream_to_reference(ours, reference, texts, cache)
-                         for mode, ours in (("sp", ours_sp), ("hf", ours_hf)) for cache in ("cold", "off")}
+    row["stream_512"] = {(mode, cache): ratio for mode, ours in (("sp", ours_sp), ("hf", ours_hf))
+                         for cache, ratio in stream_to_reference(ours, reference, texts).items()}
     print("# multilingual: " + ", ".join(f"{k} p50 {v[0]:.1f} us" for k, v in row.items()
                                          if isinstance(v, tuple)), file=sys.stderr)
     return row
@@ -259,26 +259,36 @@ def stream_ratio(ours, lines: list[str]) -> float:
     return math.sqrt(statistics.median(ratios[True]) * statistics.median(ratios[False]))
 
 
-def stream_to_reference(ours, reference, texts: list[str], cache: str) -> float:
-    """ours/reference on a stream of texts each encoded once: ``ours``'s word cache
-    cleared first ("cold") or a copy of ``ours`` without one ("off"); whichever runs first
-    alternates per text, and the estimate is the geometric mean of the two orders' median
-    per-text ratios (the second call on a text runs a little faster)."""
-    if cache == "off":
-        ours = type(ours)(ours.spec, word_cache_slots=0)
-        ours.encode(texts[0])  # bound before the stream starts
-    ours.clear_word_cache()
-    ratios: dict[bool, list[float]] = {True: [], False: []}
+def stream_to_reference(ours, reference, texts: list[str]) -> dict[str, float]:
+    """ours/reference on a stream of texts each encoded once, with the word cache cleared
+    first ("cold") and without one ("off"): two fresh copies of ``ours`` and the reference
+    take turns on each text, the three in rotating order (reference, cold, off; cold, off,
+    reference; off, reference, cold), so each is first, second and third on a third of the
+    texts. The estimate per copy is the geometric mean of the three orders' median
+    per-text ratios (the second and third call on a text run a little faster: they find
+    the text and the rows of the trie it walks in cache).
+
+    One stream, not one each: measured a stream apart (minutes, on a host whose speed
+    drifts), cold read 3-6 % slower than off; in one stream the tokenizer that skips its
+    cold table for 97 % of the texts measured 1.5-3 % slower, the cost of its probes
+    (docs/tokenizer.md)."""
+    cold, off = type(ours)(ours.spec), type(ours)(ours.spec, word_cache_slots=0)
+    for copy in (cold, off):
+        copy.encode(texts[0])  # bound before the stream starts
+    cold.clear_word_cache()
+    calls = (("ref", reference), ("cold", cold.encode), ("off", off.encode))
+    ratios: dict[str, list[list[float]]] = {"cold": [[], [], []], "off": [[], [], []]}
     for k, text in enumerate(texts):
-        ours_first = k % 2 == 1
+        turn = k % len(calls)
         ns = {}
-        for name, call in ((("ours", ours.encode), ("ref", reference)) if ours_first
-                           else (("ref", reference), ("ours", ours.encode))):
+        for name, call in calls[turn:] + calls[:turn]:
             t0 = time.perf_counter_ns()
             call(text)
             ns[name] = time.perf_counter_ns() - t0
-        ratios[ours_first].append(ns["ours"] / ns["ref"])
-    return math.sqrt(statistics.median(ratios[True]) * statistics.median(ratios[False]))
+        for name in ratios:
+            ratios[name][turn].append(ns[name] / ns["ref"])
+    return {name: math.prod(statistics.median(r) for r in by_turn) ** (1 / len(by_turn))
+            for name, by_turn in ratios.items()}
 
 
 def render_multilingual(r: dict) -> str:
@@ -311,8 +321,8 @@ def render_multilingual(r: dict) -> str:
 
 def render_stream(streams: dict, count: int) -> str:
     return "\n".join([
-        f"Stream of unseen text (each of the {count} texts once, interleaved with sentencepiece), "
-        "ours/sentencepiece:",
+        f"Stream of unseen text (each of the {count} texts once; sentencepiece and ours with the word "
+        "cache cold and off taking turns on each text, in rotating order), ours/sentencepiece:",
         "",
         "| mode | word cache cold | word cache off |",
         "|---|---:|---:|",
