@@ -18,7 +18,7 @@ Issue 46's check of the priority classes (docs/priority.md), on one default
    queries sent while the gateway held the bulk job's tokens count (its
    ``embedserve_gateway_inflight_tokens`` gauge, polled once a second: a ``/metrics``
    scrape costs CPU, and at 10 a second it took ~12 % of a 2-core machine from the bulk
-   job being measured).
+   job being measured; the solo runs poll it too, so both sides pay the same).
 
 Reported: the interactive p50/p90/p99 idle and during the bulk job; the bulk job's
 tokens/s (its own summary: from its first request to its last answer) per round, solo
@@ -269,16 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in (("idle", idle), ("during bulk", shared)):
         print(f"| {name} | " + " | ".join(f"{row.get(p, 0.0):.1f}" for p in PHASES) + " |")
     print("\nBulk job per round; CPU seconds per 1M bulk tokens (user + system, all threads) of the "
-          "replicas, the gateway, the `embed --url` client and the interactive client, and the "
-          "interactive queries the round held:\n")
+          "replicas, the gateway, the `embed --url` client and the interactive client, the "
+          "interactive queries the round held, and the machine's steal time (the hypervisor running "
+          "something else):\n")
     print("| round | phase | tokens/s | vs solo | replicas | gateway | embed client | interactive client "
-          "| queries |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| queries | steal s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for round_, (solo_phase, shared_phase) in enumerate(zip(solos, shareds, strict=True), 1):
         for name, phase in (("solo", solo_phase), ("shared", shared_phase)):
             per = 1e6 / phase.tokens
             print(f"| {round_} | {name} | {phase.rate:,.0f} | {phase.rate / solo_phase.rate:.2f} | "
                   f"{phase.replicas * per:.1f} | {phase.gateway * per:.1f} | {phase.embed_client * per:.1f} | "
-                  f"{phase.interactive * per:.1f} | {phase.queries} |")
+                  f"{phase.interactive * per:.1f} | {phase.queries} | {phase.steal:.2f} |")
     extra = [(both.total - alone.total * both.tokens / alone.tokens) / both.queries
              for both, alone in zip(shareds, solos, strict=True) if both.queries]
     pooled = (sum(p.tokens for p in shareds) / sum(p.seconds for p in shareds)) / \
@@ -309,6 +310,7 @@ class Phase:
     embed_client: float = 0.0
     interactive: float = 0.0
     queries: int = 0
+    steal: float = 0.0   # the machine's steal time meanwhile (``steal_seconds``)
 
     @property
     def rate(self) -> float:
@@ -321,25 +323,47 @@ class Phase:
 
 class CpuMeter:
     """CPU seconds so far of the server (the gateway: serve's own process), its replicas
-    (serve's children) and this process's finished children (the ``embed`` client)."""
+    (serve's children) and this process's finished children (the ``embed`` client), and
+    the machine's steal time (``steal_seconds``)."""
 
     def __init__(self, server_pid: int) -> None:
         self._pid = server_pid
 
-    def read(self) -> tuple[float, float, float]:
+    def read(self) -> tuple[float, float, float, float]:
         from bench.overhead_bench import child_pids, cpu_seconds
 
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         return (sum(map(cpu_seconds, child_pids(self._pid))), cpu_seconds(self._pid),
-                children.ru_utime + children.ru_stime)
+                children.ru_utime + children.ru_stime, steal_seconds())
+
+
+def steal_seconds(stat: Path = Path("/proc/stat")) -> float:
+    """Seconds the hypervisor ran something else while this VM's CPUs wanted to run, all
+    CPUs together, so far (``/proc/stat``'s steal column; 0 where there is none): a round
+    the host took cycles from shows it here, where the guest's own figures do not."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else 0.0
 
 
 def measure_solo(meter: CpuMeter, corpus: Path, output: Path, model_dir: Path, base_url: str) -> Phase:
+    """The bulk job alone, with the same ``/metrics`` poll as a shared run (``batch_active_window``):
+    its scrapes cost the server CPU, which only the shared side paid before."""
+    stop = threading.Event()
+    window: list[float] = []
+    watcher = threading.Thread(target=batch_active_window, args=(base_url, stop, window))
     before = meter.read()
-    run = run_embed(corpus, output, model_dir, "--url", base_url)
+    watcher.start()
+    try:
+        run = run_embed(corpus, output, model_dir, "--url", base_url)
+    finally:
+        stop.set()
+        watcher.join()
     after = meter.read()
-    replicas, gateway, embed_client = (a - b for a, b in zip(after, before, strict=True))
-    return Phase(run["tokens"], run["seconds"], replicas, gateway, embed_client)
+    replicas, gateway, embed_client, steal = (a - b for a, b in zip(after, before, strict=True))
+    return Phase(run["tokens"], run["seconds"], replicas, gateway, embed_client, steal=steal)
 
 
 def measure_shared(meter: CpuMeter, corpus: Path, output: Path, model_dir: Path, base_url: str,
@@ -361,9 +385,9 @@ def measure_shared(meter: CpuMeter, corpus: Path, output: Path, model_dir: Path,
     stop.set()
     client.join()
     watcher.join()
-    replicas, gateway, embed_client = (a - b for a, b in zip(after, before, strict=True))
+    replicas, gateway, embed_client, steal = (a - b for a, b in zip(after, before, strict=True))
     during = [r for r in client_results if window and window[0] <= r[0] <= window[1]]
     # the client's CPU over its whole run, scaled to the queries that fell in the window
     interactive = client_cpu[0] * len(during) / max(1, len(client_results))
     return Phase(runs["tokens"], runs["seconds"], replicas, gateway, embed_client, interactive,
-                 len(during)), during
+                 len(during), steal), during

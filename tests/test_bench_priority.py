@@ -27,3 +27,17 @@ def test_percentiles_and_phase_medians() -> None:
     row = percentiles(results)
     assert row["n"] == 100 and row["p50"] == pytest.approx(50.5) and row["max"] == pytest.approx(100.0)
     assert row["rpc"] == pytest.approx(25.25)
+
+
+def test_steal_seconds_reads_the_cpu_lines_steal_column(tmp_path) -> None:
+    """/proc/stat's first line: user nice system idle iowait irq softirq steal ..., in clock ticks."""
+    import os
+
+    from bench.priority_bench import steal_seconds
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 900 3 0 2 250 0 0\ncpu0 50 0 25 450 1 0 1 125 0 0\n")
+    assert steal_seconds(stat) == 250 / os.sysconf("SC_CLK_TCK")
+    stat.write_text("cpu  100 0 50 900\n")   # an old kernel without the column
+    assert steal_seconds(stat) == 0.0
+    assert steal_seconds(tmp_path / "missing") == 0.0
