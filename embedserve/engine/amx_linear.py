@@ -20,7 +20,7 @@ import functools
 import torch
 
 from embedserve.engine import profiler_names
-from embedserve.engine.bf16_linear import ACTIVATIONS, PANEL
+from embedserve.engine.bf16_linear import PANEL, run_panel_kernel
 from embedserve.engine.modules import bf16_attention
 
 try:
@@ -58,11 +58,4 @@ def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, attr: str 
     epilogues are. Sums in float32, adds the bias, applies the activation, rounds once."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    rows, in_features = x.shape
-    out_features = panels.shape[0] * PANEL
-    y = torch.empty(rows, out_features, dtype=torch.bfloat16)
-    with profiler_names.named(profiler_names.AMX_LINEAR):
-        _native.linear(x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr(), rows,
-                       out_features, in_features, x.stride(0), torch.get_num_threads(),
-                       ACTIVATIONS[attr, algorithm])
-    return y
+    return run_panel_kernel(_native, profiler_names.AMX_LINEAR, x, panels, bias, attr, algorithm)

@@ -12,6 +12,7 @@ tile kernels keep every call; float32 is avx2_linear's or oneDNN's.
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 
 import torch
 
@@ -64,11 +65,18 @@ def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, attr: str 
     """
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         x = x.contiguous()
+    return run_panel_kernel(_native, profiler_names.BF16_LINEAR, x, panels, bias, attr, algorithm)
+
+
+def run_panel_kernel(native: ModuleType, profiler_name: str, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor,
+                     attr: str, algorithm: str) -> torch.Tensor:
+    """A new bf16 ``activation(x @ W.T + bias)`` from ``native.linear``: this module's kernel
+    or amx_linear's, which take the same arguments (x's rows as the kernel needs them)."""
     rows, in_features = x.shape
     out_features = panels.shape[0] * PANEL
     y = torch.empty(rows, out_features, dtype=torch.bfloat16)
-    with profiler_names.named(profiler_names.BF16_LINEAR):
-        _native.linear(x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr(), rows,
-                       out_features, in_features, x.stride(0), torch.get_num_threads(),
-                       ACTIVATIONS[attr, algorithm])
+    with profiler_names.named(profiler_name):
+        native.linear(x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr(), rows,
+                      out_features, in_features, x.stride(0), torch.get_num_threads(),
+                      ACTIVATIONS[attr, algorithm])
     return y
