@@ -122,3 +122,16 @@ def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -
     require_compiler_for(tmp_path, ["-mamx-tile", "-mamx-bf16"],
                          "#include <immintrin.h>\nvoid f(void) { _tile_zero(0); }\n")
     assert amx_linear._native is not None, "embedserve.engine._amx_linear was not built"
+
+
+def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_take(kernel) -> None:
+    x, panels, bias = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 32, 2, dtype=torch.bfloat16), \
+        torch.zeros(64)
+    y = torch.empty(2, 64, dtype=torch.bfloat16)
+    pointers = (x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr())
+    with pytest.raises(ValueError, match="activation must be 0 to 3, got 4"):
+        amx_linear._native.linear(*pointers, 2, 64, 64, 64, 1, 4)
+    with pytest.raises(ValueError, match="k a positive multiple of 32.*got rows 2, n 64, k 48"):
+        amx_linear._native.linear(*pointers, 2, 64, 48, 64, 1, 0)
+    with pytest.raises(TypeError):
+        amx_linear._native.linear(*pointers, 2, 64, 64, 64, 1)   # the activation missing

@@ -32,6 +32,7 @@
 
 #include "amx_tiles.h"
 #include "bf16_activations.h"
+#include "panel_linear_args.h"
 
 #define PANEL 32          /* output columns per panel (pack_panels) */
 #define BLOCK_COLUMNS 64  /* output columns per block: two panels, four C tiles */
@@ -143,29 +144,22 @@ static void run_call(const Call *c, int threads) {
 
 static PyObject *amx_linear(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long x, panels, bias, y;
-    Py_ssize_t rows, n, k, x_stride, threads;
-    int activation;
-    if (!PyArg_ParseTuple(args, "KKKKnnnnni", &x, &panels, &bias, &y, &rows, &n, &k, &x_stride, &threads,
-                          &activation))
-        return NULL;
-    if (activation < 0 || activation >= ACTIVATIONS) {
-        PyErr_Format(PyExc_ValueError, "activation must be 0 to %d, got %d", ACTIVATIONS - 1, activation);
-        return NULL;
-    }
-    if (rows < 0 || k <= 0 || k % K_STEP != 0 || n <= 0 || n % PANEL != 0 || x_stride < k) {
+    LinearArgs a;
+    if (!parse_linear_args(args, &a)) return NULL;
+    if (a.rows < 0 || a.k <= 0 || a.k % K_STEP != 0 || a.n <= 0 || a.n % PANEL != 0 || a.x_stride < a.k) {
         PyErr_Format(PyExc_ValueError,
                      "need rows >= 0, k a positive multiple of %d, n a positive multiple of %d and "
-                     "x_stride >= k; got rows %zd, n %zd, k %zd, x_stride %zd", K_STEP, PANEL, rows, n, k,
-                     x_stride);
+                     "x_stride >= k; got rows %zd, n %zd, k %zd, x_stride %zd", K_STEP, PANEL, a.rows, a.n, a.k,
+                     a.x_stride);
         return NULL;
     }
-    if (rows == 0) Py_RETURN_NONE;
-    if (threads < 1 || rows * n * k < SERIAL_MACS) threads = 1;
-    const Call call = {(const uint16_t *)(uintptr_t)x, x_stride, (const uint16_t *)(uintptr_t)panels,
-                       (const float *)(uintptr_t)bias, (uint16_t *)(uintptr_t)y, rows, n, k, activation};
+    if (a.rows == 0) Py_RETURN_NONE;
+    const int threads = (a.threads < 1 || a.rows * a.n * a.k < SERIAL_MACS) ? 1 : (int)a.threads;
+    const Call call = {(const uint16_t *)(uintptr_t)a.x, a.x_stride, (const uint16_t *)(uintptr_t)a.panels,
+                       (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.rows, a.n, a.k,
+                       a.activation};
     Py_BEGIN_ALLOW_THREADS
-    run_call(&call, (int)threads);
+    run_call(&call, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

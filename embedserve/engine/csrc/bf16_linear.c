@@ -31,6 +31,7 @@
 
 #include "bf16_activations.h"
 #include "linear_blocks.h"
+#include "panel_linear_args.h"
 
 #define PANEL 32
 #define MAX_BLOCK_ROWS 12
@@ -102,27 +103,20 @@ static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t p
 
 static PyObject *bf16_linear(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long x, panels, bias, y;
-    Py_ssize_t rows, n, k, x_stride, threads;
-    int activation;
-    if (!PyArg_ParseTuple(args, "KKKKnnnnni", &x, &panels, &bias, &y, &rows, &n, &k, &x_stride, &threads,
-                          &activation))
-        return NULL;
-    if (activation < 0 || activation >= ACTIVATIONS) {
-        PyErr_Format(PyExc_ValueError, "activation must be 0 to %d, got %d", ACTIVATIONS - 1, activation);
-        return NULL;
-    }
-    if (rows < 0 || k <= 0 || k % 2 != 0 || n <= 0 || n % PANEL != 0 || x_stride < k || x_stride % 2 != 0
-        || x % 4 != 0) {
+    LinearArgs a;
+    if (!parse_linear_args(args, &a)) return NULL;
+    if (a.rows < 0 || a.k <= 0 || a.k % 2 != 0 || a.n <= 0 || a.n % PANEL != 0 || a.x_stride < a.k
+        || a.x_stride % 2 != 0 || a.x % 4 != 0) {
         PyErr_Format(PyExc_ValueError,
                      "need rows >= 0, k > 0 even, n a positive multiple of %d, x_stride >= k even and x "
-                     "4-byte aligned; got rows %zd, n %zd, k %zd, x_stride %zd", PANEL, rows, n, k, x_stride);
+                     "4-byte aligned; got rows %zd, n %zd, k %zd, x_stride %zd", PANEL, a.rows, a.n, a.k,
+                     a.x_stride);
         return NULL;
     }
-    const Call call = {(const uint16_t *)(uintptr_t)x, x_stride, (const uint16_t *)(uintptr_t)panels,
-                       (const float *)(uintptr_t)bias, (uint16_t *)(uintptr_t)y, n, k, activation};
+    const Call call = {(const uint16_t *)(uintptr_t)a.x, a.x_stride, (const uint16_t *)(uintptr_t)a.panels,
+                       (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
     Py_BEGIN_ALLOW_THREADS
-    for_each_block(rows, n / PANEL, PANEL, k, MAX_BLOCK_ROWS, threads, run_block, &call);
+    for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
