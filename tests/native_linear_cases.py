@@ -50,3 +50,19 @@ def within_torchs_error(out: torch.Tensor, x: torch.Tensor, layer: nn.Linear, ac
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape
     assert error.max() <= 1.25 * torch_error.max() + 1e-6, (error.max(), torch_error.max())
     assert error.mean() <= 1.1 * torch_error.mean() + 1e-7, (error.mean(), torch_error.mean())
+
+
+def assert_refuses_bad_calls(linear: Callable[..., None], bad_k: int, shape_message: str) -> None:
+    """A bf16 panel kernel's native ``linear`` (its arguments read by panel_linear_args.h)
+    refuses an unknown activation, an input width ``bad_k`` it cannot take (a ValueError
+    matching ``shape_message``) and a call without the activation, before it reads any data."""
+    x, y = torch.zeros(2, 64, dtype=torch.bfloat16), torch.empty(2, 64, dtype=torch.bfloat16)
+    panels, bias = torch.zeros(2, 32, 32, 2, dtype=torch.bfloat16), torch.zeros(64)
+    pointers = (x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr())
+    for activation in (-1, 4):
+        with pytest.raises(ValueError, match=f"activation must be 0 to 3, got {activation}"):
+            linear(*pointers, 2, 64, 64, 64, 1, activation)
+    with pytest.raises(ValueError, match=shape_message):
+        linear(*pointers, 2, 64, bad_k, 64, 1, 0)
+    with pytest.raises(TypeError):
+        linear(*pointers, 2, 64, 64, 64, 1)

@@ -23,7 +23,14 @@ from embedserve.engine import Batch, Engine, amx_linear, bf16_linear, profiler_n
 from embedserve.engine.onednn import FusedLayer, PackedWeight
 from embedserve.engine.small_steps import SMALL_STEP_TOKENS
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, bf16_layer, bf16_rows, kernel_calls, within_torchs_error
+from tests.native_linear_cases import (
+    ACTIVATIONS,
+    assert_refuses_bad_calls,
+    bf16_layer,
+    bf16_rows,
+    kernel_calls,
+    within_torchs_error,
+)
 
 
 @pytest.fixture
@@ -125,13 +132,4 @@ def test_the_kernel_is_built_where_the_compiler_can_target_amx(tmp_path: Path) -
 
 
 def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_take(kernel) -> None:
-    x, panels, bias = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 32, 2, dtype=torch.bfloat16), \
-        torch.zeros(64)
-    y = torch.empty(2, 64, dtype=torch.bfloat16)
-    pointers = (x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr())
-    with pytest.raises(ValueError, match="activation must be 0 to 3, got 4"):
-        amx_linear._native.linear(*pointers, 2, 64, 64, 64, 1, 4)
-    with pytest.raises(ValueError, match="k a positive multiple of 32.*got rows 2, n 64, k 48"):
-        amx_linear._native.linear(*pointers, 2, 64, 48, 64, 1, 0)
-    with pytest.raises(TypeError):
-        amx_linear._native.linear(*pointers, 2, 64, 64, 64, 1)   # the activation missing
+    assert_refuses_bad_calls(amx_linear._native.linear, 48, "k a positive multiple of 32.*got rows 2, n 64, k 48")

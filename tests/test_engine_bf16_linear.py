@@ -22,7 +22,14 @@ import torch.nn.functional as F
 from embedserve.engine import Batch, Engine, bf16_linear, profiler_names
 from embedserve.engine.onednn import PackedWeight, linears_all_native
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, bf16_layer, bf16_rows, kernel_calls, within_torchs_error
+from tests.native_linear_cases import (
+    ACTIVATIONS,
+    assert_refuses_bad_calls,
+    bf16_layer,
+    bf16_rows,
+    kernel_calls,
+    within_torchs_error,
+)
 
 
 @pytest.fixture
@@ -121,13 +128,4 @@ def test_the_kernel_is_built_where_the_compiler_can_target_avx512_bf16(tmp_path:
 
 
 def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_take(runs_here) -> None:
-    x, panels, bias = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 32, 2, dtype=torch.bfloat16), \
-        torch.zeros(64)
-    y = torch.empty(2, 64, dtype=torch.bfloat16)
-    pointers = (x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr())
-    with pytest.raises(ValueError, match="activation must be 0 to 3, got -1"):
-        bf16_linear._native.linear(*pointers, 2, 64, 64, 64, 1, -1)
-    with pytest.raises(ValueError, match="k > 0 even.*got rows 2, n 64, k 63"):
-        bf16_linear._native.linear(*pointers, 2, 64, 63, 64, 1, 0)
-    with pytest.raises(TypeError):
-        bf16_linear._native.linear(*pointers, 2, 64, 64, 64, 1)   # the activation missing
+    assert_refuses_bad_calls(bf16_linear._native.linear, 63, "k > 0 even.*got rows 2, n 64, k 63")
