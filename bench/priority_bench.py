@@ -150,6 +150,22 @@ def batch_active_window(base_url: str, stop: threading.Event, window: list[float
         stop.wait(WINDOW_POLL_S)
 
 
+@contextlib.contextmanager
+def bulk_window(base_url: str) -> Iterator[list[float]]:
+    """``batch_active_window`` on a thread for the block: the [first, last] time the gateway
+    held the bulk job's tokens, complete once the block has ended. Solo and shared runs both
+    poll so: the scrapes cost the server CPU, which only the shared side paid before."""
+    stop = threading.Event()
+    window: list[float] = []
+    watcher = threading.Thread(target=batch_active_window, args=(base_url, stop, window))
+    watcher.start()
+    try:
+        yield window
+    finally:
+        stop.set()
+        watcher.join()
+
+
 def percentiles(results: list[tuple[float, float, dict[str, float]]]) -> dict[str, float]:
     values = np.asarray([latency for _, latency, _ in results]) * 1e3
     row = {"n": len(values), "p50": float(np.percentile(values, 50)),
@@ -160,8 +176,10 @@ def percentiles(results: list[tuple[float, float, dict[str, float]]]) -> dict[st
     return row
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags both priority benchmarks take: the client, the server's flags, the data."""
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | None:
+    """``parser``'s arguments plus the flags both priority benchmarks take (the client, the
+    server's flags, the data); None, with the line saying so printed, where the reference
+    data is missing."""
     parser.add_argument("--interval-ms", type=float, default=50.0,
                         help="interactive client's period (default: %(default)s)")
     parser.add_argument("--serve-args", default="",
@@ -172,6 +190,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "embedserve" / "bench",
                         help="server logs (default: %(default)s)")
+    args = parser.parse_args(argv)
+    missing = missing_line(parser.prog, [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
+    if missing:
+        print(missing, file=sys.stderr)
+        return None
+    return args
 
 
 @dataclass
@@ -220,11 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="interactive queries in the idle run (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=8,
                         help="solo and shared bulk runs, in ABBA order (default: %(default)s)")
-    add_server_arguments(parser)
-    args = parser.parse_args(argv)
-    missing = missing_line("python -m bench priority", [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
-    if missing:
-        print(missing, file=sys.stderr)
+    args = parse_arguments(parser, argv)
+    if args is None:
         return MISSING_EXIT_STATUS
 
     interval = args.interval_ms / 1e3
@@ -349,20 +370,11 @@ def steal_seconds(stat: Path = Path("/proc/stat")) -> float:
 
 
 def measure_solo(meter: CpuMeter, corpus: Path, output: Path, model_dir: Path, base_url: str) -> Phase:
-    """The bulk job alone, with the same ``/metrics`` poll as a shared run (``batch_active_window``):
-    its scrapes cost the server CPU, which only the shared side paid before."""
-    stop = threading.Event()
-    window: list[float] = []
-    watcher = threading.Thread(target=batch_active_window, args=(base_url, stop, window))
+    """The bulk job alone (with the same ``/metrics`` poll as a shared run: ``bulk_window``)."""
     before = meter.read()
-    watcher.start()
-    try:
+    with bulk_window(base_url):
         run = run_embed(corpus, output, model_dir, "--url", base_url)
-    finally:
-        stop.set()
-        watcher.join()
-    after = meter.read()
-    replicas, gateway, embed_client, steal = (a - b for a, b in zip(after, before, strict=True))
+    replicas, gateway, embed_client, steal = (a - b for a, b in zip(meter.read(), before, strict=True))
     return Phase(run["tokens"], run["seconds"], replicas, gateway, embed_client, steal=steal)
 
 
@@ -370,24 +382,21 @@ def measure_shared(meter: CpuMeter, corpus: Path, output: Path, model_dir: Path,
                    interval: float, client_kind: str) -> tuple[Phase, list[tuple[float, float, dict[str, float]]]]:
     """The bulk job with the interactive client running all along; the queries sent while the
     gateway held the bulk job's tokens."""
-    stop, runs = threading.Event(), {}
-    window: list[float] = []
+    stop = threading.Event()
     client_cpu = [0.0]
     client_results: list[tuple[float, float, dict[str, float]]] = []
-    watcher = threading.Thread(target=batch_active_window, args=(base_url, stop, window))
     client = threading.Thread(target=lambda: client_results.extend(
         interactive_client(base_url, interval, stop, None, client_kind, client_cpu)))
     before = meter.read()
-    watcher.start()
-    client.start()
-    runs.update(run_embed(corpus, output, model_dir, "--url", base_url))
-    after = meter.read()
-    stop.set()
-    client.join()
-    watcher.join()
+    with bulk_window(base_url) as window:
+        client.start()
+        run = run_embed(corpus, output, model_dir, "--url", base_url)
+        after = meter.read()
+        stop.set()
+        client.join()
     replicas, gateway, embed_client, steal = (a - b for a, b in zip(after, before, strict=True))
     during = [r for r in client_results if window and window[0] <= r[0] <= window[1]]
     # the client's CPU over its whole run, scaled to the queries that fell in the window
     interactive = client_cpu[0] * len(during) / max(1, len(client_results))
-    return Phase(runs["tokens"], runs["seconds"], replicas, gateway, embed_client, interactive,
+    return Phase(run["tokens"], run["seconds"], replicas, gateway, embed_client, interactive,
                  len(during), steal), during

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import threading
 import time
 import urllib.request
 
 import numpy as np
 
-from bench import bulk_corpus
 from bench.bulk_bench import run_embed
-from bench.priority_bench import add_server_arguments, interactive_client, log, percentiles, warm_serve
-from bench.reference_data import MISSING_EXIT_STATUS, missing_line
+from bench.priority_bench import interactive_client, log, parse_arguments, percentiles, warm_serve
+from bench.reference_data import MISSING_EXIT_STATUS
 
 BATCH_TOKENS = re.compile(
     r'^embedserve_scheduler_class_step_tokens_sum\{[^}]*priority="batch"[^}]*\} ([0-9.e+]+)$', re.MULTILINE)
@@ -61,11 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=15000, help="bulk job documents (default: %(default)s)")
     parser.add_argument("--segment-s", type=float, default=4.0,
                         help="seconds the interactive client is on, then off (default: %(default)s)")
-    add_server_arguments(parser)
-    args = parser.parse_args(argv)
-    missing = missing_line("python -m bench priority_toggle", [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
-    if missing:
-        print(missing, file=sys.stderr)
+    args = parse_arguments(parser, argv)
+    if args is None:
         return MISSING_EXIT_STATUS
 
     interval = args.interval_ms / 1e3

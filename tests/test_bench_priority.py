@@ -41,3 +41,13 @@ def test_steal_seconds_reads_the_cpu_lines_steal_column(tmp_path) -> None:
     stat.write_text("cpu  100 0 50 900\n")   # an old kernel without the column
     assert steal_seconds(stat) == 0.0
     assert steal_seconds(tmp_path / "missing") == 0.0
+
+
+def test_both_priority_benches_stop_at_missing_reference_data_with_one_line(tmp_path, capsys) -> None:
+    from bench import priority_bench, priority_toggle
+    from bench.reference_data import MISSING_EXIT_STATUS
+
+    for bench, name in ((priority_bench, "priority"), (priority_toggle, "priority_toggle")):
+        assert bench.main(["--data-dir", str(tmp_path)]) == MISSING_EXIT_STATUS
+        error = capsys.readouterr().err
+        assert error.startswith(f"python -m bench {name}: reference data not found") and error.count("\n") == 1
