@@ -38,6 +38,7 @@ BENCHMARKS = {
     "gpu": "bench.gpu.workloads",
     "priority": "bench.priority_bench",
     "priority_toggle": "bench.priority_toggle",
+    "serve_ab": "bench.serve_ab",
     "short_query": "bench.short_query",
     "int8": "bench.int8_bench",
 }

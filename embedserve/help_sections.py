@@ -27,7 +27,7 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--chunk-overlap", "--request-timeout", "--max-batch-tokens", "--max-batch-sequences",
         "--max-queue-tokens", "--in-flight", "--part-size", "--batch-tokens", "--batch-sequences",
         "--sort-window", "--ray", "--ray-actors", "--ray-cpus-per-actor", "--drain-timeout",
-        "--route-priority", "--preempt-batch-steps", "--interactive-window",
+        "--route-priority", "--preempt-batch-steps", "--cpu-lanes", "--interactive-window",
         "--batch-tokens-while-interactive")),
     ("precision and caches", (
         "--cache-dir", "--calibration", "--calibrate-only", "--dtype-probe-min-cosine")),

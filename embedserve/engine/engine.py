@@ -113,7 +113,8 @@ class Engine:
              attention: str | None = None, model_id: str | None = None,
              cuda_graphs: bool = True, cuda: CudaOptions | None = None,
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
-             probe: DtypeProbe | None = None, small_steps: bool = True) -> Engine:
+             probe: DtypeProbe | None = None, small_steps: bool = True,
+             cpu_lanes: int | None = None, cpu_lane_nice: int = 0) -> Engine:
         """Load a Hugging Face model directory.
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
@@ -136,7 +137,10 @@ class Engine:
         AVX-512: avx2_linear.py; bf16 on AVX512-BF16 CPUs without AMX: bf16_linear.py);
         False keeps oneDNN (benchmarks A/B). small_steps (CPU only): steps of few tokens
         on the fused bf16 encoder run as one flat loop over the kernels (small_steps.py);
-        False runs them through the modules (benchmarks A/B).
+        False runs them through the modules (benchmarks A/B). cpu_lanes (CPU only): how
+        many steps are computed side by side, sharing the cores (runners/thread_share.py);
+        None: 2 where torch has 2 threads or more, else 1. cpu_lane_nice (CPU only): the
+        lanes' threads run this much nicer than the process (a replica's: batch steps).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -155,7 +159,8 @@ class Engine:
         runner_options: dict[str, Any] = {"attention": attention,
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears,
-                          "small_steps": small_steps}
+                          "small_steps": small_steps, "cpu_lanes": cpu_lanes,
+                          "cpu_lane_nice": cpu_lane_nice}
         capability = cuda_capability(device)
         if dtype == AUTO:
             choice = auto_candidate(device, cuda_capability=capability)
@@ -246,7 +251,8 @@ class Engine:
     @classmethod
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
                cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
-               native_linears: bool, small_steps: bool = True) -> Engine:
+               native_linears: bool, small_steps: bool = True, cpu_lanes: int | None = None,
+               cpu_lane_nice: int = 0) -> Engine:
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -259,7 +265,8 @@ class Engine:
                 fuse_nomic_layers(model, native_linears)
             elif fused_layers and isinstance(model, Gemma3Model):
                 pack_gemma3_linears(model, native_linears)   # the others run plain modules
-            runner = CpuRunner(model, info, attention, token_buckets=token_buckets, small_steps=small_steps)
+            runner = CpuRunner(model, info, attention, token_buckets=token_buckets, small_steps=small_steps,
+                               lanes=cpu_lanes, lane_nice=cpu_lane_nice)
         return cls(model, info, runner)
 
     @property

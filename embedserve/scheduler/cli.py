@@ -29,6 +29,7 @@ from embedserve.scheduler.settings import (
     INTERACTIVE_WINDOW_S,
     PREEMPT_BATCH_STEPS,
     REPLICA_DTYPES,
+    REPLICA_LANE_NICE,
     SchedulerSettings,
     default_max_batch_tokens,
 )
@@ -149,6 +150,13 @@ def add_priority_flags(parser: argparse.ArgumentParser) -> None:
                              "(--batch-tokens-while-interactive and --interactive-window do not "
                              "apply). --no-preempt-batch-steps: the classes share steps, bounded "
                              "by those two flags, as on CUDA always (default: on)")
+    parser.add_argument("--cpu-lanes", type=_positive, default=None, metavar="N",
+                        help="CPU only: up to N batch steps computed side by side, a thread "
+                             "each, the cores split between them (a step alone gets them all), "
+                             "and each interactive step started at once on a thread of its own, "
+                             "ahead of them in CPU priority. 1: one step at a time on every "
+                             "core, interactive steps between two layers of the batch step "
+                             "(default: 2 where the replica has 2 threads or more, else 1)")
     parser.add_argument("--batch-tokens-while-interactive", type=_positive,
                         default=BATCH_TOKENS_WHILE_INTERACTIVE, metavar="N",
                         help="without preemption: while interactive calls are queued or "
@@ -170,7 +178,8 @@ def priority_flags(args: argparse.Namespace) -> tuple[str, ...]:
               if args.batch_tokens_while_interactive != BATCH_TOKENS_WHILE_INTERACTIVE else ()),
             *(("--interactive-window", repr(args.interactive_window))
               if args.interactive_window != INTERACTIVE_WINDOW_S else ()),
-            *(("--no-preempt-batch-steps",) if args.preempt_batch_steps != PREEMPT_BATCH_STEPS else ()))
+            *(("--no-preempt-batch-steps",) if args.preempt_batch_steps != PREEMPT_BATCH_STEPS else ()),
+            *(("--cpu-lanes", str(args.cpu_lanes)) if args.cpu_lanes is not None else ()))
 
 
 def _non_negative_float(text: str) -> float:
@@ -276,6 +285,7 @@ def settings_from_args(args: argparse.Namespace, model_dir: Path) -> SchedulerSe
         in_flight_depth=args.in_flight, drain_timeout_s=args.drain_timeout,
         batch_tokens_while_interactive=args.batch_tokens_while_interactive,
         interactive_window_s=args.interactive_window, preempt_batch_steps=args.preempt_batch_steps,
+        cpu_lanes=args.cpu_lanes,
         calibration_cache_dir=(args.cache_dir or default_cache_dir()) if args.calibration else None,
         replica_token=replica_token_from_args(args, os.environ),
         tracing=tracing_settings(args.otlp_endpoint, os.environ, "embedserve-replica"))
@@ -324,7 +334,8 @@ async def serve(settings: SchedulerSettings) -> int:
 
     engine = await asyncio.to_thread(load_engine, settings.model_dir, settings.device,
                                      settings.dtype, probe_min_cosine=settings.dtype_probe_min_cosine,
-                                     cuda_graphs=settings.cuda_graphs, cuda=settings.cuda_options())
+                                     cuda_graphs=settings.cuda_graphs, cuda=settings.cuda_options(),
+                                     cpu_lanes=settings.cpu_lanes, cpu_lane_nice=REPLICA_LANE_NICE)
     try:
         stop = asyncio.Event()
         server, port = await create_server(settings, engine, on_device_lost=stop.set)

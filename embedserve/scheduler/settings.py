@@ -45,6 +45,11 @@ INTERACTIVE_WINDOW_S = 0.0
 # Where the engine can (CPU), an interactive step runs between two layers of the batch
 # step being computed (engine/runners/preemption.py, scheduler/batcher.py).
 PREEMPT_BATCH_STEPS = True
+# How much nicer a replica's CPU lanes (its batch steps, with priority classes) run than
+# the rest of it: the gateway, the replica's event loop and the interactive steps' thread
+# get a core first when they want one (docs/priority.md, "Lanes": against 0, an
+# interactive query's p50 during a bulk job was 1.70x idle, over the target's 1.5x).
+REPLICA_LANE_NICE = 10
 DEFAULT_DTYPE = "auto"
 
 
@@ -83,6 +88,8 @@ class SchedulerSettings:
     batch_tokens_while_interactive: int = BATCH_TOKENS_WHILE_INTERACTIVE
     interactive_window_s: float = INTERACTIVE_WINDOW_S
     preempt_batch_steps: bool = PREEMPT_BATCH_STEPS
+    # CPU steps computed side by side (engine/runners/thread_share.py); None: the engine's default.
+    cpu_lanes: int | None = None
     drain_timeout_s: float = 25.0        # SIGTERM: longest wait (under the usual 30 s kill grace)
     # RPCs handled at once (gRPC answers RESOURCE_EXHAUSTED beyond it). With
     # the message size derived from max_queue_tokens, this bounds the memory

@@ -17,15 +17,17 @@ Two rules bound what preemption can cost:
   layer between two urgent steps, however fast they come (it cannot starve);
 - an urgent step is never preempted itself (its own layers' hooks do nothing).
 
-The steps run on one thread at a time (the runner's order), so nothing here is
-locked but the queue (deque's append and popleft are atomic). Knows nothing about
-batching, the model's math or the event loop: the runner hands in the function
-that computes a step.
+Steps may run on more than one thread at once (a runner's lanes, ``thread_share.py``):
+the oldest urgent step goes to whichever thread reaches a layer boundary first (deque's
+popleft is atomic, so each runs once), and "inside an urgent step" is each thread's
+own. Knows nothing about batching, the model's math or the event loop: the runner hands
+in the function that computes a step.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -33,6 +35,7 @@ import numpy as np
 from torch import nn
 
 from embedserve.engine.batch import Batch
+from embedserve.engine.runners.thread_share import transformer_layers
 
 StepFunction = Callable[[Batch], np.ndarray]
 
@@ -43,19 +46,17 @@ class LayerPreemption:
     def __init__(self, run: StepFunction) -> None:
         self._run = run
         self._urgent: deque[tuple[Batch, concurrent.futures.Future[np.ndarray]]] = deque()
-        self._in_urgent_step = False
+        self._local = threading.local()   # in_urgent_step: this thread is computing one
+        self._count_lock = threading.Lock()
         self.preempted = 0   # urgent steps run at a layer boundary of another step
 
     def install(self, model: nn.Module) -> int:
         """Hook every layer of ``model``'s ``layers`` lists (every family names its stack
         of transformer layers so); returns the number of layers hooked."""
-        hooked = 0
-        for name, module in model.named_modules():
-            if isinstance(module, nn.ModuleList) and name.split(".")[-1] == "layers":
-                for layer in module:
-                    layer.register_forward_pre_hook(self._before_layer)
-                    hooked += 1
-        return hooked
+        layers = transformer_layers(model)
+        for layer in layers:
+            layer.register_forward_pre_hook(self._before_layer)
+        return len(layers)
 
     def push(self, batch: Batch) -> concurrent.futures.Future[np.ndarray]:
         """Queue ``batch`` as urgent; its future resolves once it has run (anywhere)."""
@@ -63,10 +64,13 @@ class LayerPreemption:
         self._urgent.append((batch, future))
         return future
 
-    def run_pending(self) -> None:
-        """Run every queued urgent step (before a step starts, or as a job of its own)."""
+    def run_pending(self) -> int:
+        """Run every queued urgent step (before a step starts, or as a job of its own);
+        returns how many ran."""
+        ran = 0
         while self._run_one():
-            pass
+            ran += 1
+        return ran
 
     def cancel_pending(self) -> None:
         """Cancel the urgent steps not run yet (the runner is closing)."""
@@ -74,8 +78,9 @@ class LayerPreemption:
             self._urgent.popleft()[1].cancel()
 
     def _before_layer(self, _module: nn.Module, _args: tuple) -> None:
-        if not self._in_urgent_step and self._run_one():
-            self.preempted += 1
+        if not getattr(self._local, "in_urgent_step", False) and self._run_one():
+            with self._count_lock:
+                self.preempted += 1
 
     def _run_one(self) -> bool:
         """Run the oldest queued urgent step; False if none was queued."""
@@ -83,7 +88,7 @@ class LayerPreemption:
             batch, future = self._urgent.popleft()
         except IndexError:
             return False
-        self._in_urgent_step = True
+        self._local.in_urgent_step = True
         try:
             rows = self._run(batch)
         except Exception as error:  # the urgent step's failure, never the preempted step's
@@ -91,5 +96,5 @@ class LayerPreemption:
         else:
             future.set_result(rows)
         finally:
-            self._in_urgent_step = False
+            self._local.in_urgent_step = False
         return True

@@ -1,0 +1,25 @@
+"""bench serve_ab's order and arithmetic, and its one-line stop without the reference data."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.reference_data import MISSING_EXIT_STATUS
+from bench.serve_ab import abba, main, ratios
+
+
+def test_rounds_alternate_abba() -> None:
+    assert abba(1) == ["a", "b"]
+    assert abba(4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_ratios_are_b_over_a_per_round() -> None:
+    assert ratios({"a": [100.0, 200.0], "b": [150.0, 100.0]}) == [1.5, 0.5]
+    with pytest.raises(ValueError):
+        ratios({"a": [1.0], "b": []})
+
+
+def test_stops_at_missing_reference_data_with_one_line(tmp_path, capsys) -> None:
+    assert main(["--data-dir", str(tmp_path)]) == MISSING_EXIT_STATUS
+    error = capsys.readouterr().err
+    assert error.startswith("python -m bench serve_ab: reference data not found") and error.count("\n") == 1
