@@ -102,13 +102,15 @@ def test_two_steps_compute_side_by_side_on_half_the_cores_each(lanes_engine):
     first, second = long_batch(0), long_batch(1)
     alone = [lanes_engine.step(first).wait(), lanes_engine.step(second).wait()]
     threads = lanes_engine._runner._share.threads
-    met_first, met_last = threading.Barrier(2, timeout=GATE_TIMEOUT_S), threading.Barrier(2, timeout=GATE_TIMEOUT_S)
+    met_first, met_last, recorded = (threading.Barrier(2, timeout=GATE_TIMEOUT_S) for _ in range(3))
     seen: list[tuple[int, int]] = []
     handles = [hook(lanes_engine, 0, met_first.wait), hook(lanes_engine, -1, met_last.wait),
-               # after the share's own hook: what the layer runs on
+               # after the share's own hook: what the layer runs on; neither goes on (and
+               # ends its step) before both have recorded it
                hook(lanes_engine, -1, lambda: seen.append(
                    (torch.get_num_threads(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))),
-                   prepend=False)]
+                   prepend=False),
+               hook(lanes_engine, -1, recorded.wait, prepend=False)]
     try:
         lazies = [lanes_engine.step(first), lanes_engine.step(second)]   # both wait for the other
         rows = [lazy.wait(GATE_TIMEOUT_S) for lazy in lazies]
