@@ -187,6 +187,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     parser.add_argument("--client", choices=("httpx", "raw"), default="httpx",
                         help="the interactive client: httpx as an application would use, or a bare "
                              "socket that costs the 2-core machine least (default: %(default)s)")
+    return parse_with_corpus(parser, argv)
+
+
+def parse_with_corpus(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | None:
+    """``parser``'s arguments plus ``--data-dir`` (the bulk corpus's source) and ``--work-dir``
+    (server logs); None, with the line saying so printed, where the reference data is missing."""
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "embedserve" / "bench",
                         help="server logs (default: %(default)s)")

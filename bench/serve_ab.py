@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import os
 import shlex
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -28,8 +27,8 @@ import numpy as np
 
 from bench import bulk_corpus
 from bench.bulk_bench import run_embed
-from bench.priority_bench import ROOT, SERVE_WARM_QUERIES, WARM_DOCS, interactive_client, log
-from bench.reference_data import DEFAULT_DATA_DIR, MISSING_EXIT_STATUS, missing_line
+from bench.priority_bench import ROOT, SERVE_WARM_QUERIES, WARM_DOCS, interactive_client, log, parse_with_corpus
+from bench.reference_data import MISSING_EXIT_STATUS
 
 
 def abba(rounds: int) -> list[str]:
@@ -48,13 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", default="", help="flags for configuration B, one string (default: none)")
     parser.add_argument("--docs", type=int, default=3000, help="documents per job (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=4, help="jobs per configuration (default: %(default)s)")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "embedserve" / "bench",
-                        help="server logs (default: %(default)s)")
-    args = parser.parse_args(argv)
-    missing = missing_line(parser.prog, [bulk_corpus.udhr_dir(args.data_dir)], "--data-dir")
-    if missing:
-        print(missing, file=sys.stderr)
+    args = parse_with_corpus(parser, argv)
+    if args is None:
         return MISSING_EXIT_STATUS
 
     from bench.suite.peer_process import running_server
