@@ -65,6 +65,7 @@ def in_thread(function) -> int:
 
 
 def test_the_share_splits_the_cores_between_the_threads_computing():
+    torchs = torch.get_num_threads()
     share = ThreadShare(4)
     assert share.share() == 4 and share.computing == 0
     inside = threading.Event()
@@ -90,7 +91,15 @@ def test_the_share_splits_the_cores_between_the_threads_computing():
         release.set()
         thread.join(GATE_TIMEOUT_S)
     assert share.computing == 0
-    assert in_thread(lambda: (share.step().__enter__(), torch.get_num_threads())[1]) == 4
+
+    def alone() -> int:
+        with share.step():
+            return torch.get_num_threads()
+    try:
+        assert in_thread(alone) == 4
+    finally:
+        # set_num_threads also sets the count new threads start with: this process's again
+        torch.set_num_threads(torchs)
 
 
 def test_default_lanes():
