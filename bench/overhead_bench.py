@@ -209,6 +209,12 @@ class HttpxClient:
 CLIENTS = {"raw": RawClient, "http.client": LeanClient, "httpx": HttpxClient}
 
 
+def environment_and_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A configuration's words, ``VAR=VALUE ... --flag ...``: (the variables, the flags)."""
+    first_flag = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    return dict(w.split("=", 1) for w in words[:first_flag]), words[first_flag:]
+
+
 class Stack:
     """One ``embedserve serve`` from one source tree, and what it measured."""
 
@@ -216,10 +222,8 @@ class Stack:
         words = spec.split()
         self.label = spec
         self.source = Path(words[0]).resolve()
-        env = dict(os.environ, PYTHONPATH=str(self.source), PYTHONUNBUFFERED="1")
-        first_flag = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
-        env.update(w.split("=", 1) for w in words[1:first_flag])
-        own_flags = words[first_flag:]
+        own_env, own_flags = environment_and_flags(words[1:])
+        env = dict(os.environ, PYTHONPATH=str(self.source), PYTHONUNBUFFERED="1", **own_env)
         argv = [sys.executable, "-m", "embedserve.cli", "serve", "--port", "0",
                 "--log-level", "warning", *serve_flags, *own_flags]
         self.process, match = popen_listening(argv, GATEWAY_LISTENING, env=env, cwd=str(self.source))

@@ -2,6 +2,7 @@
 
     python -m bench serve_ab --a "--cpu-lanes 1" --b ""            # one lane against the default
     python -m bench serve_ab --a "" --b "--replicas 2" --rounds 6
+    python -m bench serve_ab --a "GLIBC_TUNABLES=glibc.malloc.perturb=0" --b ""   # VAR=VALUE first: environment
 
 Starts both servers (the default model, each warmed up with a few queries and a small
 bulk job), then runs ``embedserve embed --url`` over ``--docs`` documents of the bulk
@@ -27,6 +28,7 @@ import numpy as np
 
 from bench import bulk_corpus
 from bench.bulk_bench import run_embed
+from bench.overhead_bench import environment_and_flags
 from bench.priority_bench import ROOT, SERVE_WARM_QUERIES, WARM_DOCS, interactive_client, log, parse_with_corpus
 from bench.reference_data import MISSING_EXIT_STATUS
 
@@ -43,8 +45,9 @@ def ratios(rates: dict[str, list[float]]) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench serve_ab", description=__doc__.splitlines()[0])
-    parser.add_argument("--a", default="", help="flags for configuration A, one string (default: none)")
-    parser.add_argument("--b", default="", help="flags for configuration B, one string (default: none)")
+    parser.add_argument("--a", default="", help="configuration A: VAR=VALUE words for serve's environment, then "
+                                                "its flags, one string (default: none)")
+    parser.add_argument("--b", default="", help="configuration B, as --a (default: none)")
     parser.add_argument("--docs", type=int, default=3000, help="documents per job (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=4, help="jobs per configuration (default: %(default)s)")
     args = parse_with_corpus(parser, argv)
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from embedserve.launch.processes import free_port
 
     model_dir = ensure_default_model(default_cache_dir())
-    flags = {"a": shlex.split(args.a), "b": shlex.split(args.b)}
+    configurations = {"a": environment_and_flags(shlex.split(args.a)),
+                      "b": environment_and_flags(shlex.split(args.b))}
     rates: dict[str, list[float]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory(prefix="embedserve-serve-ab-") as tmp, contextlib.ExitStack() as servers:
         corpus = bulk_corpus.write_jsonl(Path(tmp) / "docs.jsonl", bulk_corpus.mixed(args.data_dir, args.docs))
@@ -68,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("a", "b"):
             port = free_port()
             urls[name] = f"http://127.0.0.1:{port}"
+            environment, flags = configurations[name]
             servers.enter_context(running_server(
-                [*serve_command(model_dir, port, "cpu", None), *flags[name]], name=f"serve {name.upper()}",
+                [*serve_command(model_dir, port, "cpu", None), *flags], name=f"serve {name.upper()}",
                 health_url=f"{urls[name]}/ready", log_path=args.work_dir / f"serve-ab-{name}.log",
-                env=dict(os.environ, PYTHONPATH=str(ROOT)), ready_timeout_s=SERVE_READY_TIMEOUT_S, log=log))
+                env=dict(os.environ, PYTHONPATH=str(ROOT), **environment), ready_timeout_s=SERVE_READY_TIMEOUT_S,
+                log=log))
             interactive_client(urls[name], 0.05, threading.Event(), SERVE_WARM_QUERIES, "raw")
             run_embed(warm, output, model_dir, "--url", urls[name])
         for name in abba(args.rounds):

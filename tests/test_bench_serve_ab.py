@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.overhead_bench import environment_and_flags
 from bench.reference_data import MISSING_EXIT_STATUS
 from bench.serve_ab import abba, main, ratios
 
@@ -23,3 +24,10 @@ def test_stops_at_missing_reference_data_with_one_line(tmp_path, capsys) -> None
     assert main(["--data-dir", str(tmp_path)]) == MISSING_EXIT_STATUS
     error = capsys.readouterr().err
     assert error.startswith("python -m bench serve_ab: reference data not found") and error.count("\n") == 1
+
+
+def test_a_configuration_is_environment_words_then_flags() -> None:
+    assert environment_and_flags(["GLIBC_TUNABLES=glibc.malloc.perturb=0", "X=1", "--cpu-lanes", "1"]) == (
+        {"GLIBC_TUNABLES": "glibc.malloc.perturb=0", "X": "1"}, ["--cpu-lanes", "1"])
+    assert environment_and_flags([]) == ({}, [])
+    assert environment_and_flags(["--replicas", "2"]) == ({}, ["--replicas", "2"])

@@ -12,8 +12,6 @@ LazyTensor with the exception; the engine keeps serving later steps.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 
 import torch
 
-from embedserve.engine import int8_layers
+from embedserve.engine import heap, int8_layers
 from embedserve.engine.batch import Batch
 from embedserve.engine.dense import load_dense
 from embedserve.engine.dtype_choice import AUTO, DtypeChoice, DtypeProbe, auto_candidate, cuda_half_dtype, probe_verdict
@@ -206,7 +204,7 @@ class Engine:
         choice = DtypeChoice(INT8, f"{choice.reason}: int8 weights per channel, uint8 activations "
                                    f"({activations}), {base_name} elsewhere")
         log.info("dtype %s (%s)", choice.dtype, choice.reason)
-        _return_freed_heap()
+        heap.return_freed_heap()
         return cls._start(model, _chosen(info, choice), **{**runner_options, "fused_layers": False})
 
     @classmethod
@@ -245,7 +243,7 @@ class Engine:
             del engine, model
             engine = cls._start(build_model(model_dir, torch.float32), _chosen(info, choice),
                                 **runner_options)
-        _return_freed_heap()
+        heap.return_freed_heap()
         return engine
 
     @classmethod
@@ -315,20 +313,3 @@ class Engine:
 
 def _chosen(info: ModelInfo, choice: DtypeChoice) -> ModelInfo:
     return replace(info, dtype=choice.dtype, dtype_reason=choice.reason)
-
-
-def _return_freed_heap() -> None:
-    """Give the heap the probe freed back to the OS (glibc keeps it otherwise).
-
-    Measured on the default model: loading tokenizer.json for the probe's ids
-    takes ~270 MB of small allocations that stay in the process after they are
-    freed, so a probed replica held ~230 MB more than one started with an
-    explicit dtype; trimmed, ~35 MB. A no-op where the C library has no
-    ``malloc_trim`` (musl, macOS).
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)

@@ -45,6 +45,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from embedserve.engine import heap
 from embedserve.engine.batch import Batch, check_batch
 from embedserve.engine.cpu_shapes import pad_to_bucket
 from embedserve.engine.graphs.shapes import TOKEN_STEP_SMALL
@@ -77,6 +78,9 @@ class CpuRunner:
         self._model = model
         self._info = info
         self._attention = ATTENTION_IMPLS[attention]
+        # Steps free and allocate the same large blocks: glibc keeps them instead of
+        # unmapping them, so a step does not fault its activations' pages in anew (heap.py).
+        heap.keep_freed_blocks()
         # Steps of few tokens in one flat loop where it covers the model (small_steps.py).
         self._small = SmallStepForward.for_model(model, info.pooling, attention) if small_steps else None
         # The cores between the steps computed at once (thread_share.py): a step alone
