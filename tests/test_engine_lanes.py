@@ -7,6 +7,7 @@ every step's rows are compared bit for bit with the same step computed alone.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 
@@ -100,6 +101,27 @@ def test_the_share_splits_the_cores_between_the_threads_computing():
     finally:
         # set_num_threads also sets the count new threads start with: this process's again
         torch.set_num_threads(torchs)
+
+
+def test_new_threads_start_on_every_core_after_steps_shared_them():
+    threads = torch.get_num_threads()
+    share = ThreadShare(threads * 2)
+    both_in, both_fitted = (threading.Barrier(2, timeout=GATE_TIMEOUT_S) for _ in range(2))
+
+    def step() -> int:
+        with share.step():
+            both_in.wait()     # both compute: each fits to half
+            share.fit()
+            fitted = torch.get_num_threads()
+            both_fitted.wait()
+        return fitted
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda _: step(), range(2))) == [threads, threads]
+        assert share.computing == 0
+        assert in_thread(torch.get_num_threads) == threads * 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_default_lanes():

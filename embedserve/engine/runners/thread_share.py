@@ -15,7 +15,11 @@ its cores a layer after a second one starts, and takes them back a layer after t
 one ends. OpenMP's thread count (``torch.set_num_threads``: ``omp_set_num_threads``)
 is per thread, so one thread's share leaves the other's alone; a step computes the
 same numbers on one thread as on two (tests/test_engine_lanes.py checks it bit for
-bit). Knows nothing about batching or the model's math.
+bit). torch also keeps the last count set as the one threads it has not seen yet start
+with, so when the last computing thread ends its step the share puts ``threads`` back
+there: torch work on other threads (pooling in a request's thread, a new pool's
+workers) does not stay on a half share. Knows nothing about batching or the model's
+math.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class ThreadShare:
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._computing = 0
+        self._last_set = self.threads   # the count torch gives threads it has not seen yet
         self._lock = threading.Lock()
         self._local = threading.local()   # depth: a step run inside another adds no thread
 
@@ -67,6 +72,9 @@ class ThreadShare:
             if depth == 0:
                 with self._lock:
                     self._computing -= 1
+                    if self._computing == 0 and self._last_set != self.threads:
+                        torch.set_num_threads(self.threads)
+                        self._last_set = self.threads
 
     def share(self) -> int:
         """A computing thread's share of the cores now."""
@@ -77,6 +85,7 @@ class ThreadShare:
         share = self.share()
         if torch.get_num_threads() != share:
             torch.set_num_threads(share)
+            self._last_set = share
 
     def install(self, model: nn.Module) -> int:
         """Refit before every transformer layer of ``model``; returns the layers hooked."""
