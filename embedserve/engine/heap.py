@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 from collections.abc import Mapping
@@ -39,7 +40,9 @@ MALLOC_ENVIRONMENT = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM
 INT_MAX = 2**31 - 1
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The process's glibc, opened once; None where the C library is another."""
     if platform.libc_ver()[0] != "glibc":
         return None
     try:
