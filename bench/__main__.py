@@ -41,6 +41,7 @@ BENCHMARKS = {
     "serve_ab": "bench.serve_ab",
     "short_query": "bench.short_query",
     "int8": "bench.int8_bench",
+    "int8_few_rows": "bench.int8_few_rows",
 }
 
 

@@ -53,6 +53,9 @@ KINDS = {
     # (embedserve/engine/profiler_names.py)
     "embedserve::avx2_linear": "dense matmuls",
     "embedserve::bf16_linear": "dense matmuls",
+    "embedserve::amx_linear": "dense matmuls",
+    "embedserve::int8_linear": "dense matmuls",
+    "onednn::qlinear_pointwise": "dense matmuls",
     "aten::gelu_": "GELU (after a native linear)",
     "embedserve::bf16_attention": "attention",
     "embedserve::add_layer_norm": "layer norm (with the residual add)",

@@ -18,6 +18,9 @@ model's base dtype: bfloat16 where the CPU has native bf16, else float32
   weights) or ``dynamic`` (each call measures its input's min and max; what runs
   when no calibration tokens are given). The quantization is one native pass
   (int8_quantize.py).
+- calls of few rows (a short query's step) go to the native kernel where it runs
+  (int8_linear.py: the same quantization and integer products, in one call, with
+  the weight's second copy in its layout); oneDNN's per-call cost dominates there.
 
 Knows nothing about batching or attention: the layer calls the ``Attend``
 function it is given. CUDA models are never transformed (int8 is CPU only).
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from embedserve.engine import int8_quantize
+from embedserve.engine import int8_linear, int8_quantize
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.onednn import PackedWeight
 from embedserve.engine.residual_norm import ResidualNorm
@@ -81,6 +84,10 @@ class Int8Weight(nn.Module):
     SmoothQuant's per-column factors where ``smooth`` (see ``smoothing_factors``)."""
 
     multiplier: torch.Tensor
+    scales: torch.Tensor
+    bias: torch.Tensor
+    few_rows_panels: torch.Tensor
+    column_sums: torch.Tensor
 
     def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
                  qmax: int = int8_quantize.FULL_RANGE) -> None:
@@ -93,6 +100,10 @@ class Int8Weight(nn.Module):
             factors = smoothing_factors(observed, weight)
         quantized, scales = int8_per_channel(weight * factors[None, :])
         self.register_buffer("weight", _onednn.qlinear_prepack(quantized, None))
+        self.few_rows = int8_linear.covers(quantized)
+        if self.few_rows:
+            self.register_buffer("few_rows_panels", int8_linear.pack_panels(quantized))
+            self.register_buffer("column_sums", int8_linear.column_sums(quantized))
         self.register_buffer("scales", scales)
         self.register_buffer("zero_points", torch.zeros(out_features, dtype=torch.int64))
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(out_features)
@@ -119,6 +130,11 @@ class Int8Weight(nn.Module):
                 algorithm: str = "") -> torch.Tensor:
         """x: [T, in] bf16 or float32 -> [T, out] in ``out_dtype``, the activation named as
         oneDNN's epilogues are (``attr``/``algorithm``) applied."""
+        if (self.few_rows and x.shape[0] <= int8_linear.MAX_ROWS and x.dtype == torch.bfloat16
+                and out_dtype == torch.bfloat16):
+            return int8_linear.linear(x, self.few_rows_panels, self.column_sums, self.scales, self.bias,
+                                      self.multiplier if self.static else None, self.input_scale,
+                                      self.input_zero_point, self.qmax, attr, algorithm)
         xq, scale, zero_point = self.quantize(x)
         return _onednn.qlinear_pointwise(xq, scale, zero_point, self.weight, self.scales, self.zero_points,
                                          self.bias, 1.0, 0, out_dtype, attr, [], algorithm)
@@ -148,7 +164,8 @@ class Int8Layer(nn.Module):
         self.qkv, self.attn_out, self.ffn_in = (
             Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax)
             for name in INT8_LINEARS)
-        self.ffn_out = PackedWeight(layer.ffn_out)    # oneDNN (or a native kernel), base dtype
+        # oneDNN or a native kernel, base dtype; calls of few rows on AMX as FusedLayer's
+        self.ffn_out = PackedWeight(layer.ffn_out, few_rows=True)
         self.attn_norm = ResidualNorm(layer.attn_norm)
         self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = ACTIVATIONS[hidden_act]

@@ -12,6 +12,7 @@ ADD_LAYER_NORM = "embedserve::add_layer_norm"
 AVX2_LINEAR = "embedserve::avx2_linear"
 BF16_LINEAR = "embedserve::bf16_linear"
 AMX_LINEAR = "embedserve::amx_linear"
+INT8_LINEAR = "embedserve::int8_linear"
 
 
 def named(name: str) -> AbstractContextManager[object]:

@@ -24,33 +24,10 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "uint8_rows.h"
+
 /* Below this many elements a call runs on one thread: waking the team costs more. */
 #define SERIAL_ELEMENTS 65536
-
-static inline __m512 load16(const void *x, int bf16, int64_t at, __mmask16 mask) {
-    if (bf16) {
-        const __m256i raw = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)x + at);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-    return _mm512_maskz_loadu_ps(mask, (const float *)x + at);
-}
-
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
-
-static void quantize_row(const void *x, int bf16, uint8_t *out, int64_t cols, const float *multiplier,
-                         __m512i zero_point, __m512i high) {
-    const __m512i low = _mm512_setzero_si512();
-    for (int64_t c = 0; c < cols; c += 16) {
-        const __mmask16 mask = tail_mask(cols - c);
-        const __m512 scaled = _mm512_mul_ps(load16(x, bf16, c, mask), _mm512_maskz_loadu_ps(mask, multiplier + c));
-        __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                     zero_point);
-        q = _mm512_min_epi32(_mm512_max_epi32(q, low), high);
-        _mm_mask_storeu_epi8(out + c, mask, _mm512_cvtepi32_epi8(q));
-    }
-}
 
 static PyObject *quantize(PyObject *self, PyObject *args) {
     (void)self;
@@ -90,15 +67,7 @@ static PyObject *value_range(PyObject *self, PyObject *args) {
     {
         __m512 low = _mm512_set1_ps(FLT_MAX), high = _mm512_set1_ps(-FLT_MAX);
 #pragma omp for schedule(static)
-        for (Py_ssize_t r = 0; r < rows; ++r) {
-            const char *row = src + r * stride * element;
-            for (int64_t c = 0; c < cols; c += 16) {
-                const __mmask16 mask = tail_mask(cols - c);
-                const __m512 v = load16(row, bf16, c, mask);
-                low = _mm512_mask_min_ps(low, mask, low, v);
-                high = _mm512_mask_max_ps(high, mask, high, v);
-            }
-        }
+        for (Py_ssize_t r = 0; r < rows; ++r) row_range(src + r * stride * element, bf16, cols, &low, &high);
         const float l = _mm512_reduce_min_ps(low), h = _mm512_reduce_max_ps(high);
         lowest = l < lowest ? l : lowest;
         highest = h > highest ? h : highest;

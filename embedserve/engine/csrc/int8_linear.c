@@ -1,0 +1,220 @@
+/*
+ * y = activation(x @ W.T + b) for the int8 linears (int8_layers.py) in calls of few rows
+ * (a short query's step), with AVX512-VNNI (VPDPBUSD: uint8 x int8, int32 sums) and a
+ * bf16 output.
+ *
+ * Why native: oneDNN's quantized matmul costs tens of microseconds a call whatever its
+ * size, and the separate quantization pass before it as much again, so a 6-token step
+ * with int8 linears took ~2.5x a bf16 one although its weights are half the bytes.
+ * Here one call quantizes its bf16 input (uint8_rows.h: the same bytes int8_quantize.c
+ * makes for oneDNN) and runs the same integer products as oneDNN, by the plan of
+ * bf16_linear.c: each panel of 32 output columns for a block of up to 12 rows while its
+ * weights sit in L1; per quad of input columns, two weight vectors (16 columns x 4
+ * int8 each) meet a broadcast quad of each row's uint8.
+ *
+ * Arithmetic (oneDNN's, for a uint8 source with a zero point and int8 weights with one
+ * scale per output column): the int32 sum s[n] = sum_k xq[k] w[k, n] is exact; then
+ * y[n] = activation(float(s[n] - zero_point * colsum[n]) * (x_scale * w_scale[n]) + bias[n]),
+ * rounded once to bf16 (bf16_activations.h). Static mode takes the input's scale, zero
+ * point and per-column multiplier (1 / scale over the smoothing factors) from the
+ * caller; dynamic mode measures the input's min and max first and derives them as
+ * int8_quantize.affine_params does (in double, half to even).
+ *
+ * Layout: x is [rows, K] bf16 rows ``x_stride`` elements apart; ``panels`` the int8
+ * weight [N, K] repacked as [N / 32][K / 4][32][4] (int8_linear.py: pack_panels), a quad
+ * row 128 bytes (columns 0-15, then 16-31); colsum int32 [N]; w_scale, bias float32 [N];
+ * y [rows, N] bf16 contiguous. K a multiple of 4, N of 32. linear_blocks.h splits a
+ * call between torch's OpenMP team.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_activations.h"
+#include "linear_blocks.h"
+#include "uint8_rows.h"
+
+#define PANEL 32
+#define QUAD_BYTES (4 * PANEL)   /* one quad of k for a panel's 32 columns */
+#define MAX_BLOCK_ROWS 12
+/* Quads of k a panel's weights are prefetched ahead (2 KB), as in bf16_linear.c. */
+#define PREFETCH_AHEAD 16
+/* Below this many elements the input is quantized on one thread. */
+#define SERIAL_ELEMENTS 65536
+
+/* One call's operands, as for_each_block hands them to run_block. */
+typedef struct {
+    const uint8_t *x;           /* the quantized input, [rows, k] contiguous */
+    const int8_t *panels;
+    const int32_t *compensation; /* zero_point * colsum, [n] */
+    const float *scale;          /* x_scale * w_scale, [n] */
+    const float *bias;
+    uint16_t *y;
+    Py_ssize_t n, k;
+    int activation;
+} Call;
+
+static inline __m512 output16(__m512i sum, const Call *c, Py_ssize_t column) {
+    const __m512 value = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_loadu_si512(c->compensation + column)));
+    return activate(_mm512_fmadd_ps(value, _mm512_loadu_ps(c->scale + column), _mm512_loadu_ps(c->bias + column)),
+                    c->activation);
+}
+
+/* One block of R rows by one panel. The WARM variant also pulls the next panel toward L2
+ * (linear_blocks.h). */
+#define ROW_BLOCK(R, NAME, WARM)                                                                   \
+    static void NAME##R(const Call *c, Py_ssize_t row, Py_ssize_t panel_index) {                    \
+        const int8_t *panel = c->panels + panel_index * c->k * PANEL;                               \
+        const int8_t *warm = panel + c->k * PANEL; /* the next panel */                             \
+        (void)warm;                                                                                 \
+        const uint8_t *x = c->x + row * c->k;                                                       \
+        __m512i lo[R], hi[R];                                                                       \
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
+            lo[r] = _mm512_setzero_si512();                                                         \
+            hi[r] = _mm512_setzero_si512();                                                         \
+        }                                                                                           \
+        for (Py_ssize_t kq = 0; kq < c->k / 4; kq++) {                                              \
+            _mm_prefetch((const char *)(panel + (kq + PREFETCH_AHEAD) * QUAD_BYTES), _MM_HINT_T0);  \
+            _mm_prefetch((const char *)(panel + (kq + PREFETCH_AHEAD) * QUAD_BYTES + 64), _MM_HINT_T0); \
+            if (WARM) {                                                                             \
+                _mm_prefetch((const char *)(warm + kq * QUAD_BYTES), _MM_HINT_T1);                  \
+                _mm_prefetch((const char *)(warm + kq * QUAD_BYTES + 64), _MM_HINT_T1);             \
+            }                                                                                       \
+            const __m512i w_lo = _mm512_load_si512(panel + kq * QUAD_BYTES);                        \
+            const __m512i w_hi = _mm512_load_si512(panel + kq * QUAD_BYTES + 64);                   \
+            _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                  \
+                int32_t quad;                                                                       \
+                memcpy(&quad, x + r * c->k + 4 * kq, 4);                                            \
+                const __m512i a = _mm512_set1_epi32(quad);                                          \
+                lo[r] = _mm512_dpbusd_epi32(lo[r], a, w_lo);                                        \
+                hi[r] = _mm512_dpbusd_epi32(hi[r], a, w_hi);                                        \
+            }                                                                                       \
+        }                                                                                           \
+        const Py_ssize_t column = panel_index * PANEL;                                              \
+        _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
+            uint16_t *out = c->y + (row + r) * c->n + column;                                       \
+            _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(output16(lo[r], c, column))); \
+            _mm256_storeu_si256((__m256i *)(out + 16),                                              \
+                                (__m256i)_mm512_cvtneps_pbh(output16(hi[r], c, column + 16)));      \
+        }                                                                                           \
+    }
+
+FOR_1_TO_12(BOTH_VARIANTS)
+
+typedef void (*row_block)(const Call *, Py_ssize_t, Py_ssize_t);
+static const row_block BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(PLAIN_ENTRY)};
+static const row_block WARMING_BLOCKS[MAX_BLOCK_ROWS + 1] = {NULL, FOR_1_TO_12(WARMING_ENTRY)};
+
+static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t panel, int warm_next) {
+    (warm_next ? WARMING_BLOCKS : BLOCKS)[size]((const Call *)opaque, row, panel);
+}
+
+/* The input's scale and zero point from its range, as int8_quantize.affine_params. */
+static void affine_params(float lowest, float highest, int qmax, double *scale, int *zero_point) {
+    const double low = lowest < 0.0f ? (double)lowest : 0.0, high = highest > 0.0f ? (double)highest : 0.0;
+    *scale = high > low ? (high - low) / qmax : 1.0;
+    double zp = nearbyint(-low / *scale);       /* the default rounding mode: half to even */
+    zp = zp < 0.0 ? 0.0 : (zp > qmax ? (double)qmax : zp);
+    *zero_point = (int)zp;
+}
+
+static void input_range(const uint16_t *x, Py_ssize_t rows, Py_ssize_t k, Py_ssize_t x_stride, float *lowest,
+                        float *highest) {
+    __m512 low = _mm512_set1_ps(FLT_MAX), high = _mm512_set1_ps(-FLT_MAX);
+    for (Py_ssize_t r = 0; r < rows; ++r) row_range(x + r * x_stride, 1, k, &low, &high);
+    *lowest = _mm512_reduce_min_ps(low);
+    *highest = _mm512_reduce_max_ps(high);
+}
+
+typedef struct {
+    unsigned long long x, multiplier, panels, colsum, w_scale, bias, y;
+    Py_ssize_t rows, n, k, x_stride, threads;
+    double x_scale;
+    int zero_point, qmax, dynamic, activation;
+} Int8LinearArgs;
+
+static int parse(PyObject *args, Int8LinearArgs *a) {
+    if (!PyArg_ParseTuple(args, "KKdiipKKKKKnnnnni", &a->x, &a->multiplier, &a->x_scale, &a->zero_point, &a->qmax,
+                          &a->dynamic, &a->panels, &a->colsum, &a->w_scale, &a->bias, &a->y, &a->rows, &a->n,
+                          &a->k, &a->x_stride, &a->threads, &a->activation))
+        return 0;
+    if (a->rows < 0 || a->k <= 0 || a->k % 4 != 0 || a->n <= 0 || a->n % PANEL != 0 || a->x_stride < a->k
+        || a->qmax < 1 || a->qmax > 255 || a->zero_point < 0 || a->zero_point > a->qmax) {
+        PyErr_Format(PyExc_ValueError,
+                     "need rows >= 0, k a positive multiple of 4, n a positive multiple of %d, x_stride >= k and "
+                     "0 <= zero_point <= qmax <= 255; got rows %zd, n %zd, k %zd, x_stride %zd, zero point %d, "
+                     "qmax %d", PANEL, a->rows, a->n, a->k, a->x_stride, a->zero_point, a->qmax);
+        return 0;
+    }
+    if (a->activation < 0 || a->activation >= ACTIVATIONS) {
+        PyErr_Format(PyExc_ValueError, "activation must be 0 to %d, got %d", ACTIVATIONS - 1, a->activation);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *int8_linear(PyObject *self, PyObject *args) {
+    (void)self;
+    Int8LinearArgs a;
+    if (!parse(args, &a)) return NULL;
+    if (a.rows == 0) Py_RETURN_NONE;
+    const uint16_t *x = (const uint16_t *)(uintptr_t)a.x;
+    const int32_t *colsum = (const int32_t *)(uintptr_t)a.colsum;
+    const float *w_scale = (const float *)(uintptr_t)a.w_scale;
+    /* the quantized rows, then (dynamic) the multiplier, then per column the
+     * compensation and combined scale */
+    const size_t x_bytes = ((size_t)(a.rows * a.k) + 63) & ~(size_t)63;
+    const size_t bytes = x_bytes + sizeof(float) * (size_t)a.k + (sizeof(int32_t) + sizeof(float)) * (size_t)a.n;
+    char *buffer = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (buffer == NULL) return PyErr_NoMemory();
+    uint8_t *xq = (uint8_t *)buffer;
+    float *multiplier = (float *)(buffer + x_bytes);
+    int32_t *compensation = (int32_t *)(multiplier + a.k);
+    float *scale = (float *)(compensation + a.n);
+    Py_BEGIN_ALLOW_THREADS
+    double x_scale = a.x_scale;
+    int zero_point = a.zero_point;
+    const float *row_multiplier = (const float *)(uintptr_t)a.multiplier;
+    if (a.dynamic) {
+        float lowest, highest;
+        input_range(x, a.rows, a.k, a.x_stride, &lowest, &highest);
+        affine_params(lowest, highest, a.qmax, &x_scale, &zero_point);
+        const float inverse = (float)(1.0 / x_scale);
+        for (Py_ssize_t c = 0; c < a.k; ++c) multiplier[c] = inverse;
+        row_multiplier = multiplier;
+    }
+    const __m512i zp = _mm512_set1_epi32(zero_point), high = _mm512_set1_epi32(a.qmax);
+    const int quantize_threads = (a.threads < 1 || a.rows * a.k < SERIAL_ELEMENTS) ? 1 : (int)a.threads;
+#pragma omp parallel for num_threads(quantize_threads) schedule(static)
+    for (Py_ssize_t r = 0; r < a.rows; ++r)
+        quantize_row(x + r * a.x_stride, 1, xq + r * a.k, a.k, row_multiplier, zp, high);
+    const float x_scale32 = (float)x_scale;
+    for (Py_ssize_t c = 0; c < a.n; ++c) {
+        compensation[c] = zero_point * colsum[c];
+        scale[c] = x_scale32 * w_scale[c];
+    }
+    const Call call = {xq, (const int8_t *)(uintptr_t)a.panels, compensation, scale,
+                       (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
+    for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
+    Py_END_ALLOW_THREADS
+    free(buffer);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"linear", int8_linear, METH_VARARGS,
+     "linear(x, multiplier, x_scale, zero_point, qmax, dynamic, panels, colsum, w_scale, bias, y, rows, n, k, "
+     "x_stride, threads, activation): y = activation(dequantized(uint8(x) @ W.T) + bias) in bf16; arguments are "
+     "data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; activation 0 none, 1 GELU "
+     "(erf), 2 GELU (tanh), 3 ReLU."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int8_linear", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__int8_linear(void) { return PyModule_Create(&module); }

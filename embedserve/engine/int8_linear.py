@@ -1,0 +1,98 @@
+"""The int8 linears (int8_layers.py) for calls of few rows: one native call with AVX512-VNNI.
+
+Owns deciding whether a call goes to the kernel (``engine/csrc/int8_linear.c``, built at
+install where the compiler targets AVX512-VNNI and AVX512-BF16) and the weight's copy in
+the kernel's panel layout. Why: oneDNN's quantized matmul and the quantization pass before
+it cost tens of microseconds a call each whatever the size, so a short query's step with
+int8 linears took ~2.5x a bf16 one although the weights are half the bytes. The kernel
+quantizes its bf16 input to the same uint8 bytes (static or dynamic, as the layer does),
+multiplies with VPDPBUSD (oneDNN's integer products) and writes bf16 with the bias and
+activation applied (``python -m bench int8_few_rows``: where oneDNN takes over).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from embedserve.engine import profiler_names
+from embedserve.engine.bf16_linear import ACTIVATIONS
+from embedserve.engine.dtype_choice import cpu_capabilities
+
+try:
+    from embedserve.engine import _int8_linear as _native  # type: ignore[attr-defined]  # C extension
+except ImportError:          # not built: no compiler, or one that cannot target AVX512-VNNI
+    _native = None
+
+PANEL = 32                   # output columns per panel (two 16-int32 accumulators)
+# Calls of up to this many rows take the kernel; more go to oneDNN, whose AMX-INT8 /
+# VNNI matmul is faster once its per-call cost is spread over enough rows.
+MAX_ROWS = 64
+
+
+@functools.cache
+def kernel_available() -> bool:
+    """Whether the kernel is built and this CPU has AVX512-VNNI and AVX512-BF16 (its bf16 output)."""
+    flags = cpu_capabilities()
+    return _native is not None and bool(flags.get("avx512_vnni")) and bool(flags.get("avx512_bf16"))
+
+
+def covers(quantized: torch.Tensor) -> bool:
+    """Whether the int8 weight ``quantized`` ([out, in]) can take the kernel: ``out`` a
+    multiple of 32, ``in`` of 4, and the kernel available."""
+    return (kernel_available() and quantized.dtype == torch.int8 and quantized.dim() == 2
+            and quantized.shape[0] % PANEL == 0 and quantized.shape[1] % 4 == 0)
+
+
+def pack_panels(quantized: torch.Tensor) -> torch.Tensor:
+    """int8 ``quantized`` [out, in] as the kernel reads it: [out / 32, in / 4, 32, 4], contiguous."""
+    out_features, in_features = quantized.shape
+    return (quantized.reshape(out_features // PANEL, PANEL, in_features // 4, 4)
+            .permute(0, 2, 1, 3).contiguous())
+
+
+def column_sums(quantized: torch.Tensor) -> torch.Tensor:
+    """Each output's sum of its int8 weights, int32 [out]: what the input's zero point
+    takes away from the products."""
+    return quantized.to(torch.int32).sum(dim=1, dtype=torch.int32).contiguous()
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor,
+           multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int,
+           attr: str = "none", algorithm: str = "") -> torch.Tensor:
+    """bf16 ``activation(x @ W.T + bias)`` for x [rows, in] bf16 on the int8 weight
+    (``panels`` from pack_panels, ``sums`` from column_sums, ``w_scales`` float32 [out]).
+    ``multiplier`` (float32 [in]), ``x_scale`` and ``zero_point``: the input's static
+    quantization; None: dynamic (measured on ``x``, as int8_quantize.affine_params)."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, in_features = x.shape
+    out_features = panels.shape[0] * PANEL
+    y = torch.empty(rows, out_features, dtype=torch.bfloat16)
+    with profiler_names.named(profiler_names.INT8_LINEAR):
+        _native.linear(x.data_ptr(), 0 if multiplier is None else multiplier.data_ptr(), x_scale, zero_point, qmax,
+                       multiplier is None, panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr(),
+                       y.data_ptr(), rows, out_features, in_features, x.stride(0), torch.get_num_threads(),
+                       ACTIVATIONS[attr, algorithm])
+    return y
+
+
+def pointer_call(panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor,
+                 multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int,
+                 activation: int) -> Callable[[int, int, int, int], None]:
+    """``linear``'s call on data pointers, ``call(x, y, rows, threads)`` (x [rows, in] bf16
+    and y [rows, out] bf16, contiguous; ``activation``: the kernel's code), for loops that
+    keep their activations in buffers of their own (small_steps.py). The tensors must
+    outlive the call."""
+    out_features, in_features = panels.shape[0] * PANEL, panels.shape[1] * 4
+    native = _native.linear
+    multiplier_at = 0 if multiplier is None else multiplier.data_ptr()
+    dynamic = multiplier is None
+    panels_at, sums_at, scales_at, bias_at = panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr()
+
+    def call(x: int, y: int, rows: int, threads: int) -> None:
+        native(x, multiplier_at, x_scale, zero_point, qmax, dynamic, panels_at, sums_at, scales_at, bias_at, y,
+               rows, out_features, in_features, in_features, threads, activation)
+    return call

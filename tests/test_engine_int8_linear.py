@@ -1,0 +1,175 @@
+"""``--dtype int8``'s few-row linears on the AVX512-VNNI kernel (engine/int8_linear.py).
+
+References: oneDNN's quantized matmul (``torch.ops.onednn.qlinear_pointwise``, what the
+layer runs without the kernel) on the same weights and input, and the quantized
+arithmetic in float64 by torch (``(x_q - zero_point) @ w_q.T * scales + bias``, then the
+activation). The integer products are exact in both, so the kernel may differ from
+oneDNN only where a float32 epilogue lands on the other side of a bf16 rounding. Also:
+which calls take the kernel, that an engine's short steps do, and the refusals of the
+native call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from embedserve.engine import Batch, int8_linear, profiler_names
+from embedserve.engine.int8_layers import Int8Weight
+from tests.native_build import require_compiler_for
+from tests.native_linear_cases import ACTIVATIONS, bf16_rows, kernel_calls
+
+
+@pytest.fixture
+def kernel() -> None:
+    if not int8_linear.kernel_available():
+        pytest.skip("the int8 few-row kernel does not run here: not built, or no AVX512-VNNI / AVX512-BF16")
+
+
+def int8_weight(in_features: int, out_features: int, x: torch.Tensor, static: bool) -> Int8Weight:
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, out_features)
+    observed = (x.float().amin(0) - 0.05, x.float().amax(0) + 0.05) if static else None
+    return Int8Weight(linear, observed, smooth=static)
+
+
+def onednn(weight: Int8Weight, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
+    weight.few_rows = False
+    try:
+        out, calls = kernel_calls(lambda: weight(x, torch.bfloat16, attr, algorithm), profiler_names.INT8_LINEAR)
+    finally:
+        weight.few_rows = True
+    assert calls == 0
+    return out
+
+
+def float64_reference(weight: Int8Weight, x: torch.Tensor, activation) -> torch.Tensor:
+    """The layer's quantized arithmetic in float64: its input's uint8 levels as the
+    definition computes them (the float32 product x * multiplier, rounded half to even,
+    as oneDNN's quantizer), minus the zero point, times the int8 weight, scaled."""
+    quantized = weight.few_rows_panels.permute(0, 2, 1, 3).reshape(weight.scales.shape[0], -1).double()
+    if weight.static:
+        multiplier, scale, zero_point = weight.multiplier, weight.input_scale, weight.input_zero_point
+    else:
+        low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        scale = (high - low) / weight.qmax
+        zero_point = round(-low / scale)
+        multiplier = torch.full((x.shape[1],), 1.0 / scale, dtype=torch.float32)
+    levels = torch.round(x.float() * multiplier).double().add_(zero_point).clamp_(0, weight.qmax)
+    sums = (levels - zero_point) @ quantized.T
+    return activation(sums * (scale * weight.scales.double()) + weight.bias.double())
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 24, 64])
+@pytest.mark.parametrize("in_features,out_features", [(384, 1152), (1536, 384), (36, 96)])
+def test_kernel_matches_onednn_and_float64(kernel: None, static: bool, rows: int, in_features: int,
+                                           out_features: int) -> None:
+    x = bf16_rows(rows, in_features).mul_(3)
+    weight = int8_weight(in_features, out_features, x, static)
+    assert weight.few_rows
+    ours, calls = kernel_calls(lambda: weight(x, torch.bfloat16), profiler_names.INT8_LINEAR)
+    assert calls == 1
+    theirs = onednn(weight, x, "none", "")
+    expected = float64_reference(weight, x, lambda t: t)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (rows, out_features)
+    # one bf16 rounding (half a step: at most 2^-8 relative) of a float32 epilogue
+    step = expected.abs() * 2.0 ** -8 + 1e-4
+    assert ((ours.double() - expected).abs() <= step).all()
+    # two such roundings: where they part, one bf16 step (at most 2^-7 relative)
+    assert ((ours.double() - theirs.double()).abs() <= 2 * step).all()
+    assert (ours != theirs).float().mean() <= 0.01
+
+
+@ACTIVATIONS
+def test_kernel_applies_the_activation(kernel: None, attr: str, algorithm: str, activation) -> None:
+    x = bf16_rows(9, 384).mul_(3)
+    weight = int8_weight(384, 1536, x, static=True)
+    ours = weight(x, torch.bfloat16, attr, algorithm)
+    expected = float64_reference(weight, x, activation)
+    theirs = onednn(weight, x, attr, algorithm)
+    close = (ours.double() - expected).abs() <= expected.abs() * 2.0 ** -8 + 1e-4
+    assert close.all(), (ours.double() - expected).abs().max()
+    assert (ours != theirs).float().mean() <= 0.01
+
+
+def test_rows_of_a_strided_view(kernel: None) -> None:
+    wide = bf16_rows(20, 1152).mul_(3)
+    x = wide[:, 384:768]                             # rows 1152 elements apart
+    weight = int8_weight(384, 384, x.contiguous(), static=False)
+    assert torch.equal(weight(x, torch.bfloat16), weight(x.contiguous(), torch.bfloat16))
+    ours, theirs = weight(x, torch.bfloat16), onednn(weight, x.contiguous(), "none", "")
+    assert (ours != theirs).float().mean() <= 0.01
+
+
+def test_which_calls_take_the_kernel(kernel: None) -> None:
+    x = bf16_rows(int8_linear.MAX_ROWS + 1, 384)
+    weight = int8_weight(384, 384, x, static=True)
+    _, calls = kernel_calls(lambda: weight(x, torch.bfloat16), profiler_names.INT8_LINEAR)
+    assert calls == 0                                # over MAX_ROWS: oneDNN's
+    _, calls = kernel_calls(lambda: weight(x.float()[:4], torch.float32), profiler_names.INT8_LINEAR)
+    assert calls == 0                                # a float32 base: oneDNN's
+    assert not int8_linear.covers(torch.zeros(48, 384, dtype=torch.int8))    # not a multiple of 32 outputs
+    assert not int8_linear.covers(torch.zeros(64, 38, dtype=torch.int8))     # nor of 4 inputs
+    assert not Int8Weight(nn.Linear(38, 64), None).few_rows
+
+
+def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
+    x, y = torch.zeros(2, 64, dtype=torch.bfloat16), torch.empty(2, 64, dtype=torch.bfloat16)
+    panels, sums = torch.zeros(2, 16, 32, 4, dtype=torch.int8), torch.zeros(64, dtype=torch.int32)
+    scales, bias = torch.ones(64), torch.zeros(64)
+
+    def call(k: int = 64, zero_point: int = 0, activation: int = 0) -> None:
+        int8_linear._native.linear(x.data_ptr(), 0, 1.0, zero_point, 255, True, panels.data_ptr(), sums.data_ptr(),
+                                   scales.data_ptr(), bias.data_ptr(), y.data_ptr(), 2, 64, k, 64, 1, activation)
+
+    with pytest.raises(ValueError, match="k a positive multiple of 4.*k 62"):
+        call(k=62)
+    with pytest.raises(ValueError, match="zero_point <= qmax"):
+        call(zero_point=256)
+    with pytest.raises(ValueError, match="activation must be 0 to 3, got 4"):
+        call(activation=4)
+    call()
+    assert torch.equal(y, torch.zeros_like(y))
+
+
+def test_an_int8_engines_short_steps_run_on_the_kernel(kernel: None, tiny_bert_dir: Path) -> None:
+    from embedserve.engine import Engine
+    from embedserve.engine.small_steps import SmallStepForward
+
+    with Engine.load(tiny_bert_dir, dtype="int8") as engine, Engine.load(tiny_bert_dir, dtype="float32") as exact:
+        short = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 17)])
+        ours, calls = kernel_calls(lambda: engine.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
+        layers = len(engine.model.encoder.layers)
+        assert calls == 3 * layers                   # QKV, attention output, first feed-forward
+        if isinstance(engine._runner._small, SmallStepForward):
+            assert engine._runner._small._pointers is not None
+        reference = exact.step(short).wait()
+        cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+        assert cosine.min() >= 0.99 and np.abs(ours - reference).max() > 1e-3
+
+
+def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni(tmp_path: Path) -> None:
+    require_compiler_for(tmp_path, ["-mavx512f", "-mavx512vnni", "-mavx512bf16"],
+                         "#include <immintrin.h>\n__m512i f(__m512i a, __m512i b, __m512i c) "
+                         "{ return _mm512_dpbusd_epi32(a, b, c); }\n")
+    assert int8_linear._native is not None, "embedserve.engine._int8_linear was not built"
+
+
+def test_float64_reference_is_not_the_kernel_itself(kernel: None) -> None:
+    """The reference's arithmetic is independent: on a layer with one nonzero weight it
+    gives the hand-computed value."""
+    linear = nn.Linear(4, 32)
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.weight[0, 1] = 0.5
+        linear.bias.zero_()
+    weight = Int8Weight(linear, None)
+    x = torch.tensor([[0.0, 2.0, -1.0, 1.0]], dtype=torch.bfloat16)
+    expected = float64_reference(weight, x, lambda t: t)
+    assert abs(float(expected[0, 0]) - 1.0) < 0.02 and float(expected[0, 1:].abs().max()) == 0.0
+    assert abs(float(weight(x, torch.bfloat16)[0, 0]) - 1.0) < 0.02
