@@ -15,21 +15,25 @@ one buffer the step's layers share (one allocation per step for it, not one per 
 The ops, their order and their kernels are those of the fused path (``FusedLayer.forward``,
 ``ResidualNorm``, ``bf16_attention.attend_sequences``, ``mean_pool``): the vectors are
 the same bits (tests/test_engine_small_steps.py checks them against transformers, and
-the two paths against each other). Only the bf16 path with the native attention and
-add + LayerNorm kernels is covered (what ``--dtype auto`` serves on AMX and
-AVX512-BF16 CPUs); any other model, dtype or CPU keeps the general path.
+the two paths against each other). ``--dtype int8``'s layers (``Int8Layer``, on a bf16
+base) take the same loop, their int8 linears called as the layer calls them
+(``Int8Weight``: int8_linear.py's kernel at these sizes). Only the bf16 path with the
+native attention and add + LayerNorm kernels is covered (what ``--dtype auto`` serves on
+AMX and AVX512-BF16 CPUs); any other model, dtype or CPU keeps the general path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 import numpy as np
 import torch
 
-from embedserve.engine import amx_linear
+from embedserve.engine import amx_linear, bf16_linear, int8_linear
 from embedserve.engine.batch import Batch
 from embedserve.engine.bf16_linear import ACTIVATIONS, PANEL
+from embedserve.engine.int8_layers import Int8Layer, Int8Weight
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.layout import layout_arrays
@@ -45,12 +49,18 @@ SMALL_STEP_TOKENS = 64
 _POOLINGS = ("mean", "cls")
 
 
-class _Linear(NamedTuple):
-    """One PackedWeight as its call needs it: oneDNN's packed weight, or a native kernel."""
+# A linear on data pointers: call(x, y, rows, threads) (``_pointer_linear``).
+PointerLinear = Callable[[int, int, int, int], None]
 
-    weight: torch.Tensor
+
+class _Linear(NamedTuple):
+    """One PackedWeight as its call needs it: oneDNN's packed weight, or a native kernel;
+    or an Int8Weight (``int8``), called as a module."""
+
+    weight: torch.Tensor | None
     bias: torch.Tensor | None
-    kernel: object | None      # avx2_linear / bf16_linear / amx_linear module, or None for oneDNN
+    kernel: object | None      # avx2_linear / bf16_linear / amx_linear module, None for oneDNN
+    int8: Int8Weight | None = None
 
 
 class _Norm(NamedTuple):
@@ -74,12 +84,16 @@ _mkldnn = torch.ops.mkldnn
 
 def _linear(linear: _Linear, x: torch.Tensor, attr: str = "none", algorithm: str = "") -> torch.Tensor:
     # PackedWeight.forward without the module call
+    if linear.int8 is not None:
+        return linear.int8.forward(x, torch.bfloat16, attr, algorithm)
     if linear.kernel is not None:
         return linear.kernel.linear(x, linear.weight, linear.bias, attr, algorithm)  # type: ignore[attr-defined]
     return _mkldnn._linear_pointwise(x, linear.weight, linear.bias, attr, [], algorithm)
 
 
-def _plan_linear(packed: PackedWeight) -> _Linear:
+def _plan_linear(packed: PackedWeight | Int8Weight) -> _Linear:
+    if isinstance(packed, Int8Weight):
+        return _Linear(None, None, None, packed)
     # buffers, typed by nn.Module as Tensor | Module. Every step here has at most
     # SMALL_STEP_TOKENS <= amx_linear.MAX_ROWS rows: where the weight has amx_linear's
     # copy, PackedWeight.forward would always pick it.
@@ -119,8 +133,7 @@ class SmallStepForward:
         self._projection = getattr(model, "projection", None)
         self._no_types = torch.zeros(SMALL_STEP_TOKENS, dtype=torch.int64)
         self._pointers = self._pointer_plan(layers)
-        # the feed-forward's width (a panel copy is [width / 32, in / 2, 32, 2])
-        self._intermediate = layers[0].ffn_in.weight.shape[0] * PANEL if self._pointers else 0
+        self._intermediate = config.intermediate_size
 
     @classmethod
     def for_model(cls, model: object, pooling: str, attention: str) -> SmallStepForward | None:
@@ -136,7 +149,9 @@ class SmallStepForward:
                 or not model.attention_kind.is_full or _add_layer_norm is None):
             return None
         layers = model.encoder.layers
-        if not layers or not all(isinstance(layer, FusedLayer) for layer in layers):
+        if not layers or not (all(isinstance(layer, FusedLayer) for layer in layers)
+                              or all(isinstance(layer, Int8Layer) and layer.dtype == torch.bfloat16
+                                     for layer in layers)):
             return None
         config = model.config
         if config.head_dim not in bf16_attention.HEAD_SIZES or not bf16_attention.kernel_available():
@@ -145,7 +160,7 @@ class SmallStepForward:
             return None
         plans = []
         for module in layers:
-            layer = cast(FusedLayer, module)
+            layer = cast("FusedLayer | Int8Layer", module)
             attn_norm, ffn_norm = _plan_norm(layer.attn_norm), _plan_norm(layer.ffn_norm)
             if attn_norm is None or ffn_norm is None:
                 return None
@@ -155,17 +170,17 @@ class SmallStepForward:
         return cls(model, plans, pooling)
 
     @staticmethod
-    def _pointer_plan(layers: list[_LayerPlan]) -> list[tuple[int, ...]] | None:
-        """Per layer, the data pointers and activation code the AMX kernel's calls take, where
-        every linear of every layer is on it (else None: the calls go through ``_linear``)."""
+    def _pointer_plan(layers: list[_LayerPlan]) -> list[tuple[PointerLinear, ...]] | None:
+        """Per layer, its four linears as calls on data pointers, where every linear of every
+        layer has a kernel that takes them (else None: the calls go through ``_linear``)."""
         plan = []
         for layer in layers:
-            linears = (layer.qkv, layer.attn_out, layer.ffn_in, layer.ffn_out)
-            if any(linear.kernel is not amx_linear for linear in linears):
+            activation = ACTIVATIONS[layer.activation]
+            calls = (_pointer_linear(layer.qkv, 0), _pointer_linear(layer.attn_out, 0),
+                     _pointer_linear(layer.ffn_in, activation), _pointer_linear(layer.ffn_out, 0))
+            if any(call is None for call in calls):
                 return None
-            plan.append((*(pointer for linear in linears
-                           for pointer in (linear.weight.data_ptr(), cast(torch.Tensor, linear.bias).data_ptr())),
-                         ACTIVATIONS[layer.activation]))
+            plan.append(cast("tuple[PointerLinear, ...]", calls))
         return plan
 
     def covers(self, batch: Batch) -> bool:
@@ -226,10 +241,10 @@ class SmallStepForward:
 
     def _layers_on_pointers(self, x: torch.Tensor, context: torch.Tensor, starts: torch.Tensor,
                             lengths: torch.Tensor, threads: int) -> torch.Tensor:
-        """The layers with every linear on the AMX kernel: the same calls as
-        ``_layers_on_tensors`` on data pointers, into three buffers allocated once per step
-        (the layers' activations, the QKV rows, the feed-forward's inner rows), not an output
-        per call: ~0.4 ms less of a 1 x 6 step, the Python around 84 calls."""
+        """The layers with every linear on a kernel that takes data pointers: the same calls
+        as ``_layers_on_tensors``, into three buffers allocated once per step (the layers'
+        activations, the QKV rows, the feed-forward's inner rows), not an output per call:
+        ~0.4 ms less of a 1 x 6 step, the Python around 84 calls."""
         tokens, hidden, heads, head_dim = x.shape[0], self._hidden, self._heads, self._head_dim
         x = x.contiguous()
         qkv = torch.empty(tokens, 3 * hidden, dtype=torch.bfloat16)
@@ -240,20 +255,19 @@ class SmallStepForward:
         here, there = x.data_ptr(), other.data_ptr()
         qkv_at, inner_at, context_at = qkv.data_ptr(), inner.data_ptr(), context.data_ptr()
         starts_at, lengths_at, sequences = starts.data_ptr(), lengths.data_ptr(), int(starts.shape[0])
-        linear, attend, norm = amx_linear._native.linear, bf16_attention._native.attend, _add_layer_norm.add_layer_norm
-        intermediate, scale, amx = self._intermediate, self._scale, self._amx
-        pointers = cast("list[tuple[int, ...]]", self._pointers)       # run() checked
-        for layer, (qkv_w, qkv_b, out_w, out_b, in_w, in_b, ffn_w, ffn_b, activation) in zip(
-                self._layers, pointers, strict=True):
-            linear(here, qkv_w, qkv_b, qkv_at, tokens, 3 * hidden, hidden, hidden, threads, 0)
+        attend, norm = bf16_attention._native.attend, _add_layer_norm.add_layer_norm
+        scale, amx = self._scale, self._amx
+        pointers = cast("list[tuple[PointerLinear, ...]]", self._pointers)       # run() checked
+        for layer, (qkv_linear, out_linear, in_linear, ffn_linear) in zip(self._layers, pointers, strict=True):
+            qkv_linear(here, qkv_at, tokens, threads)
             attend(qkv_at, qkv_at + 2 * hidden, qkv_at + 4 * hidden, context_at, 3 * hidden, 3 * hidden,
                    3 * hidden, heads * head_dim, heads, head_dim, starts_at, lengths_at, sequences, scale,
                    threads, amx)
-            linear(context_at, out_w, out_b, there, tokens, hidden, hidden, hidden, threads, 0)
+            out_linear(context_at, there, tokens, threads)
             norm(there, here, layer.attn_norm.weight32, layer.attn_norm.bias32, tokens, hidden, hidden, hidden,
                  layer.attn_norm.eps, threads)                                  # there = LN(there + here)
-            linear(there, in_w, in_b, inner_at, tokens, intermediate, hidden, hidden, threads, activation)
-            linear(inner_at, ffn_w, ffn_b, here, tokens, hidden, intermediate, intermediate, threads, 0)
+            in_linear(there, inner_at, tokens, threads)
+            ffn_linear(inner_at, here, tokens, threads)
             norm(here, there, layer.ffn_norm.weight32, layer.ffn_norm.bias32, tokens, hidden, hidden, hidden,
                  layer.ffn_norm.eps, threads)                                   # here = LN(here + there)
         return x
@@ -263,6 +277,28 @@ class SmallStepForward:
         x = (torch.embedding(self._word, token_ids) + torch.embedding(self._token_type, types)
              + torch.embedding(self._position, positions))
         return self._embedding_norm(x)
+
+
+def _pointer_linear(linear: _Linear, activation: int) -> PointerLinear | None:
+    """``linear`` as ``call(x, y, rows, threads)`` on data pointers (x [rows, in] and y
+    [rows, out], both contiguous), where its kernel takes them: the bf16 panel kernels
+    (amx_linear, bf16_linear), or int8_linear's for an Int8Weight; else None."""
+    if linear.int8 is not None:
+        weight = linear.int8
+        return int8_linear.pointer_call(weight.few_rows_panels, weight.column_sums, weight.scales, weight.bias,
+                                        weight.multiplier if weight.static else None, weight.input_scale,
+                                        weight.input_zero_point, weight.qmax, activation) if weight.few_rows else None
+    if linear.kernel not in (amx_linear, bf16_linear) or getattr(linear.kernel, "_native", None) is None:
+        return None
+    native = linear.kernel._native.linear
+    panels, bias = cast(torch.Tensor, linear.weight), cast(torch.Tensor, linear.bias)
+    # a panel copy is [out / 32, in / 2, 32, 2]
+    out_features, in_features = panels.shape[0] * PANEL, panels.shape[1] * 2
+    panels_at, bias_at = panels.data_ptr(), bias.data_ptr()
+
+    def call(x: int, y: int, rows: int, threads: int) -> None:
+        native(x, panels_at, bias_at, y, rows, out_features, in_features, in_features, threads, activation)
+    return call
 
 
 def _attend(q: int, k: int, v: int, out: int, qkv_stride: int, out_stride: int, heads: int, head_dim: int,
