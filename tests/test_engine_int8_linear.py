@@ -137,20 +137,31 @@ def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
     assert torch.equal(y, torch.zeros_like(y))
 
 
-def test_an_int8_engines_short_steps_run_on_the_kernel(kernel: None, tiny_bert_dir: Path) -> None:
+def test_an_int8_engines_short_steps_run_on_the_kernel_unpadded(kernel: None, tiny_bert_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of up to 64 tokens: every int8 linear on the kernel, and (no linear keeping a
+    oneDNN primitive per row count) not padded to a token bucket; without the kernel they
+    are, as oneDNN needs."""
     from embedserve.engine import Engine
     from embedserve.engine.small_steps import SmallStepForward
 
+    short = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 17, 40)])   # 60 -> 64
     with Engine.load(tiny_bert_dir, dtype="int8") as engine, Engine.load(tiny_bert_dir, dtype="float32") as exact:
-        short = Batch.from_sequences([np.arange(4, 4 + n, dtype=np.int32) for n in (3, 17)])
         ours, calls = kernel_calls(lambda: engine.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
         layers = len(engine.model.encoder.layers)
         assert calls == 3 * layers                   # QKV, attention output, first feed-forward
+        assert engine.stats()["padding_waste"] == 0
         if isinstance(engine._runner._small, SmallStepForward):
             assert engine._runner._small._pointers is not None
         reference = exact.step(short).wait()
         cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
         assert cosine.min() >= 0.99 and np.abs(ours - reference).max() > 1e-3
+    monkeypatch.setattr(int8_linear, "kernel_available", lambda: False)
+    with Engine.load(tiny_bert_dir, dtype="int8") as onednn:
+        theirs, calls = kernel_calls(lambda: onednn.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
+        assert calls == 0 and onednn.stats()["padding_waste"] == 4 / 64
+    # not the same bits: dynamic activations take their range over the padding's rows too
+    assert ((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)).min() >= 0.999
 
 
 def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from embedserve.engine import amx_linear, avx2_linear, bf16_linear
+from embedserve.engine import amx_linear, avx2_linear, bf16_linear, int8_linear
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.residual_norm import ResidualNorm
 
@@ -155,26 +155,33 @@ def linears_all_native(model: nn.Module) -> bool:
     layers FusedLayers with native weights), which keeps no state per row count; oneDNN
     builds and keeps a primitive per count (cpu_shapes.py)."""
     packed = _token_linears(model)
-    return bool(packed) and all(module.native for module in packed)
+    return bool(packed) and all(isinstance(module, PackedWeight) and module.native for module in packed)
 
 
 def linears_native_up_to(model: nn.Module) -> int:
     """The most rows a call may have for every linear over the model's tokens to run on a
     native kernel, which keeps no state per row count: unbounded where all are native
     (``linears_all_native``), ``amx_linear.MAX_ROWS`` where the rest have amx_linear's copy
-    for few rows, else 0."""
+    for few rows (and ``--dtype int8``'s linears int8_linear's), else 0."""
     packed = _token_linears(model)
-    if not packed:
-        return 0
-    if all(module.native for module in packed):
-        return sys.maxsize
-    return amx_linear.MAX_ROWS if all(module.native or module.few_rows for module in packed) else 0
+    return min((_native_up_to(module) for module in packed), default=0)
 
 
-def _token_linears(model: nn.Module) -> list[PackedWeight]:
-    """The model's PackedWeights, where they are all the linears over its tokens (an encoder
-    whose layers are all fused); else empty."""
+def _native_up_to(module: nn.Module) -> int:
+    # one of _token_linears' modules: a PackedWeight or an Int8Weight
+    if isinstance(module, PackedWeight):
+        if module.native:
+            return sys.maxsize
+        return amx_linear.MAX_ROWS if module.few_rows else 0
+    return int8_linear.MAX_ROWS if getattr(module, "few_rows", False) else 0
+
+
+def _token_linears(model: nn.Module) -> list[nn.Module]:
+    """The model's PackedWeights and Int8Weights (``--dtype int8``), where they are all the
+    linears over its tokens (an encoder whose layers are all fused or int8); else empty."""
+    from embedserve.engine.int8_layers import Int8Weight  # int8_layers imports this module
+
     encoder = getattr(model, "encoder", None)
     if encoder is None or any(isinstance(module, nn.Linear) for module in encoder.modules()):
         return []
-    return [module for module in model.modules() if isinstance(module, PackedWeight)]
+    return [module for module in model.modules() if isinstance(module, PackedWeight | Int8Weight)]
