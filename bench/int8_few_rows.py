@@ -3,21 +3,23 @@
     python -m bench int8_few_rows [--threads 2] [--repeats 41]
 
 ``--dtype int8`` runs the encoder's QKV, attention-output and first feed-forward linears
-on int8 weights (int8_layers.py). Calls of up to ``int8_linear.MAX_ROWS`` rows go to the
+on int8 weights (int8_layers.py). Calls of up to ``int8_linear.max_rows()`` rows go to the
 native kernel (engine/int8_linear.py: it quantizes its bf16 input and multiplies with
 AVX512-VNNI in one call), larger ones to oneDNN (the quantization pass, then
 ``qlinear_pointwise``). Two tables, each contender's calls alternating:
 
 - the 36 int8 linears of one multilingual-e5-small step (12 layers; distinct weights, so
   they stream through the caches as a step's do) at several token counts: the kernel
-  against oneDNN on the same weights (dynamic activations), and the same 36 linears in
-  bf16 (``PackedWeight``: the AMX or AVX512-BF16 kernel up to 64 rows, else oneDNN) for
-  what int8 buys;
+  (on AMX-INT8 tiles where the CPU has them; then also its VNNI way, what a CPU without
+  AMX runs) against oneDNN on the same weights (dynamic activations), and the same 36
+  linears in bf16 (``PackedWeight``: the AMX or AVX512-BF16 kernel up to 64 rows, else
+  oneDNN) for what int8 buys; over ``max_rows()`` the kernel column is oneDNN too;
 - whole one-sequence steps of the default model as a replica runs them: int8 (static,
   calibrated) with the kernel, the same engine with every call on oneDNN, and bf16 (the
   default), with the lowest cosine of int8's embeddings to bf16's.
 
 Only where the kernel runs (a build with it, a CPU with AVX512-VNNI and AVX512-BF16).
+The engine table's steps of 65-128 tokens take the general path (padded to a bucket).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def linears_table(repeats: int) -> None:
     import torch
     from torch import nn
 
+    from embedserve.engine import int8_linear
     from embedserve.engine.int8_layers import Int8Weight
     from embedserve.engine.onednn import PackedWeight
 
@@ -47,9 +50,12 @@ def linears_table(repeats: int) -> None:
     bf16 = [(PackedWeight(linear.to(torch.bfloat16), True, few_rows=True), width, attr)
             for linear, width, attr in linears]
     macs_per_token = LAYERS * sum(i * o for i, o, _ in shapes)
-    print(f"| tokens | int8 kernel ms | int8 oneDNN ms | oneDNN / kernel | bf16 ms | bf16 / int8 kernel "
-          f"| int8 kernel GOP/s |  ({len(linears)} linears, {torch.get_num_threads()} threads)")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    tiles = int8_linear.tiles_available()
+    print(f"int8 kernel: {'AMX-INT8 tiles' if tiles else 'AVX512-VNNI'}, calls of up to {int8_linear.max_rows()} "
+          f"rows ({len(linears)} linears, {torch.get_num_threads()} threads)")
+    print(f"| tokens | int8 kernel ms | {'VNNI ms | ' if tiles else ''}int8 oneDNN ms | oneDNN / kernel | bf16 ms "
+          "| bf16 / int8 kernel | int8 kernel GOP/s |")
+    print(f"|---:|---:|{'---:|' if tiles else ''}---:|---:|---:|---:|---:|")
     for tokens in (1, 8, 16, 32, 64, 128):
         inputs = {width: torch.randn(tokens, width).to(torch.bfloat16) for width in (HIDDEN, INTERMEDIATE)}
 
@@ -58,16 +64,23 @@ def linears_table(repeats: int) -> None:
                 weight.few_rows = kernel
                 weight(inputs[width], torch.bfloat16, attr, "none" if attr == "gelu" else "")
 
+        def vnni_step() -> None:
+            with mock.patch.object(int8_linear, "tiles_available", lambda: False):
+                int8_step(True)
+
         def bf16_step() -> None:
             for weight, width, attr in bf16:
                 weight(inputs[width], attr, "none" if attr == "gelu" else "")
 
         runs = {"kernel": lambda: int8_step(True), "oneDNN": lambda: int8_step(False), "bf16": bf16_step}
+        if tiles:
+            runs["VNNI"] = vnni_step
         for run in runs.values():                                    # warm-up
             run()
         median = alternating_medians(runs, repeats)
         ours = median["kernel"]
-        print(f"| {tokens} | {ours * 1e3:.2f} | {median['oneDNN'] * 1e3:.2f} | {median['oneDNN'] / ours:.2f}x "
+        vnni = f"{median['VNNI'] * 1e3:.2f} | " if tiles else ""
+        print(f"| {tokens} | {ours * 1e3:.2f} | {vnni}{median['oneDNN'] * 1e3:.2f} | {median['oneDNN'] / ours:.2f}x "
               f"| {median['bf16'] * 1e3:.2f} | {median['bf16'] / ours:.2f}x "
               f"| {2 * macs_per_token * tokens / ours / 1e9:.0f} |", flush=True)
 
@@ -89,7 +102,7 @@ def engine_table(repeats: int) -> None:
     print(f"| default model, {torch.get_num_threads()} threads | int8 kernel ms | int8 oneDNN ms | oneDNN / kernel "
           "| bf16 ms | bf16 / int8 kernel | min cosine int8 to bf16 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for tokens in (6, 20, 32, 64, 128):
+    for tokens in (6, 20, 32, 64, 100, 200):
         batch = Batch.from_sequences([rng.integers(5, 200_000, tokens).astype(np.int32)])
         steps = {label: (lambda engine=engine: engine._runner._run(batch)) for label, engine in engines.items()}
         outputs = {label: step() for label, step in steps.items()}     # also the warm-up

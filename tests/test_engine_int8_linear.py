@@ -30,6 +30,17 @@ def kernel() -> None:
         pytest.skip("the int8 few-row kernel does not run here: not built, or no AVX512-VNNI / AVX512-BF16")
 
 
+@pytest.fixture(params=["vnni", "tiles"])
+def products(request: pytest.FixtureRequest, kernel: None, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The kernel's two ways to the integer products: VPDPBUSD, or AMX-INT8 tiles (where
+    the CPU has them; the VNNI way is what a CPU without AMX runs, made to run here)."""
+    if request.param == "tiles" and not int8_linear.tiles_available():
+        pytest.skip("no AMX-INT8 tiles here")
+    if request.param == "vnni":
+        monkeypatch.setattr(int8_linear, "tiles_available", lambda: False)
+    return request.param
+
+
 def int8_weight(in_features: int, out_features: int, x: torch.Tensor, static: bool) -> Int8Weight:
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features)
@@ -65,10 +76,12 @@ def float64_reference(weight: Int8Weight, x: torch.Tensor, activation) -> torch.
 
 
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
-@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 24, 64])
-@pytest.mark.parametrize("in_features,out_features", [(384, 1152), (1536, 384), (36, 96)])
-def test_kernel_matches_onednn_and_float64(kernel: None, static: bool, rows: int, in_features: int,
+@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 17, 64, 128])
+@pytest.mark.parametrize("in_features,out_features", [(384, 1152), (1536, 384), (36, 96), (64, 96)])
+def test_kernel_matches_onednn_and_float64(products: str, static: bool, rows: int, in_features: int,
                                            out_features: int) -> None:
+    if rows > int8_linear.max_rows():
+        pytest.skip(f"over {int8_linear.max_rows()} rows oneDNN runs the call")
     x = bf16_rows(rows, in_features).mul_(3)
     weight = int8_weight(in_features, out_features, x, static)
     assert weight.few_rows
@@ -86,7 +99,7 @@ def test_kernel_matches_onednn_and_float64(kernel: None, static: bool, rows: int
 
 
 @ACTIVATIONS
-def test_kernel_applies_the_activation(kernel: None, attr: str, algorithm: str, activation) -> None:
+def test_kernel_applies_the_activation(products: str, attr: str, algorithm: str, activation) -> None:
     x = bf16_rows(9, 384).mul_(3)
     weight = int8_weight(384, 1536, x, static=True)
     ours = weight(x, torch.bfloat16, attr, algorithm)
@@ -97,7 +110,7 @@ def test_kernel_applies_the_activation(kernel: None, attr: str, algorithm: str, 
     assert (ours != theirs).float().mean() <= 0.01
 
 
-def test_rows_of_a_strided_view(kernel: None) -> None:
+def test_rows_of_a_strided_view(products: str) -> None:
     wide = bf16_rows(20, 1152).mul_(3)
     x = wide[:, 384:768]                             # rows 1152 elements apart
     weight = int8_weight(384, 384, x.contiguous(), static=False)
@@ -107,10 +120,10 @@ def test_rows_of_a_strided_view(kernel: None) -> None:
 
 
 def test_which_calls_take_the_kernel(kernel: None) -> None:
-    x = bf16_rows(int8_linear.MAX_ROWS + 1, 384)
+    x = bf16_rows(int8_linear.max_rows() + 1, 384)
     weight = int8_weight(384, 384, x, static=True)
     _, calls = kernel_calls(lambda: weight(x, torch.bfloat16), profiler_names.INT8_LINEAR)
-    assert calls == 0                                # over MAX_ROWS: oneDNN's
+    assert calls == 0                                # over max_rows(): oneDNN's
     _, calls = kernel_calls(lambda: weight(x.float()[:4], torch.float32), profiler_names.INT8_LINEAR)
     assert calls == 0                                # a float32 base: oneDNN's
     assert not int8_linear.covers(torch.zeros(48, 384, dtype=torch.int8))    # not a multiple of 32 outputs
@@ -125,7 +138,7 @@ def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
 
     def call(k: int = 64, zero_point: int = 0, activation: int = 0) -> None:
         int8_linear._native.linear(x.data_ptr(), 0, 1.0, zero_point, 255, True, panels.data_ptr(), sums.data_ptr(),
-                                   scales.data_ptr(), bias.data_ptr(), y.data_ptr(), 2, 64, k, 64, 1, activation)
+                                   scales.data_ptr(), bias.data_ptr(), y.data_ptr(), 2, 64, k, 64, 1, activation, False)
 
     with pytest.raises(ValueError, match="k a positive multiple of 4.*k 62"):
         call(k=62)
@@ -164,10 +177,10 @@ def test_an_int8_engines_short_steps_run_on_the_kernel_unpadded(kernel: None, ti
     assert ((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)).min() >= 0.999
 
 
-def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni(tmp_path: Path) -> None:
-    require_compiler_for(tmp_path, ["-mavx512f", "-mavx512vnni", "-mavx512bf16"],
+def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni_and_amx(tmp_path: Path) -> None:
+    require_compiler_for(tmp_path, ["-mavx512f", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8"],
                          "#include <immintrin.h>\n__m512i f(__m512i a, __m512i b, __m512i c) "
-                         "{ return _mm512_dpbusd_epi32(a, b, c); }\n")
+                         "{ _tile_dpbusd(0, 1, 2); return _mm512_dpbusd_epi32(a, b, c); }\n")
     assert int8_linear._native is not None, "embedserve.engine._int8_linear was not built"
 
 

@@ -130,7 +130,7 @@ class Int8Weight(nn.Module):
                 algorithm: str = "") -> torch.Tensor:
         """x: [T, in] bf16 or float32 -> [T, out] in ``out_dtype``, the activation named as
         oneDNN's epilogues are (``attr``/``algorithm``) applied."""
-        if (self.few_rows and x.shape[0] <= int8_linear.MAX_ROWS and x.dtype == torch.bfloat16
+        if (self.few_rows and x.shape[0] <= int8_linear.max_rows() and x.dtype == torch.bfloat16
                 and out_dtype == torch.bfloat16):
             return int8_linear.linear(x, self.few_rows_panels, self.column_sums, self.scales, self.bias,
                                       self.multiplier if self.static else None, self.input_scale,

@@ -1,13 +1,14 @@
-"""The int8 linears (int8_layers.py) for calls of few rows: one native call with AVX512-VNNI.
+"""The int8 linears (int8_layers.py) for calls of few rows: one native call, AVX512-VNNI or AMX-INT8.
 
 Owns deciding whether a call goes to the kernel (``engine/csrc/int8_linear.c``, built at
-install where the compiler targets AVX512-VNNI and AVX512-BF16) and the weight's copy in
+install where the compiler targets AVX512-VNNI, AVX512-BF16 and AMX) and the weight's copy in
 the kernel's panel layout. Why: oneDNN's quantized matmul and the quantization pass before
 it cost tens of microseconds a call each whatever the size, so a short query's step with
 int8 linears took ~2.5x a bf16 one although the weights are half the bytes. The kernel
 quantizes its bf16 input to the same uint8 bytes (static or dynamic, as the layer does),
-multiplies with VPDPBUSD (oneDNN's integer products) and writes bf16 with the bias and
-activation applied (``python -m bench int8_few_rows``: where oneDNN takes over).
+multiplies with VPDPBUSD, or TDPBUSD on AMX-INT8 tiles where the CPU has them (oneDNN's
+integer products either way), and writes bf16 with the bias and activation applied
+(``python -m bench int8_few_rows``: where oneDNN takes over).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from embedserve.engine import profiler_names
 from embedserve.engine.bf16_linear import ACTIVATIONS
 from embedserve.engine.dtype_choice import cpu_capabilities
+from embedserve.engine.modules import bf16_attention
 
 try:
     from embedserve.engine import _int8_linear as _native  # type: ignore[attr-defined]  # C extension
@@ -28,8 +30,12 @@ except ImportError:          # not built: no compiler, or one that cannot target
 
 PANEL = 32                   # output columns per panel (two 16-int32 accumulators)
 # Calls of up to this many rows take the kernel; more go to oneDNN, whose AMX-INT8 /
-# VNNI matmul is faster once its per-call cost is spread over enough rows.
-MAX_ROWS = 64
+# VNNI matmul is as fast or faster once its per-call cost is spread over enough rows.
+# Measured on the default model's three int8 linears (2 threads, Xeon with AMX): on
+# tiles 1.2-1.9x oneDNN at 128 rows, 0.8-1.3x at 512, 0.8-1.4x at 4,096; with VNNI
+# alone level with oneDNN's AMX at 128 rows (BENCHMARKS.md).
+MAX_ROWS_TILES = 128
+MAX_ROWS_VNNI = 64
 
 
 @functools.cache
@@ -37,6 +43,19 @@ def kernel_available() -> bool:
     """Whether the kernel is built and this CPU has AVX512-VNNI and AVX512-BF16 (its bf16 output)."""
     flags = cpu_capabilities()
     return _native is not None and bool(flags.get("avx512_vnni")) and bool(flags.get("avx512_bf16"))
+
+
+@functools.cache
+def tiles_available() -> bool:
+    """Whether calls may run on AMX-INT8 tiles: the kernel runs here, the CPU has AMX-INT8
+    and Linux granted this process the tile state (bf16_attention asks at import)."""
+    return (kernel_available() and bool(cpu_capabilities().get("amx_int8"))
+            and bf16_attention.kernel_path() == bf16_attention.AMX)
+
+
+def max_rows() -> int:
+    """The most rows a call may have to take the kernel here."""
+    return MAX_ROWS_TILES if tiles_available() else MAX_ROWS_VNNI
 
 
 def covers(quantized: torch.Tensor) -> bool:
@@ -75,7 +94,7 @@ def linear(x: torch.Tensor, panels: torch.Tensor, sums: torch.Tensor, w_scales: 
         _native.linear(x.data_ptr(), 0 if multiplier is None else multiplier.data_ptr(), x_scale, zero_point, qmax,
                        multiplier is None, panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr(),
                        y.data_ptr(), rows, out_features, in_features, x.stride(0), torch.get_num_threads(),
-                       ACTIVATIONS[attr, algorithm])
+                       ACTIVATIONS[attr, algorithm], tiles_available())
     return y
 
 
@@ -91,8 +110,9 @@ def pointer_call(panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tenso
     multiplier_at = 0 if multiplier is None else multiplier.data_ptr()
     dynamic = multiplier is None
     panels_at, sums_at, scales_at, bias_at = panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr()
+    tiles = tiles_available()
 
     def call(x: int, y: int, rows: int, threads: int) -> None:
         native(x, multiplier_at, x_scale, zero_point, qmax, dynamic, panels_at, sums_at, scales_at, bias_at, y,
-               rows, out_features, in_features, in_features, threads, activation)
+               rows, out_features, in_features, in_features, threads, activation, tiles)
     return call

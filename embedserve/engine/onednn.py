@@ -173,7 +173,7 @@ def _native_up_to(module: nn.Module) -> int:
         if module.native:
             return sys.maxsize
         return amx_linear.MAX_ROWS if module.few_rows else 0
-    return int8_linear.MAX_ROWS if getattr(module, "few_rows", False) else 0
+    return int8_linear.max_rows() if getattr(module, "few_rows", False) else 0
 
 
 def _token_linears(model: nn.Module) -> list[nn.Module]:

@@ -20,11 +20,17 @@
  * caller; dynamic mode measures the input's min and max first and derives them as
  * int8_quantize.affine_params does (in double, half to even).
  *
+ * With ``amx`` (the caller's choice: a CPU with AMX-INT8, tile state granted, enough
+ * rows) and K a multiple of 64, the products run on AMX tiles instead (TDPBUSD), by the
+ * plan of amx_linear.c: blocks of 64 output columns, per 64 input columns one A tile
+ * (the rows' uint8) meets four B tiles (the panels' quad rows), four C tiles of int32
+ * sums; the same sums, the same epilogue.
+ *
  * Layout: x is [rows, K] bf16 rows ``x_stride`` elements apart; ``panels`` the int8
  * weight [N, K] repacked as [N / 32][K / 4][32][4] (int8_linear.py: pack_panels), a quad
- * row 128 bytes (columns 0-15, then 16-31); colsum int32 [N]; w_scale, bias float32 [N];
- * y [rows, N] bf16 contiguous. K a multiple of 4, N of 32. linear_blocks.h splits a
- * call between torch's OpenMP team.
+ * row 128 bytes (columns 0-15, then 16-31: a B tile's row each); colsum int32 [N];
+ * w_scale, bias float32 [N]; y [rows, N] bf16 contiguous. K a multiple of 4, N of 32.
+ * linear_blocks.h (or the tile loop) splits a call between torch's OpenMP team.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -34,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_tiles.h"
 #include "bf16_activations.h"
 #include "linear_blocks.h"
 #include "uint8_rows.h"
@@ -45,6 +52,9 @@
 #define PREFETCH_AHEAD 16
 /* Below this many elements the input is quantized on one thread. */
 #define SERIAL_ELEMENTS 65536
+#define TILE_ROWS 16
+#define TILE_K 64               /* input columns per tile product: 16 quads */
+#define TILE_BLOCK_COLUMNS 64   /* output columns per tile block: two panels, four C tiles */
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
@@ -113,6 +123,94 @@ static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t p
     (warm_next ? WARMING_BLOCKS : BLOCKS)[size]((const Call *)opaque, row, panel);
 }
 
+/* Tiles 0-3: C (rows x 16 int32); 4: A (rows x 64 uint8); 5-7: B (16 quads x 16 columns). */
+static void configure_tiles(int rows) {
+    TileConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette_id = 1;
+    for (int t = 0; t < 5; ++t) {
+        config.rows[t] = (uint8_t)rows;
+        config.colsb[t] = 64;
+    }
+    for (int t = 5; t < 8; ++t) {
+        config.rows[t] = TILE_ROWS;
+        config.colsb[t] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* Rows [row, row + height) by the columns [column, column + 64) (+ 32 at the end of an N
+ * that is an odd number of panels), on tiles. */
+static void tile_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t column) {
+    const int two = column + TILE_BLOCK_COLUMNS <= c->n;
+    const int8_t *first = c->panels + (column / PANEL) * c->k * PANEL;
+    const int8_t *second = first + c->k * PANEL;
+    const uint8_t *x = c->x + row * c->k;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+        for (Py_ssize_t k0 = 0; k0 < c->k; k0 += TILE_K) {
+            const Py_ssize_t quad_row = (k0 / 4) * QUAD_BYTES;
+            _tile_loadd(4, x + k0, c->k);
+            _tile_loadd(5, first + quad_row, QUAD_BYTES);
+            _tile_loadd(6, first + quad_row + 64, QUAD_BYTES);
+            _tile_loadd(7, second + quad_row, QUAD_BYTES);
+            _tile_dpbusd(0, 4, 5);
+            _tile_dpbusd(1, 4, 6);
+            _tile_loadd(5, second + quad_row + 64, QUAD_BYTES);
+            _tile_dpbusd(2, 4, 7);
+            _tile_dpbusd(3, 4, 5);
+        }
+    } else {
+        for (Py_ssize_t k0 = 0; k0 < c->k; k0 += TILE_K) {
+            const Py_ssize_t quad_row = (k0 / 4) * QUAD_BYTES;
+            _tile_loadd(4, x + k0, c->k);
+            _tile_loadd(5, first + quad_row, QUAD_BYTES);
+            _tile_loadd(6, first + quad_row + 64, QUAD_BYTES);
+            _tile_dpbusd(0, 4, 5);
+            _tile_dpbusd(1, 4, 6);
+        }
+    }
+    int32_t sums[TILE_ROWS * TILE_BLOCK_COLUMNS] __attribute__((aligned(64)));
+    const int vectors = two ? 4 : 2;
+    _tile_stored(0, sums, TILE_BLOCK_COLUMNS * 4);
+    _tile_stored(1, sums + 16, TILE_BLOCK_COLUMNS * 4);
+    if (two) {
+        _tile_stored(2, sums + 32, TILE_BLOCK_COLUMNS * 4);
+        _tile_stored(3, sums + 48, TILE_BLOCK_COLUMNS * 4);
+    }
+    for (int r = 0; r < height; ++r) {
+        uint16_t *out = c->y + (row + r) * c->n + column;
+        for (int v = 0; v < vectors; ++v) {
+            const __m512i sum = _mm512_load_si512(sums + r * TILE_BLOCK_COLUMNS + 16 * v);
+            _mm256_storeu_si256((__m256i *)(out + 16 * v),
+                                (__m256i)_mm512_cvtneps_pbh(output16(sum, c, column + 16 * v)));
+        }
+    }
+}
+
+/* Every tile block of a call, as amx_linear.c's run_call: row blocks outer (a thread
+ * configures its tiles once per height), their column blocks split between threads. */
+static void run_on_tiles(const Call *c, Py_ssize_t rows, int threads) {
+    const Py_ssize_t blocks = (c->n + TILE_BLOCK_COLUMNS - 1) / TILE_BLOCK_COLUMNS;
+#pragma omp parallel num_threads(threads)
+    {
+        int configured = 0;
+        for (Py_ssize_t row = 0; row < rows; row += TILE_ROWS) {
+            const int height = (int)(rows - row < TILE_ROWS ? rows - row : TILE_ROWS);
+            if (height != configured) {
+                configure_tiles(height);
+                configured = height;
+            }
+#pragma omp for schedule(static) nowait
+            for (Py_ssize_t b = 0; b < blocks; ++b) tile_block(c, row, height, b * TILE_BLOCK_COLUMNS);
+        }
+        if (configured) _tile_release();
+    }
+}
+
 /* The input's scale and zero point from its range, as int8_quantize.affine_params. */
 static void affine_params(float lowest, float highest, int qmax, double *scale, int *zero_point) {
     const double low = lowest < 0.0f ? (double)lowest : 0.0, high = highest > 0.0f ? (double)highest : 0.0;
@@ -134,13 +232,13 @@ typedef struct {
     unsigned long long x, multiplier, panels, colsum, w_scale, bias, y;
     Py_ssize_t rows, n, k, x_stride, threads;
     double x_scale;
-    int zero_point, qmax, dynamic, activation;
+    int zero_point, qmax, dynamic, activation, amx;
 } Int8LinearArgs;
 
 static int parse(PyObject *args, Int8LinearArgs *a) {
-    if (!PyArg_ParseTuple(args, "KKdiipKKKKKnnnnni", &a->x, &a->multiplier, &a->x_scale, &a->zero_point, &a->qmax,
-                          &a->dynamic, &a->panels, &a->colsum, &a->w_scale, &a->bias, &a->y, &a->rows, &a->n,
-                          &a->k, &a->x_stride, &a->threads, &a->activation))
+    if (!PyArg_ParseTuple(args, "KKdiipKKKKKnnnnnip", &a->x, &a->multiplier, &a->x_scale, &a->zero_point,
+                          &a->qmax, &a->dynamic, &a->panels, &a->colsum, &a->w_scale, &a->bias, &a->y, &a->rows,
+                          &a->n, &a->k, &a->x_stride, &a->threads, &a->activation, &a->amx))
         return 0;
     if (a->rows < 0 || a->k <= 0 || a->k % 4 != 0 || a->n <= 0 || a->n % PANEL != 0 || a->x_stride < a->k
         || a->qmax < 1 || a->qmax > 255 || a->zero_point < 0 || a->zero_point > a->qmax) {
@@ -199,7 +297,12 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
     }
     const Call call = {xq, (const int8_t *)(uintptr_t)a.panels, compensation, scale,
                        (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
-    for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
+    if (a.amx && a.k % TILE_K == 0) {
+        const int threads = (a.threads < 1 || a.rows * a.n * a.k < SERIAL_MACS) ? 1 : (int)a.threads;
+        run_on_tiles(&call, a.rows, threads);
+    } else {
+        for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
+    }
     Py_END_ALLOW_THREADS
     free(buffer);
     Py_RETURN_NONE;
@@ -208,9 +311,10 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"linear", int8_linear, METH_VARARGS,
      "linear(x, multiplier, x_scale, zero_point, qmax, dynamic, panels, colsum, w_scale, bias, y, rows, n, k, "
-     "x_stride, threads, activation): y = activation(dequantized(uint8(x) @ W.T) + bias) in bf16; arguments are "
-     "data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; activation 0 none, 1 GELU "
-     "(erf), 2 GELU (tanh), 3 ReLU."},
+     "x_stride, threads, activation, amx): y = activation(dequantized(uint8(x) @ W.T) + bias) in bf16; arguments "
+     "are data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; activation 0 none, 1 GELU "
+     "(erf), 2 GELU (tanh), 3 ReLU; amx: on AMX tiles where k is a multiple of 64 (the caller has been granted "
+     "the tile state)."},
     {NULL, NULL, 0, NULL},
 };
 
