@@ -168,3 +168,30 @@ def test_serve_int8_reports_it_and_stays_close_to_transformers(tiny_bert_dir: Pa
     vectors = np.array([item["embedding"] for item in reply.json()["data"]])
     assert cosines(vectors, expected).min() >= 0.99
     assert np.abs(vectors - expected / np.linalg.norm(expected, axis=1, keepdims=True)).max() > 1e-3
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama"])
+def test_decoder_int8_is_close_to_transformers(variant: str, tmp_path: Path) -> None:
+    """A decoder embedder (tiny random Qwen3: GQA, q/k norms; Llama: every bias, one kv head)
+    under ``--dtype int8``: QKV, attention output and gate/up on int8, ``down`` not; short
+    steps (the few-row kernel) and long ones (oneDNN), static and dynamic activations,
+    against transformers in float32."""
+    from decoder_models import VOCAB_SIZE, build_decoder_dir
+    from tests.test_engine_decoders import reference as decoder_reference
+
+    model_dir = build_decoder_dir(tmp_path / variant, variant, "lasttoken")
+    short = random_sequences([6, 20], VOCAB_SIZE, seed=3)
+    long = random_sequences([300, 40, 512], VOCAB_SIZE, seed=4)
+    calibration = DtypeProbe(lambda: random_tokens(VOCAB_SIZE, 8), calibration=lambda: random_tokens(VOCAB_SIZE, 9))
+    for probe, activations in ((calibration, "static"), (None, "dynamic")):
+        with Engine.load(model_dir, dtype="int8", probe=probe) as engine:
+            assert engine.info.dtype == "int8" and activations in engine.info.dtype_reason, engine.info.dtype_reason
+            layer = engine.model.layers[0]
+            assert all(isinstance(getattr(layer, name), int8_layers.Int8Linear)
+                       for name in int8_layers.DECODER_INT8_LINEARS)
+            assert isinstance(layer.down, torch.nn.Linear)
+            for sequences in (short, long):
+                ours = engine.step(Batch.from_sequences(sequences)).wait()
+                expected = decoder_reference(model_dir, sequences, "lasttoken")
+                assert cosines(ours, expected).min() >= 0.99, (activations, cosines(ours, expected))
+                assert np.abs(ours - expected).max() > 1e-3      # not float32's answer

@@ -38,6 +38,31 @@ def test_engine_scores_equal_the_model_card(tmp_path: Path, architecture: str) -
     np.testing.assert_allclose(sigmoid(logits), model_card_scores(directory, QUERY, DOCS), atol=1e-5, rtol=0)
 
 
+def test_int8_scores_stay_close_to_the_model_card(tmp_path: Path) -> None:
+    """``--dtype int8`` on an LLM reranker (its decoder layers' linears int8, the score row
+    not): the model card's scores within a few hundredths, the same order."""
+    import transformers
+
+    from embedserve.engine import Batch, Engine, int8_layers
+    from embedserve.model import llm_reranker
+    from embedserve.model.postprocess import sigmoid
+
+    directory = build_llm_reranker(tmp_path / "reranker", "Qwen3ForCausalLM")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    prefix = tokenizer.encode(llm_reranker.PREFIX, add_special_tokens=False)
+    suffix = tokenizer.encode(llm_reranker.SUFFIX, add_special_tokens=False)
+    sequences = [prefix + tokenizer(llm_reranker.format_pair(QUERY, d), add_special_tokens=False)["input_ids"]
+                 + suffix for d in DOCS]
+    with Engine.load(directory, dtype="int8") as engine:
+        assert engine.info.dtype == "int8"
+        assert isinstance(engine.model.layers[0].qkv, int8_layers.Int8Linear)
+        scores = sigmoid(engine.step(Batch.from_sequences(sequences, "score")).wait())
+    expected = model_card_scores(directory, QUERY, DOCS)
+    assert np.abs(scores - expected).max() <= 0.03, (scores, expected)
+    assert np.abs(scores - expected).max() > 1e-5                       # int8's answer, not float32's
+    assert list(np.argsort(scores)) == list(np.argsort(expected))
+
+
 def test_an_embedder_folder_of_the_same_architecture_stays_an_embedder(tmp_path: Path) -> None:
     from decoder_models import build_decoder_dir
     from embedserve.model.info import read_model_info

@@ -178,16 +178,16 @@ class Engine:
     @classmethod
     def _load_int8(cls, model_dir: Path, info: ModelInfo, choice: DtypeChoice, probe: DtypeProbe | None,
                    runner_options: dict[str, Any]) -> Engine:
-        """``int8``: the encoder layers' linears on int8 weights (int8_layers.py), the rest in
-        bf16 where the CPU runs it natively, else float32. Static activation ranges are
-        measured on ``probe.calibration`` (float32, plain modules) where it is given and
-        the model is an encoder; without them activations are quantized per call
+        """``int8``: the encoder's or decoder's layers' linears on int8 weights
+        (int8_layers.py), the rest in bf16 where the CPU runs it natively, else float32.
+        Static activation ranges are measured on ``probe.calibration`` (float32, plain
+        modules) where it is given; without them activations are quantized per call
         (dynamic). A model family with no int8 layers runs in the base dtype, and
         the reason says so."""
         base = int8_layers.base_dtype()
         base_name = "bfloat16" if base == torch.bfloat16 else "float32"
         model = build_model(model_dir, torch.float32)
-        if not isinstance(model, EncoderModel) or model.config.hidden_act not in int8_layers.ACTIVATIONS:
+        if int8_layers.quantizable_layers(model) is None:
             choice = DtypeChoice(base_name, f"{choice.reason} int8, but this model family has no int8 "
                                             f"layers: {base_name}")
             log.warning("dtype %s (%s)", choice.dtype, choice.reason)
@@ -199,7 +199,10 @@ class Engine:
             with cls._start(model, _chosen(info, DtypeChoice("float32", "calibration")), **plain) as ref:
                 batch = Batch.of(calibration(), info.task)  # type: ignore[arg-type]  # task: checked at load
                 ranges = int8_layers.observe_ranges(model, lambda: ref.step(batch).wait())
-        int8_layers.quantize_layers(model.to(base), ranges)
+        if isinstance(model, EncoderModel):
+            int8_layers.quantize_layers(model.to(base), ranges)
+        else:
+            int8_layers.quantize_decoder_layers(model.to(base), ranges)
         activations = "dynamic" if ranges is None else f"static, {batch.num_sequences} calibration texts"
         choice = DtypeChoice(INT8, f"{choice.reason}: int8 weights per channel, uint8 activations "
                                    f"({activations}), {base_name} elsewhere")

@@ -1,4 +1,4 @@
-"""``--dtype int8`` on CPU: the encoder layers' linears on int8 weights and uint8 activations.
+"""``--dtype int8`` on CPU: the encoder and decoder layers' linears on int8 weights and uint8 activations.
 
 Owns swapping each encoder ``Layer`` for an ``Int8Layer`` that computes the same
 function with oneDNN's quantized matmul (``torch.ops.onednn.qlinear_pointwise``,
@@ -7,7 +7,10 @@ AVX-VNNI dot products where the CPU has them, oneDNN's AVX2 / SSE4.1 int8 code
 elsewhere (same results, slower). Everything else (embeddings, attention,
 LayerNorms, the feed-forward's second linear, pooling, heads) stays in the
 model's base dtype: bfloat16 where the CPU has native bf16, else float32
-(``base_dtype``).
+(``base_dtype``). In a decoder (``modules/decoder.py``: Qwen, Llama, Mistral
+embedders and rerankers) the same three kinds of linear (QKV, attention output, the
+fused gate and up projection) become ``Int8Linear``s in place; ``down``, whose input
+is SwiGLU's product, stays in the base dtype as the encoder's ``ffn_out`` does.
 
 - weights (``INT8_LINEARS``): int8, symmetric, one scale per output channel (the
   largest |w| of the row maps to 127), packed once into oneDNN's layout; bias float32;
@@ -34,6 +37,7 @@ import torch
 from torch import nn
 
 from embedserve.engine import int8_linear, int8_quantize
+from embedserve.engine.modules import decoder
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.onednn import PackedWeight
 from embedserve.engine.residual_norm import ResidualNorm
@@ -51,6 +55,8 @@ ChannelRange = tuple[torch.Tensor, torch.Tensor]
 # tensor. Measured on MiniLM (probe texts, smallest cosine to float32): all four int8
 # 0.984 (0.946 with ffn_out smoothed), ffn_out in bf16 and the rest smoothed 0.998.
 INT8_LINEARS = ("qkv", "attn_out", "ffn_in")
+# A decoder layer's linears that run int8 (``down`` stays: its input is SwiGLU's product).
+DECODER_INT8_LINEARS = ("qkv", "attn_out", "gate_up")
 # Which int8 linears divide their input by SmoothQuant's factors (static mode), and alpha.
 SMOOTHED = ("qkv", "attn_out", "ffn_in")
 SMOOTH_ALPHA = 0.5
@@ -180,13 +186,42 @@ class Int8Layer(nn.Module):
         return self.ffn_norm(self.ffn_out(hidden), x)
 
 
-def observe_ranges(model: EncoderModel, run: Callable[[], object]) -> list[dict[str, ChannelRange]]:
-    """Each layer's linears' input (min, max) per column over what ``run`` computes with
-    ``model`` (plain modules, before ``quantize_layers``)."""
-    ranges: list[dict[str, ChannelRange]] = [{} for _ in model.encoder.layers]
+class Int8Linear(nn.Module):
+    """An ``Int8Weight`` in an ``nn.Linear``'s place, for layers that call their linears as
+    modules (the decoder's): [..., in] -> [..., out] in ``dtype``, the layer's."""
+
+    def __init__(self, weight: Int8Weight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = weight
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return self.weight(rows if rows.stride(-1) == 1 else rows.contiguous(), self.dtype).reshape(
+            *x.shape[:-1], -1)
+
+
+def quantizable_layers(model: nn.Module) -> tuple[nn.ModuleList, tuple[str, ...]] | None:
+    """The layers whose linears ``--dtype int8`` quantizes and their names: an encoder's
+    (``INT8_LINEARS``) or a decoder's (``DECODER_INT8_LINEARS``); None for other families."""
+    if isinstance(model, EncoderModel) and model.config.hidden_act in ACTIVATIONS:
+        return model.encoder.layers, INT8_LINEARS
+    if isinstance(model, decoder.DecoderModel):
+        return model.layers, DECODER_INT8_LINEARS
+    return None
+
+
+def observe_ranges(model: nn.Module, run: Callable[[], object]) -> list[dict[str, ChannelRange]]:
+    """Each layer's int8 linears' input (min, max) per column over what ``run`` computes with
+    ``model`` (an encoder or decoder of ``quantizable_layers``; plain modules, before they are
+    quantized)."""
+    found = quantizable_layers(model)
+    assert found is not None, "a model with int8 layers"
+    layers, names = found
+    ranges: list[dict[str, ChannelRange]] = [{} for _ in layers]
     hooks = []
-    for index, layer in enumerate(model.encoder.layers):
-        for name in INT8_LINEARS:
+    for index, layer in enumerate(layers):
+        for name in names:
             def observe(_module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: object,
                         seen: dict[str, ChannelRange] = ranges[index], key: str = name) -> None:
                 low, high = torch.aminmax(inputs[0].detach().float().reshape(-1, inputs[0].shape[-1]), dim=0)
@@ -218,4 +253,22 @@ def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange
     for i, layer in enumerate(layers):
         assert isinstance(layer, Layer)
         layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax)
+    return True
+
+
+def quantize_decoder_layers(model: decoder.DecoderModel,
+                            ranges: Iterable[dict[str, ChannelRange]] | None = None,
+                            qmax: int | None = None) -> bool:
+    """``quantize_layers`` for a decoder: each layer's ``DECODER_INT8_LINEARS`` become
+    ``Int8Linear``s in place (smoothed where ``ranges`` are given); False if unsupported."""
+    qmax = int8_quantize.activation_max() if qmax is None else qmax
+    if not supported():
+        return False
+    layers = model.layers
+    per_layer = list(ranges) if ranges is not None else [None] * len(layers)
+    for layer, observed in zip(layers, per_layer, strict=True):
+        for name in DECODER_INT8_LINEARS:
+            linear = getattr(layer, name)
+            weight = Int8Weight(linear, None if observed is None else observed[name], observed is not None, qmax)
+            setattr(layer, name, Int8Linear(weight, linear.weight.dtype))
     return True
