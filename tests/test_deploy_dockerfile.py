@@ -198,8 +198,8 @@ def test_native_kernels_are_built_by_a_compiler_stage_and_checked() -> None:
         assert name.rsplit(".", 1)[1] in check
 
 
-@pytest.mark.parametrize("present", [(True, True, True, True, True, True), (True, False, True, True, True, True),
-                                     (True, True, True, True, True, False), (False,) * 6],
+@pytest.mark.parametrize("present", [(True,) * 7, (True, False, True, True, True, True, True),
+                                     (True,) * 6 + (False,), (False,) * 7],
                          ids=["all", "one-missing", "last-missing", "none"])
 def test_wheel_check_fails_without_a_kernel(tmp_path: Path, present: tuple[bool, ...]) -> None:
     # The check itself, run on a wheel with and without the kernels' shared objects.
