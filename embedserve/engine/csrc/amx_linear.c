@@ -30,13 +30,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "amx_tiles.h"
 #include "bf16_activations.h"
 #include "panel_linear_args.h"
+#include "tile_blocks.h"
 
 #define PANEL 32          /* output columns per panel (pack_panels) */
-#define BLOCK_COLUMNS 64  /* output columns per block: two panels, four C tiles */
-#define TILE_ROWS 16
 #define K_STEP 32         /* input columns per tile product: 16 bf16 pairs */
 /* Below this many multiply-adds a call runs on one thread: waking the team costs more. */
 #define SERIAL_MACS 65536
@@ -51,26 +49,11 @@ typedef struct {
     int activation;
 } Call;
 
-/* Tiles 0-3: C (rows x 16 float32); 4: A (rows x 32 bf16); 5-7: B (16 pairs x 16 columns). */
-static void configure_tiles(int rows) {
-    TileConfig config;
-    memset(&config, 0, sizeof config);
-    config.palette_id = 1;
-    for (int t = 0; t < 5; ++t) {
-        config.rows[t] = (uint8_t)rows;
-        config.colsb[t] = 64;
-    }
-    for (int t = 5; t < 8; ++t) {
-        config.rows[t] = TILE_ROWS;
-        config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
-}
-
 /* Rows [row, row + height) by the block of columns [column, column + 64) (or + 32 at
  * the end of an N that is an odd number of panels). */
-static void run_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t column) {
-    const int two = column + BLOCK_COLUMNS <= c->n;
+static void run_block(const void *opaque, int64_t row, int height, int64_t column) {
+    const Call *c = opaque;
+    const int two = column + TILE_BLOCK_COLUMNS <= c->n;
     const uint16_t *first = c->panels + (column / PANEL) * c->k * PANEL;
     const uint16_t *second = first + c->k * PANEL;
     const uint16_t *x = c->x + row * c->x_stride;
@@ -102,43 +85,17 @@ static void run_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t colu
             _tile_dpbf16ps(1, 4, 6);
         }
     }
-    float sums[TILE_ROWS * BLOCK_COLUMNS] __attribute__((aligned(64)));
+    float sums[TILE_ROWS * TILE_BLOCK_COLUMNS] __attribute__((aligned(64)));
     const int vectors = two ? 4 : 2;
-    _tile_stored(0, sums, BLOCK_COLUMNS * 4);
-    _tile_stored(1, sums + 16, BLOCK_COLUMNS * 4);
-    if (two) {
-        _tile_stored(2, sums + 32, BLOCK_COLUMNS * 4);
-        _tile_stored(3, sums + 48, BLOCK_COLUMNS * 4);
-    }
+    store_sums(sums, two);
     for (int r = 0; r < height; ++r) {
         uint16_t *out = c->y + (row + r) * c->n + column;
         for (int v = 0; v < vectors; ++v) {
-            const __m512 sum = _mm512_add_ps(_mm512_load_ps(sums + r * BLOCK_COLUMNS + 16 * v),
+            const __m512 sum = _mm512_add_ps(_mm512_load_ps(sums + r * TILE_BLOCK_COLUMNS + 16 * v),
                                              _mm512_loadu_ps(c->bias + column + 16 * v));
             _mm256_storeu_si256((__m256i *)(out + 16 * v),
                                 (__m256i)_mm512_cvtneps_pbh(activate(sum, c->activation)));
         }
-    }
-}
-
-/* Every block of the call, on up to ``threads`` of torch's OpenMP team (the one whose
- * threads oneDNN's AMX kernels already run on). Row blocks outer, so that a thread
- * configures its tiles once per height; the column blocks of each split between threads. */
-static void run_call(const Call *c, int threads) {
-    const Py_ssize_t blocks = (c->n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS;
-#pragma omp parallel num_threads(threads)
-    {
-        int configured = 0;
-        for (Py_ssize_t row = 0; row < c->rows; row += TILE_ROWS) {
-            const int height = (int)(c->rows - row < TILE_ROWS ? c->rows - row : TILE_ROWS);
-            if (height != configured) {
-                configure_tiles(height);
-                configured = height;
-            }
-#pragma omp for schedule(static) nowait
-            for (Py_ssize_t b = 0; b < blocks; ++b) run_block(c, row, height, b * BLOCK_COLUMNS);
-        }
-        if (configured) _tile_release();
     }
 }
 
@@ -159,7 +116,7 @@ static PyObject *amx_linear(PyObject *self, PyObject *args) {
                        (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.rows, a.n, a.k,
                        a.activation};
     Py_BEGIN_ALLOW_THREADS
-    run_call(&call, threads);
+    for_each_tile_block(&call, a.rows, a.n, threads, run_block);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -1,7 +1,7 @@
 /*
  * The AMX tile configuration (LDTILECFG's 64-byte operand, palette 1), shared by the
- * kernels that run on tiles (bf16_attention.c, amx_linear.c). Each fills it for its own
- * tiles' shapes.
+ * kernels that run on tiles (bf16_attention.c; amx_linear.c and int8_linear.c through
+ * tile_blocks.h). Each fills it for its own tiles' shapes.
  */
 #ifndef EMBEDSERVE_AMX_TILES_H
 #define EMBEDSERVE_AMX_TILES_H

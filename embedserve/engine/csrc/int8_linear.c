@@ -40,9 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amx_tiles.h"
 #include "bf16_activations.h"
 #include "linear_blocks.h"
+#include "tile_blocks.h"
 #include "uint8_rows.h"
 
 #define PANEL 32
@@ -52,9 +52,7 @@
 #define PREFETCH_AHEAD 16
 /* Below this many elements the input is quantized on one thread. */
 #define SERIAL_ELEMENTS 65536
-#define TILE_ROWS 16
 #define TILE_K 64               /* input columns per tile product: 16 quads */
-#define TILE_BLOCK_COLUMNS 64   /* output columns per tile block: two panels, four C tiles */
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
@@ -123,25 +121,10 @@ static void run_block(const void *opaque, Py_ssize_t row, int size, Py_ssize_t p
     (warm_next ? WARMING_BLOCKS : BLOCKS)[size]((const Call *)opaque, row, panel);
 }
 
-/* Tiles 0-3: C (rows x 16 int32); 4: A (rows x 64 uint8); 5-7: B (16 quads x 16 columns). */
-static void configure_tiles(int rows) {
-    TileConfig config;
-    memset(&config, 0, sizeof config);
-    config.palette_id = 1;
-    for (int t = 0; t < 5; ++t) {
-        config.rows[t] = (uint8_t)rows;
-        config.colsb[t] = 64;
-    }
-    for (int t = 5; t < 8; ++t) {
-        config.rows[t] = TILE_ROWS;
-        config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
-}
-
 /* Rows [row, row + height) by the columns [column, column + 64) (+ 32 at the end of an N
  * that is an odd number of panels), on tiles. */
-static void tile_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t column) {
+static void run_tile_block(const void *opaque, int64_t row, int height, int64_t column) {
+    const Call *c = opaque;
     const int two = column + TILE_BLOCK_COLUMNS <= c->n;
     const int8_t *first = c->panels + (column / PANEL) * c->k * PANEL;
     const int8_t *second = first + c->k * PANEL;
@@ -175,12 +158,7 @@ static void tile_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t col
     }
     int32_t sums[TILE_ROWS * TILE_BLOCK_COLUMNS] __attribute__((aligned(64)));
     const int vectors = two ? 4 : 2;
-    _tile_stored(0, sums, TILE_BLOCK_COLUMNS * 4);
-    _tile_stored(1, sums + 16, TILE_BLOCK_COLUMNS * 4);
-    if (two) {
-        _tile_stored(2, sums + 32, TILE_BLOCK_COLUMNS * 4);
-        _tile_stored(3, sums + 48, TILE_BLOCK_COLUMNS * 4);
-    }
+    store_sums(sums, two);
     for (int r = 0; r < height; ++r) {
         uint16_t *out = c->y + (row + r) * c->n + column;
         for (int v = 0; v < vectors; ++v) {
@@ -188,26 +166,6 @@ static void tile_block(const Call *c, Py_ssize_t row, int height, Py_ssize_t col
             _mm256_storeu_si256((__m256i *)(out + 16 * v),
                                 (__m256i)_mm512_cvtneps_pbh(output16(sum, c, column + 16 * v)));
         }
-    }
-}
-
-/* Every tile block of a call, as amx_linear.c's run_call: row blocks outer (a thread
- * configures its tiles once per height), their column blocks split between threads. */
-static void run_on_tiles(const Call *c, Py_ssize_t rows, int threads) {
-    const Py_ssize_t blocks = (c->n + TILE_BLOCK_COLUMNS - 1) / TILE_BLOCK_COLUMNS;
-#pragma omp parallel num_threads(threads)
-    {
-        int configured = 0;
-        for (Py_ssize_t row = 0; row < rows; row += TILE_ROWS) {
-            const int height = (int)(rows - row < TILE_ROWS ? rows - row : TILE_ROWS);
-            if (height != configured) {
-                configure_tiles(height);
-                configured = height;
-            }
-#pragma omp for schedule(static) nowait
-            for (Py_ssize_t b = 0; b < blocks; ++b) tile_block(c, row, height, b * TILE_BLOCK_COLUMNS);
-        }
-        if (configured) _tile_release();
     }
 }
 
@@ -299,7 +257,7 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
                        (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
     if (a.amx && a.k % TILE_K == 0) {
         const int threads = (a.threads < 1 || a.rows * a.n * a.k < SERIAL_MACS) ? 1 : (int)a.threads;
-        run_on_tiles(&call, a.rows, threads);
+        for_each_tile_block(&call, a.rows, a.n, threads, run_tile_block);
     } else {
         for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
     }
