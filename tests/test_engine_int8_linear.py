@@ -177,6 +177,21 @@ def test_an_int8_engines_short_steps_run_on_the_kernel_unpadded(kernel: None, ti
     assert ((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)).min() >= 0.999
 
 
+def test_a_model_over_the_copy_budget_keeps_onednns_weights_only(kernel: None, tiny_bert_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's copy costs as much memory again as oneDNN's: a model whose int8 linears
+    are over ``MAX_WEIGHT_BYTES`` keeps one copy, and every call runs on oneDNN."""
+    from embedserve.engine import Engine
+
+    monkeypatch.setattr(int8_linear, "MAX_WEIGHT_BYTES", 1000)
+    short = Batch.from_sequences([np.arange(4, 24, dtype=np.int32)])
+    with Engine.load(tiny_bert_dir, dtype="int8") as engine:
+        weights = [module for module in engine.model.modules() if isinstance(module, Int8Weight)]
+        assert weights and not any(weight.few_rows or hasattr(weight, "few_rows_panels") for weight in weights)
+        _, calls = kernel_calls(lambda: engine.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
+        assert calls == 0
+
+
 def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni_and_amx(tmp_path: Path) -> None:
     require_compiler_for(tmp_path, ["-mavx512f", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8"],
                          "#include <immintrin.h>\n__m512i f(__m512i a, __m512i b, __m512i c) "

@@ -96,7 +96,9 @@ class Int8Weight(nn.Module):
     column_sums: torch.Tensor
 
     def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
-                 qmax: int = int8_quantize.FULL_RANGE) -> None:
+                 qmax: int = int8_quantize.FULL_RANGE, few_rows: bool = True) -> None:
+        """``few_rows``: keep int8_linear's copy of the weight for calls of few rows (where
+        the kernel covers it)."""
         super().__init__()
         self.qmax = qmax
         weight = linear.weight.detach().float()
@@ -106,7 +108,7 @@ class Int8Weight(nn.Module):
             factors = smoothing_factors(observed, weight)
         quantized, scales = int8_per_channel(weight * factors[None, :])
         self.register_buffer("weight", _onednn.qlinear_prepack(quantized, None))
-        self.few_rows = int8_linear.covers(quantized)
+        self.few_rows = few_rows and int8_linear.covers(quantized)
         if self.few_rows:
             self.register_buffer("few_rows_panels", int8_linear.pack_panels(quantized))
             self.register_buffer("column_sums", int8_linear.column_sums(quantized))
@@ -162,13 +164,14 @@ class Int8Layer(nn.Module):
     layer's base dtype (bf16 or float32)."""
 
     def __init__(self, layer: Layer, hidden_act: str, ranges: dict[str, ChannelRange] | None,
-                 qmax: int = int8_quantize.FULL_RANGE) -> None:
+                 qmax: int = int8_quantize.FULL_RANGE, few_rows: bool = True) -> None:
         super().__init__()
         self.num_heads = layer.num_heads
         self.head_dim = layer.head_dim
         self.dtype = layer.qkv.weight.dtype
         self.qkv, self.attn_out, self.ffn_in = (
-            Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax)
+            Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax,
+                       few_rows)
             for name in INT8_LINEARS)
         # oneDNN or a native kernel, base dtype; calls of few rows on AMX as FusedLayer's
         self.ffn_out = PackedWeight(layer.ffn_out, few_rows=True)
@@ -192,13 +195,11 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: Int8Weight, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = weight
+        self.int8 = weight
         self.dtype = dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        return self.weight(rows if rows.stride(-1) == 1 else rows.contiguous(), self.dtype).reshape(
-            *x.shape[:-1], -1)
+        return self.int8(x.reshape(-1, x.shape[-1]), self.dtype).reshape(*x.shape[:-1], -1)
 
 
 def quantizable_layers(model: nn.Module) -> tuple[nn.ModuleList, tuple[str, ...]] | None:
@@ -250,9 +251,10 @@ def quantize_layers(model: EncoderModel, ranges: Iterable[dict[str, ChannelRange
         return False
     layers = model.encoder.layers
     per_layer = list(ranges) if ranges is not None else [None] * len(layers)
+    few_rows = int8_linear.copy_fits(_weight_elements(layers, INT8_LINEARS))
     for i, layer in enumerate(layers):
         assert isinstance(layer, Layer)
-        layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax)
+        layers[i] = Int8Layer(layer, config.hidden_act, per_layer[i], qmax, few_rows)
     return True
 
 
@@ -266,9 +268,16 @@ def quantize_decoder_layers(model: decoder.DecoderModel,
         return False
     layers = model.layers
     per_layer = list(ranges) if ranges is not None else [None] * len(layers)
+    few_rows = int8_linear.copy_fits(_weight_elements(layers, DECODER_INT8_LINEARS))
     for layer, observed in zip(layers, per_layer, strict=True):
         for name in DECODER_INT8_LINEARS:
             linear = getattr(layer, name)
-            weight = Int8Weight(linear, None if observed is None else observed[name], observed is not None, qmax)
+            weight = Int8Weight(linear, None if observed is None else observed[name], observed is not None, qmax,
+                                few_rows)
             setattr(layer, name, Int8Linear(weight, linear.weight.dtype))
     return True
+
+
+def _weight_elements(layers: nn.ModuleList, names: tuple[str, ...]) -> int:
+    # the weights the named linears of every layer hold: their int8 bytes
+    return sum(getattr(layer, name).weight.numel() for layer in layers for name in names)

@@ -36,6 +36,10 @@ PANEL = 32                   # output columns per panel (two 16-int32 accumulato
 # alone level with oneDNN's AMX at 128 rows (BENCHMARKS.md).
 MAX_ROWS_TILES = 128
 MAX_ROWS_VNNI = 64
+# A model's int8 linears get the kernel's copy while they are at most this many bytes:
+# the copy costs as much memory again as oneDNN's (multilingual-e5-small's three int8
+# linears a layer: 14 MB; Qwen3-Embedding-0.6B's: ~350 MB). As amx_linear.MAX_WEIGHT_BYTES.
+MAX_WEIGHT_BYTES = 256 << 20
 
 
 @functools.cache
@@ -56,6 +60,12 @@ def tiles_available() -> bool:
 def max_rows() -> int:
     """The most rows a call may have to take the kernel here."""
     return MAX_ROWS_TILES if tiles_available() else MAX_ROWS_VNNI
+
+
+def copy_fits(weight_elements: int) -> bool:
+    """Whether a model whose int8 linears hold ``weight_elements`` weights gets the kernel's
+    copy of them (``MAX_WEIGHT_BYTES``)."""
+    return kernel_available() and weight_elements <= MAX_WEIGHT_BYTES
 
 
 def covers(quantized: torch.Tensor) -> bool:
