@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.overhead_bench import environment_and_flags
+from bench.overhead_bench import compiling_tokenizer, environment_and_flags
 from bench.reference_data import MISSING_EXIT_STATUS
 from bench.serve_ab import abba, main, ratios
 
@@ -31,3 +31,21 @@ def test_a_configuration_is_environment_words_then_flags() -> None:
         {"GLIBC_TUNABLES": "glibc.malloc.perturb=0", "X": "1"}, ["--cpu-lanes", "1"])
     assert environment_and_flags([]) == ({}, [])
     assert environment_and_flags(["--replicas", "2"]) == ({}, ["--replicas", "2"])
+
+
+def test_a_stack_compiling_its_tokenizer_is_seen_in_its_children() -> None:
+    """The overhead bench measures a stack only once no child of it compiles tokenizer
+    kernels (embedserve/tokenizer/warm.py's command line): a real child of this process."""
+    import os
+    import subprocess
+    import sys
+
+    assert not compiling_tokenizer(os.getpid())
+    script = "import sys, time; sys.argv; time.sleep(30)  # embedserve.tokenizer.warm"
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert compiling_tokenizer(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert not compiling_tokenizer(os.getpid())
