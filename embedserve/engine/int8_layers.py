@@ -140,12 +140,22 @@ class Int8Weight(nn.Module):
         oneDNN's epilogues are (``attr``/``algorithm``) applied."""
         if (self.few_rows and x.shape[0] <= int8_linear.max_rows() and x.dtype == torch.bfloat16
                 and out_dtype == torch.bfloat16):
-            return int8_linear.linear(x, self.few_rows_panels, self.column_sums, self.scales, self.bias,
-                                      self.multiplier if self.static else None, self.input_scale,
-                                      self.input_zero_point, self.qmax, attr, algorithm)
+            return int8_linear.linear(x, *self._kernel_operands(), attr, algorithm)
         xq, scale, zero_point = self.quantize(x)
         return _onednn.qlinear_pointwise(xq, scale, zero_point, self.weight, self.scales, self.zero_points,
                                          self.bias, 1.0, 0, out_dtype, attr, [], algorithm)
+
+    def few_rows_call(self, activation: int) -> Callable[[int, int, int, int], None] | None:
+        """The kernel's call on data pointers for loops with buffers of their own
+        (int8_linear.pointer_call; ``activation``: the kernel's code), or None where this
+        weight has no copy for it."""
+        return int8_linear.pointer_call(*self._kernel_operands(), activation) if self.few_rows else None
+
+    def _kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                        torch.Tensor | None, float, int, int]:
+        # int8_linear's weight and quantization arguments (no multiplier: dynamic)
+        return (self.few_rows_panels, self.column_sums, self.scales, self.bias,
+                self.multiplier if self.static else None, self.input_scale, self.input_zero_point, self.qmax)
 
 
 def smoothing_factors(observed: ChannelRange, weight: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:

@@ -30,7 +30,7 @@ from typing import NamedTuple, cast
 import numpy as np
 import torch
 
-from embedserve.engine import amx_linear, bf16_linear, int8_linear
+from embedserve.engine import amx_linear, bf16_linear
 from embedserve.engine.batch import Batch
 from embedserve.engine.bf16_linear import ACTIVATIONS, PANEL
 from embedserve.engine.int8_layers import Int8Layer, Int8Weight
@@ -284,10 +284,7 @@ def _pointer_linear(linear: _Linear, activation: int) -> PointerLinear | None:
     [rows, out], both contiguous), where its kernel takes them: the bf16 panel kernels
     (amx_linear, bf16_linear), or int8_linear's for an Int8Weight; else None."""
     if linear.int8 is not None:
-        weight = linear.int8
-        return int8_linear.pointer_call(weight.few_rows_panels, weight.column_sums, weight.scales, weight.bias,
-                                        weight.multiplier if weight.static else None, weight.input_scale,
-                                        weight.input_zero_point, weight.qmax, activation) if weight.few_rows else None
+        return linear.int8.few_rows_call(activation)
     if linear.kernel not in (amx_linear, bf16_linear) or getattr(linear.kernel, "_native", None) is None:
         return None
     native = linear.kernel._native.linear
