@@ -63,6 +63,7 @@ import numpy as np
 
 from embedserve.entrypoint import GATEWAY_LISTENING
 from embedserve.launch.processes import popen_listening, stop_popen
+from embedserve.process_children import living_children
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = "How do I reset my password if I no longer have access to my email?"
@@ -78,13 +79,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def child_pids(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return children
+    """Process ``pid``'s living children."""
+    return sorted(living_children(pid))
 
 
 # In the command line of the child that compiles a tokenizer's native kernels

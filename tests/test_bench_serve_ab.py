@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.overhead_bench import compiling_tokenizer, environment_and_flags
+from bench.overhead_bench import child_pids, compiling_tokenizer, environment_and_flags
 from bench.reference_data import MISSING_EXIT_STATUS
 from bench.serve_ab import abba, main, ratios
 
@@ -45,7 +45,9 @@ def test_a_stack_compiling_its_tokenizer_is_seen_in_its_children() -> None:
     child = subprocess.Popen([sys.executable, "-c", script])
     try:
         assert compiling_tokenizer(os.getpid())
+        assert child.pid in child_pids(os.getpid())
     finally:
         child.kill()
         child.wait()
     assert not compiling_tokenizer(os.getpid())
+    assert child.pid not in child_pids(os.getpid())

@@ -46,6 +46,7 @@ from embedserve.local.embedded import EmbeddedPart
 from embedserve.local.options import EmbedOptions
 from embedserve.model.info import read_model_info
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE
+from embedserve.process_children import living_children
 from embedserve.scheduler.settings import DEFAULT_DTYPE
 
 log = logging.getLogger(__name__)
@@ -145,21 +146,7 @@ def start_local_ray(actors: int, cpus_per_actor: float) -> None:
 
 def child_pids() -> set[int]:
     """This process's living children (read from Linux's /proc; elsewhere none)."""
-    me = str(os.getpid()).encode()
-    pids = set()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue     # it exited meanwhile
-            if fields[1] == me and fields[0] != b"Z":
-                pids.add(int(entry.name))
-    return pids
+    return living_children(os.getpid())
 
 
 def kill_and_reap(pids: set[int]) -> None:
