@@ -17,9 +17,12 @@ import tokenizers
 
 from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
+from tokenizer_corpus import BLOCK_BREAKERS, block_edge_texts
 
 TEXTS = ["a_b", "xa_b_a", "a_b a_b", "ab\tab", "ab\r\nab", "ae\u0301a_b", "a\u0301_b", "ab\x00a_b",
          "a\u00a0b", "ab  ba", "ＡＢ a_b", "x" * 40 + "_b"]
+# The loops copy printable ASCII 8 bytes at a time; "_" is this test's replacement.
+BLOCK_TEXTS = block_edge_texts(["_", *BLOCK_BREAKERS])
 
 
 def tiny_tokenizer_json(replacement: str, charsmap_source: Path) -> dict:
@@ -47,7 +50,10 @@ def test_ascii_runs_match_tokenizers(replacement, charsmap, tmp_path, xlmr_token
     path.write_text(json.dumps(tiny_tokenizer_json(replacement, source)), encoding="utf-8")
     ours = Tokenizer.from_file(path, cache_dir=None)
     reference = tokenizers.Tokenizer.from_file(str(path))
-    got = {text: ours.encode(text).tolist() for text in TEXTS}
-    expected = {text: reference.encode(text).ids for text in TEXTS}
+    got = {text: ours.encode(text).tolist() for text in TEXTS + BLOCK_TEXTS}
+    expected = {text: reference.encode(text).ids for text in TEXTS + BLOCK_TEXTS}
     assert got == expected
+    # The run kernel keeps the source offsets: another compile of both loops.
+    batch = ours.encode_batch(BLOCK_TEXTS, return_offsets=True)
+    assert [batch.sequence(i).tolist() for i in range(len(BLOCK_TEXTS))] == [expected[t] for t in BLOCK_TEXTS]
     assert any(1 in ids for ids in expected.values()) == (replacement == "\u2581")  # a_b used only unsplit

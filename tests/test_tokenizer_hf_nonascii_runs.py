@@ -4,8 +4,10 @@ The loop copies characters that no charsmap rule starts with and that do not joi
 next character in a grapheme cluster; it must hand over to the general path exactly
 where that acts differently: at a character with a rule (fullwidth forms, ligatures,
 compatibility characters, a no-break space), at a character a combining mark or a
-joiner follows (the cluster is looked up whole), at a 4-byte character, at ASCII, and
-at the end of the text. Each text puts such a character inside, at the start and at
+joiner follows and that some key starts with (the cluster is looked up whole), in a
+cluster of characters no key starts with at one that has a rule or is outside the BMP
+(each character is looked up alone), at a 4-byte character, at ASCII, and at the end
+of the text. Each text puts such a character inside, at the start and at
 the end of a non-Latin run.
 """
 
@@ -20,7 +22,10 @@ from embedserve.tokenizer import Tokenizer
 from trained_tokenizers import unigram_metaspace
 
 BREAKERS = ["Ａ", "ﬁ", "½", "\u00a0", "е\u0301", "е\u0308", "а\u200dб", "😀", "𝐀", "a", " ", "，", "ｶ\u0301",
-            "\u1100\u1161", "क\u093c", "कि", "\u0e01\u0e33", "\u3000", "Ⅻ", "㎏"]
+            "\u1100\u1161", "क\u093c", "कि", "\u0e01\u0e33", "\u3000", "Ⅻ", "㎏",
+            # Clusters that start with a character no key starts with, a later one with a
+            # rule (U+0344, U+0340), outside the BMP (U+1D167), a joiner in a conjunct.
+            "म\u0344", "मि\U0001d167", "人\u0340", "ष्\u200dट", "म\u093f\u0344\u0301"]
 RUNS = ["привет", "人人生而自由", "ყველა", "Όλοι", "मनुष्य", "ß"]
 TEXTS = [f"{run}{b}{run}" for run in RUNS for b in BREAKERS] + [f"{b}{run}" for run in RUNS for b in BREAKERS] \
     + [f"{run} {run}{b}" for run in RUNS for b in BREAKERS] + RUNS

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from conftest import shared_file
 from embedserve.tokenizer import Tokenizer
-from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, emoji_lines, novel_chunks, udhr_lines, udhr_texts
+from tokenizer_corpus import (
+    BLOCK_BREAKERS,
+    HYPOTHESIS_TEXT,
+    assert_ids_equal,
+    block_edge_texts,
+    emoji_lines,
+    novel_chunks,
+    udhr_lines,
+    udhr_texts,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -58,7 +67,8 @@ PLAIN_RUN_EDGES = ["a", " a", "a ", "  a  b   c  ", "Hello  world", "ｆｕｌ�
 
 
 def test_plain_runs_and_their_edges(xlmr_sp_tokenizer, xlmr_sp_reference):
-    texts = PLAIN_RUN_EDGES + [a + b for a in PLAIN_RUN_EDGES for b in PLAIN_RUN_EDGES]
+    texts = PLAIN_RUN_EDGES + [a + b for a in PLAIN_RUN_EDGES for b in PLAIN_RUN_EDGES] \
+        + block_edge_texts(BLOCK_BREAKERS)
     assert_same(xlmr_sp_tokenizer, xlmr_sp_reference, texts)
     for text in texts:  # the single-text kernel too
         assert xlmr_sp_tokenizer.encode(text, add_special_tokens=False).tolist() == xlmr_sp_reference.encode(text), text

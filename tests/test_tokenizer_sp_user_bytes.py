@@ -26,7 +26,15 @@ from hypothesis import strategies as st
 from conftest import python_docs_text
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.spec import PieceKind
-from tokenizer_corpus import HYPOTHESIS_TEXT, assert_ids_equal, seeded_strings, udhr_lines, udhr_texts
+from tokenizer_corpus import (
+    BLOCK_BREAKERS,
+    HYPOTHESIS_TEXT,
+    assert_ids_equal,
+    block_edge_texts,
+    seeded_strings,
+    udhr_lines,
+    udhr_texts,
+)
 from trained_tokenizers import MULTILINGUAL
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -85,6 +93,14 @@ def test_multilingual_strings_and_symbols(docs_pair):
     assert_same(ours, reference, texts)
     for text in texts:  # the single-text kernel too
         assert ours.encode(text, add_special_tokens=False).tolist() == reference.encode(text)
+
+
+def test_runs_copied_a_word_at_a_time_end_where_sentencepiece_acts(docs_pair):
+    ours, reference = docs_pair
+    texts = block_edge_texts(BLOCK_BREAKERS)
+    assert_same(ours, reference, texts)
+    for text in texts:  # the single-text kernel too
+        assert ours.encode(text, add_special_tokens=False).tolist() == reference.encode(text), text
 
 
 def test_offsets_cover_the_source(docs_pair):

@@ -63,6 +63,19 @@ SCRIPTS = ["Hello world", "Grüße, Straße", "Привет мир", "مرحبا
 CONTROL = "".join(chr(c) for c in list(range(0, 32)) + list(range(0x7f, 0xa0)))
 
 
+# What ends a run of printable ASCII that the normalizers copy 8 bytes at a time
+# (kernels/swar.py): spaces, controls, DEL, characters with a charsmap rule, combining
+# marks that join the byte before, multi-byte characters; and printable ones that do not.
+BLOCK_BREAKERS = [" ", "  ", "\t", "\r\n", "\x00", "\x1f", "\x7f", "e\u0301", "A\u0300", "\u00a0", "Ａ", "é",
+                  "ﬁ", "😀", "~", "!"]
+
+
+def block_edge_texts(breakers: Sequence[str]) -> list[str]:
+    """Each breaker at every offset of an 8-byte block (and of the next), after a run
+    long enough for whole blocks, and at the end of the text."""
+    return [("abxa" * 6)[:k] + brk + "ab" * 9 + brk for brk in breakers for k in range(18)]
+
+
 def _runs(alphabet: str) -> st.SearchStrategy[str]:
     return st.tuples(st.sampled_from(alphabet), st.integers(2, 300)).map(lambda t: t[0] * t[1])
 

@@ -53,6 +53,7 @@ from embedserve.tokenizer.kernels.replace_hf import (
     replace_into,
     replace_step_size,
 )
+from embedserve.tokenizer.kernels.swar import high_bits, leading_run, load_u64, outside_printable, store_u64
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
 
 # params layout (int64): a fixed header, charsmap.bmp_char_table (65,536 entries: per
@@ -60,12 +61,15 @@ from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, TokenizerSpec
 # longer key starts with it), then the normalizer steps.
 # The header's first slots (P_*) are pretokenize_hf's; P_REP..P_REP+3 hold the bytes.
 _P_N_STEPS = 8
+_P_PRINTABLE_PLAIN = 10  # 1: no printable ASCII character (0x20-0x7E) is a key by itself
 _P_TABLE = 16
 _P_STEPS = _P_TABLE + 0x10000
 _CR = 0x0D
 _STEP_PRECOMPILED, _STEP_STRIP = 1, 2  # the Replace kinds: replace_hf.STEP_REPLACE_*
 _NUL = 0
 _WHOLE_CLUSTER_LIMIT = 6  # clusters shorter than this (in bytes) are looked up whole
+# The bmp_char_table entry of a character that no key starts with.
+_PLAIN_CHAR = (NO_LONGER_KEY << 32) | (NO_RULE & 0xFFFFFFFF)
 # Replace(" {2,}", " ") as the last step (XLM-R's) is left to pretokenize_hf.py.
 _COLLAPSE_SPACES = ("replace_run", " ", 2, " ")
 
@@ -88,7 +92,9 @@ def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
         params[P_COLLAPSE_SPACES] = 1
         steps.pop()
     params[_P_N_STEPS] = len(steps)
-    params[_P_TABLE:_P_STEPS] = bmp_char_table(charsmap_units).tolist()
+    table = bmp_char_table(charsmap_units)
+    params[_P_TABLE:_P_STEPS] = table.tolist()
+    params[_P_PRINTABLE_PLAIN] = int(bool(((table[0x20:0x7F] & 0xFFFFFFFF) == (NO_RULE & 0xFFFFFFFF)).all()))
     for step in steps:
         params.extend(_encode_step(step))
     return np.asarray(params, np.int64)
@@ -156,6 +162,17 @@ def _first_match(units, params, buf, start, end, cp, n):
 
 
 @nb.njit(inline="always")
+def _all_ruleless(params, src, i, j):
+    """Whether each character of src[i:j] is in the BMP and is no key by itself."""
+    while i < j:
+        cp, n = decode_utf8(src, i)
+        if cp >= 0x10000 or np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF) != NO_RULE:
+            return False
+        i += n
+    return True
+
+
+@nb.njit(inline="always")
 def _origin_start(origin, i, raw):
     """Where byte i of a step's input came from: itself when reading the raw source."""
     return i if raw else origin_start(origin, i)
@@ -176,10 +193,24 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
     # The common case, a one-character BMP cluster, is handled here and in inlined
     # helpers only: in Numba a real call taking arrays costs reference counting, per
     # character.
+    printable_plain = params[_P_PRINTABLE_PLAIN] != 0
     i = s
     while i < e:
         # A run of ASCII characters that no rule starts with and that cannot join the
-        # next character in a cluster (most of Latin-script text) is copied as it is.
+        # next character in a cluster (most of Latin-script text) is copied as it is:
+        # printable ones a word (8 bytes) at a time, up to the first that is not or that
+        # a byte of 0x80 or more follows (a combining mark would join it), then byte by
+        # byte.
+        while printable_plain and i + 9 <= e and w + 8 <= limit:
+            word = load_u64(src, i)
+            run = leading_run(outside_printable(word, 0x20) | high_bits(load_u64(src, i + 1)))
+            store_u64(buf, w, word)  # the bytes past the run are written over later
+            for k in range(run):
+                set_origin(origin, w + k, _origin_start(src_origin, i + k, raw), _origin_end(src_origin, i + k, raw))
+            w += run
+            i += run
+            if run < 8:
+                break
         while i < e and w < limit:
             b = src[i]
             if b >= 0x80 or b == _CR or b == _NUL or (i + 1 < e and src[i + 1] >= 0x80):
@@ -205,7 +236,16 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
                 if cp2 >= 0x80:
                     cp2 = decode_utf8(src, j)[0]
                 if pair_joins(property_of(cp), property_of(cp2)):
-                    break
+                    # A cluster (a consonant and its vowel signs: most of Brahmic and
+                    # Southeast Asian text). One that starts with a character no key
+                    # starts with matches no key whole, so each character is looked up
+                    # alone: copied as it is when none of them has a rule either.
+                    if params[_P_TABLE + cp] != _PLAIN_CHAR:
+                        break
+                    j = next_boundary(src, i, e)
+                    if w + (j - i) > limit or not _all_ruleless(params, src, i + n, j):
+                        break
+                    n = j - i
             for k in range(n):
                 put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw),
                     _origin_end(src_origin, i + k, raw))
@@ -242,6 +282,29 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
                 if w == SCRATCH_TOO_SMALL:
                     return SCRATCH_TOO_SMALL
             i = j
+            continue
+        if cp < 0x10000 and params[_P_TABLE + cp] == _PLAIN_CHAR:
+            # A cluster (most of Brahmic and Southeast Asian text: a consonant and its
+            # vowel signs) that starts with a character no key starts with: the whole
+            # cluster matches no key, so each character is looked up alone, as in
+            # _precompiled_cluster; written out here, as that call cost ~60 ns a cluster
+            # (reference counts on its arrays) and decoded each character twice more.
+            while i < j:
+                cp, n = decode_utf8(src, i)
+                rule = _first_match(units, params, src, i, i + n, cp, n)
+                if rule == NO_RULE:
+                    if w + n > limit:
+                        return SCRATCH_TOO_SMALL
+                    for k in range(n):
+                        put(buf, origin, w + k, src[i + k], _origin_start(src_origin, i + k, raw),
+                            _origin_end(src_origin, i + k, raw))
+                    w += n
+                else:
+                    w = _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
+                                          _origin_end(src_origin, i + n - 1, raw))
+                    if w == SCRATCH_TOO_SMALL:
+                        return SCRATCH_TOO_SMALL
+                i += n
             continue
         w = _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf, origin, w, limit)
         if w == SCRATCH_TOO_SMALL:

@@ -19,18 +19,21 @@ from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longe
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.branchless import unpredictable_select
 from embedserve.tokenizer.kernels.origins import set_origin
+from embedserve.tokenizer.kernels.swar import high_bits, leading_run, load_u64, outside_printable, store_u64
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, PieceKind, TokenizerSpec
 
 # params layout: [add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces,
-# user-defined section start (0: none)] followed by charsmap.bmp_char_table (65536
+# user-defined section start (0: none), whether every printable ASCII character but the
+# space is copied as it is whatever ASCII follows (no key is it, or starts with it and
+# goes on in ASCII)] followed by charsmap.bmp_char_table (65536
 # entries): per BMP code point the longest match it starts, valid when the next byte is
 # below the entry's ``next_min``. The user-defined section (at U): U[b]..U[b + 1] are
 # the entries of the pieces whose first byte is b (257 bounds), then the entries, two
 # int64 each (offset of the piece in the strings array, its byte length), longest first
 # within a first byte. The pieces' bytes are appended to the charsmap strings,
 # NUL-terminated, so a match is written exactly like a charsmap replacement.
-_P_DUMMY, _P_REMOVE_WS, _P_ESCAPE, _P_USER = 0, 1, 2, 3
-_P_TABLE = 4
+_P_DUMMY, _P_REMOVE_WS, _P_ESCAPE, _P_USER, _P_PRINTABLE_PLAIN = 0, 1, 2, 3, 4
+_P_TABLE = 5
 _USER_BOUNDS = 257
 _SPACE = 0x20
 _NOT_LOOKED_UP = -2  # neither a rule nor NO_RULE yet
@@ -47,7 +50,11 @@ def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray,
     params[_P_DUMMY] = spec.add_dummy_prefix
     params[_P_REMOVE_WS] = spec.remove_extra_whitespaces
     params[_P_ESCAPE] = spec.escape_whitespaces
-    params[_P_TABLE:table_end] = bmp_char_table(charsmap_units)
+    table = bmp_char_table(charsmap_units)
+    params[_P_TABLE:table_end] = table
+    printable = table[0x21:0x7F]
+    params[_P_PRINTABLE_PLAIN] = bool(((printable & 0xFFFFFFFF) == (NO_RULE & 0xFFFFFFFF)).all()
+                                      and ((printable >> 32) >= 0x80).all())
     if not user:
         return params, charsmap_strings
     params[_P_USER] = table_end
@@ -214,6 +221,11 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
     skip it while leading spaces are dropped, before the dummy prefix and with user
     pieces (each position must try those first).
     """
+    # Printable ASCII but the space, a word (8 bytes) at a time where the charsmap
+    # leaves all of it as it is (``_P_PRINTABLE_PLAIN``), up to the first other byte or
+    # the last before a byte of 0x80 or more (a longer key may start there).
+    blocks = escape and params[_P_PRINTABLE_PLAIN] != 0
+    block_cap = out_bytes.shape[0] - 8
     while pos < n and o <= cap:
         if escape:
             # ASCII, spaces escaped: branch-free on whether a character is a space (on
@@ -222,6 +234,18 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
             # writes itself and advances 1; the two bytes after it are overwritten by
             # what follows (``cap`` leaves room for them).
             while pos < n and o <= cap:
+                if blocks and pos + 9 <= n and o <= block_cap:
+                    word = load_u64(src, pos)
+                    run = leading_run(outside_printable(word, 0x21) | high_bits(load_u64(src, pos + 1)))
+                    store_u64(out_bytes, o, word)  # the bytes past the run are written over later
+                    for k in range(run):
+                        set_origin(out_origin, o + k, pos + k, pos + k + 1)
+                    o += run
+                    pos += run
+                    if run > 0:
+                        is_prev_space = False
+                    if pos >= n or o > cap:
+                        break
                 b = np.int64(src[pos])
                 if b >= 0x80:
                     break

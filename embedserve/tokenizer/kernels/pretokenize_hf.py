@@ -25,6 +25,7 @@ import numpy as np
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8
 from embedserve.tokenizer.kernels.origins import origin_end, origin_start, set_origin
+from embedserve.tokenizer.kernels.swar import leading_run, load_u64, outside_printable, store_u64
 from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL
 
 # Slots of normalize_hf's int64 params that this module reads.
@@ -73,6 +74,7 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
     rep_len = params[P_REP_LEN]
     rep_first = params[P_REP]
     collapse_spaces = params[P_COLLAPSE_SPACES] != 0
+    block_copy = rep_first >= 0x80  # an ASCII replacement character would end a block
     w, n_words, word_start = 0, 0, 0
     in_piece = False
     i = s
@@ -84,6 +86,19 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             # ASCII (is_rust_whitespace) starts with C2 (U+0085, U+00A0), E1 (U+1680),
             # E2 (U+2000-U+205F) or E3 (U+3000), so a character that starts with none
             # of them is copied without decoding it.
+            # Printable ASCII but the space a word (8 bytes) at a time, up to the first
+            # other byte (buf is read at or past ``limit`` and written below it, so the
+            # two never meet).
+            while block_copy and i + 8 <= e and w + 8 <= limit:
+                word = load_u64(buf, i)
+                run = leading_run(outside_printable(word, 0x21))
+                store_u64(buf, w, word)  # the bytes past the run are written over later
+                for k in range(run):
+                    set_origin(origin, w + k, origin_start(origin, i + k), origin_end(origin, i + k))
+                w += run
+                i += run
+                if run < 8:
+                    break
             while i < e:
                 b = buf[i]
                 if b < 0x80:

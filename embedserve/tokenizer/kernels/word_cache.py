@@ -36,6 +36,7 @@ from numba.extending import intrinsic
 
 from embedserve.tokenizer.huge_pages import huge_page_zeros
 from embedserve.tokenizer.kernel_cache import cached_njit
+from embedserve.tokenizer.kernels.swar import load_u64
 
 MAX_WORD_BYTES = 24  # longer words skip the cache
 WAYS = 4  # records per set: four adjacent cache lines, all loaded by one prefetch
@@ -166,7 +167,7 @@ def word_hash(text, start, end):
     for k in range(MAX_WORD_BYTES // 8):
         left = min(max(n - 8 * k, 0), 8)
         if direct:
-            chunk = _load_u64(text, start + 8 * k)
+            chunk = load_u64(text, start + 8 * k)
         else:
             chunk = np.uint64(0)
             for b in range(left):
@@ -174,17 +175,6 @@ def word_hash(text, start, end):
         h = (h ^ (chunk & _CHUNK_MASKS[left])) * _FNV_PRIME
     h = (h ^ (h >> np.uint64(31))) * _MIX
     return h ^ (h >> np.uint64(29))
-
-
-@intrinsic
-def _load_u64(typingctx, array, index):
-    """The 8 bytes of a uint8 array from ``index`` on, as a little-endian uint64 (an
-    unaligned load; the caller keeps index + 8 within the array)."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
-        return builder.load(address, align=1)
-    return types.uint64(array, index), codegen
 
 
 @intrinsic
