@@ -264,16 +264,30 @@ def stream_to_reference(ours, reference, texts: list[str]) -> dict[str, float]:
     first ("cold") and without one ("off"): two fresh copies of ``ours`` and the reference
     take turns on each text, the three in rotating order (reference, cold, off; cold, off,
     reference; off, reference, cold), so each is first, second and third on a third of the
-    texts. The estimate per copy is the geometric mean of the three orders' median
+    texts. The estimate per copy is the geometric mean of the three orders' medians of
     per-text ratios (the second and third call on a text run a little faster: they find
     the text and the rows of the trie it walks in cache).
+
+    The stream runs twice, the copies built cold first, then off first, and each copy's
+    figure is the geometric mean of the two: on this project's VM hosts the copy built
+    first of two read 3-10 % slower than the other, also when both are identical copies
+    without a cache, and a fresh copy of its trie alone made it as fast (docs/tokenizer.md).
 
     One stream, not one each: measured a stream apart (minutes, on a host whose speed
     drifts), cold read 3-6 % slower than off; in one stream the tokenizer that skips its
     cold table for 97 % of the texts measured 1.5-3 % slower, the cost of its probes
     (docs/tokenizer.md)."""
-    cold, off = type(ours)(ours.spec), type(ours)(ours.spec, word_cache_slots=0)
-    for copy in (cold, off):
+    passes = [_stream_pass(ours, reference, texts, cold_first) for cold_first in (True, False)]
+    return {name: math.sqrt(passes[0][name] * passes[1][name]) for name in ("cold", "off")}
+
+
+def _stream_pass(ours, reference, texts: list[str], cold_first: bool) -> dict[str, float]:
+    """One stream of ``stream_to_reference``, its two copies built in the order given."""
+    if cold_first:
+        cold, off = type(ours)(ours.spec), type(ours)(ours.spec, word_cache_slots=0)
+    else:
+        off, cold = type(ours)(ours.spec, word_cache_slots=0), type(ours)(ours.spec)
+    for copy in (cold, off) if cold_first else (off, cold):
         copy.encode(texts[0])  # bound before the stream starts
     cold.clear_word_cache()
     calls = (("ref", reference), ("cold", cold.encode), ("off", off.encode))
