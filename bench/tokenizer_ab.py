@@ -122,31 +122,62 @@ def main(argv: list[str] | None = None) -> int:
     from embedserve.tokenizer.spec import Compat
 
     modes: tuple[tuple[Compat, str], ...] = (("sentencepiece", "sentencepiece.bpe.model"), ("hf", "tokenizer.json"))
+    unbiased: dict[str, list[float]] = {}
     for compat, name in modes:
-        before = Before.from_file(args.data / "xlmr" / name, compat=compat)
-        after = After.from_file(args.data / "xlmr" / name, compat=compat)
-        for text in texts:  # warm, and the same ids
-            if before.encode(text).tolist() != after.encode(text).tolist():
-                raise SystemExit(f"{compat}: before and after differ on {text[:40]!r}")
-        load = os.getloadavg()[0]
-        row(compat, load, paired_ratios(before.encode, after.encode, reference, texts, args.passes))
-        # Text the caches have not seen: what a word cache costs where it cannot pay.
-        before.clear_word_cache()
-        after.clear_word_cache()
-        load = os.getloadavg()[0]
-        row(f"{compat}, stream", load, paired_ratios(before.encode, after.encode, reference, lines, 1))
-        before.clear_word_cache()
-        after.clear_word_cache()
-        load = os.getloadavg()[0]
-        row(f"{compat}, stream 512", load, paired_ratios(before.encode, after.encode, reference, texts, 1))
-        before_off = Before.from_file(args.data / "xlmr" / name, compat=compat, word_cache_slots=0)
-        after_off = After.from_file(args.data / "xlmr" / name, compat=compat, word_cache_slots=0)
-        before_off.encode(texts[0])
-        after_off.encode(texts[0])
-        load = os.getloadavg()[0]
-        row(f"{compat}, stream 512, cache off", load,
-            paired_ratios(before_off.encode, after_off.encode, reference, texts, 1))
+        for first in ("before", "after"):
+            for label, r in version_rows(Before, After, args.data / "xlmr" / name, compat, first, texts, lines,
+                                         reference, args.passes):
+                unbiased.setdefault(label, []).append(r["unbiased"])
+    print("\nafter/before (unbiased) with each version's tokenizer built first, and their geometric mean:\n")
+    print("| rows | before built first | after built first | mean |")
+    print("|---|---:|---:|---:|")
+    for label, (before_first, after_first) in unbiased.items():
+        print(f"| {label} | {before_first:.3f} | {after_first:.3f} | {math.sqrt(before_first * after_first):.3f} |")
     return 0
+
+
+def version_rows(Before, After, path: Path, compat, first: str, texts: list[str], lines: list[str],  # noqa: N803
+                 reference, passes: int):
+    """One mode's rows, the two versions' tokenizers built ``first`` ("before" or "after")
+    first: on this project's VM hosts the tokenizer built first of two identical ones
+    read 3-10 % slower (docs/tokenizer.md), so ``main`` runs each order and reports both.
+    Yields (rows' label, paired_ratios result) after printing each row."""
+    def build(**options):
+        if first == "before":
+            before = Before.from_file(path, compat=compat, **options)
+            return before, After.from_file(path, compat=compat, **options)
+        after = After.from_file(path, compat=compat, **options)
+        return Before.from_file(path, compat=compat, **options), after
+
+    before, after = build()
+    for text in texts:  # warm, and the same ids
+        if before.encode(text).tolist() != after.encode(text).tolist():
+            raise SystemExit(f"{compat}: before and after differ on {text[:40]!r}")
+    tag = f"{first} built first"
+    load = os.getloadavg()[0]
+    r = paired_ratios(before.encode, after.encode, reference, texts, passes)
+    row(f"{compat} ({tag})", load, r)
+    yield compat, r
+    # Text the caches have not seen: what a word cache costs where it cannot pay.
+    before.clear_word_cache()
+    after.clear_word_cache()
+    load = os.getloadavg()[0]
+    r = paired_ratios(before.encode, after.encode, reference, lines, 1)
+    row(f"{compat}, stream ({tag})", load, r)
+    yield f"{compat}, stream", r
+    before.clear_word_cache()
+    after.clear_word_cache()
+    load = os.getloadavg()[0]
+    r = paired_ratios(before.encode, after.encode, reference, texts, 1)
+    row(f"{compat}, stream 512 ({tag})", load, r)
+    yield f"{compat}, stream 512", r
+    before_off, after_off = build(word_cache_slots=0)
+    before_off.encode(texts[0])
+    after_off.encode(texts[0])
+    load = os.getloadavg()[0]
+    r = paired_ratios(before_off.encode, after_off.encode, reference, texts, 1)
+    row(f"{compat}, stream 512, cache off ({tag})", load, r)
+    yield f"{compat}, stream 512, cache off", r
 
 
 def row(name: str, load: float, r: dict) -> None:
