@@ -66,8 +66,13 @@ CONTROL = "".join(chr(c) for c in list(range(0, 32)) + list(range(0x7f, 0xa0)))
 # What ends a run of printable ASCII that the normalizers copy 8 bytes at a time
 # (kernels/swar.py): spaces, controls, DEL, characters with a charsmap rule, combining
 # marks that join the byte before, multi-byte characters; and printable ones that do not.
+# Also where a charsmap key longer than one character may or may not go on
+# (charsmap.bmp_char_table's bounds).
 BLOCK_BREAKERS = [" ", "  ", "\t", "\r\n", "\x00", "\x1f", "\x7f", "e\u0301", "A\u0300", "\u00a0", "Ａ", "é",
-                  "ﬁ", "😀", "~", "!"]
+                  "ﬁ", "😀", "~", "!",
+                  # Letters that a combining mark composes with (longer charsmap keys), followed
+                  # by the mark and by another letter (whose lead byte is above the mark's).
+                  "е\u0308", "и\u0306й", "ёжик", "ии\u0306"]
 
 
 def block_edge_texts(breakers: Sequence[str]) -> list[str]:

@@ -100,6 +100,33 @@ def shortest_match(units: np.ndarray, src: np.ndarray, start: int, end: int) -> 
 
 
 NO_LONGER_KEY = 256  # first-byte bound when no longer key starts with the character
+_NEXT_MIN_SHIFT, _NEXT_MAX_SHIFT = 32, 48
+
+
+@nb.njit(inline="always")
+def rule_of(entry: int) -> int:
+    """The rule of a ``bmp_char_table`` entry: the replacement of the key that is exactly
+    its character, NO_RULE if none."""
+    return np.int64(np.int32(entry & 0xFFFFFFFF))  # type: ignore[return-value]  # numba: int64 is its int
+
+
+@nb.njit(inline="always")
+def may_go_on(entry: int, byte: int) -> bool:
+    """Whether a key longer than the character of ``bmp_char_table`` entry ``entry`` may
+    go on with ``byte`` (the byte after the character); if not, the entry alone is the
+    longest match there."""
+    return ((entry >> _NEXT_MIN_SHIFT) & 0x1FF) <= byte <= ((entry >> _NEXT_MAX_SHIFT) & 0xFF)
+
+
+@nb.njit(inline="always")
+def has_longer_key(entry: int) -> bool:
+    """Whether any key longer than the entry's character starts with it."""
+    return ((entry >> _NEXT_MIN_SHIFT) & 0x1FF) != NO_LONGER_KEY
+
+
+def table_entry(rule: int, next_min: int = NO_LONGER_KEY, next_max: int = 0) -> int:
+    """A ``bmp_char_table`` entry (for comparisons: no longer key is the defaults)."""
+    return (next_max << _NEXT_MAX_SHIFT) | (next_min << _NEXT_MIN_SHIFT) | (rule & 0xFFFFFFFF)
 
 
 @cached_njit()
@@ -121,19 +148,24 @@ def _encode_cp(cp: int, buf: np.ndarray) -> int:
 def bmp_char_table(units: np.ndarray) -> np.ndarray:
     """Per BMP code point: what a longest match starting with it is, when that is knowable.
 
-    Entry = rule | (next_min << 32): ``rule`` is the replacement offset of a key that
-    is exactly this character (NO_RULE if none); ``next_min`` is the smallest first
-    byte of the continuation of any LONGER key starting with this character
-    (NO_LONGER_KEY if none). If the byte after the character is below ``next_min``, the
-    longest match is decided by this entry alone, without walking the trie.
+    Entry = rule | next_min << 32 | next_max << 48: ``rule`` is the replacement offset of
+    a key that is exactly this character (NO_RULE if none; ``rule_of``); ``next_min`` and
+    ``next_max`` the smallest and largest first byte of the continuation of any LONGER
+    key starting with this character (NO_LONGER_KEY and 0 if none). If the byte after the
+    character is outside them (``may_go_on``), the longest match is decided by this entry
+    alone, without walking the trie. Both bounds, not the smallest alone: a Cyrillic
+    letter that a combining mark composes with (е + U+0308) has longer keys from byte
+    0xCC, and the next letter's lead byte (0xD0, 0xD1) is above it, so with the lower
+    bound alone nearly every Cyrillic character walked the trie.
     """
     table = np.empty(0x10000, np.int64)
     buf = np.zeros(4, np.uint8)
     for cp in range(0x10000):
         rule = NO_RULE
         next_min = NO_LONGER_KEY
+        next_max = 0
         if 0xD800 <= cp < 0xE000 or units.shape[0] == 0:
-            table[cp] = (np.int64(next_min) << 32) | (rule & 0xFFFFFFFF)
+            table[cp] = (np.int64(next_min) << _NEXT_MIN_SHIFT) | (rule & 0xFFFFFFFF)
             continue
         n = _encode_cp(cp, buf)
         node = _offset(units[0])
@@ -154,5 +186,11 @@ def bmp_char_table(units: np.ndarray) -> np.ndarray:
                 if child < units.shape[0] and _label(units[child]) == c:
                     next_min = c  # type: ignore[assignment]  # numba: one int64 type
                     break
-        table[cp] = (np.int64(next_min) << 32) | (np.int64(rule) & 0xFFFFFFFF)
+            for c in range(255, next_min - 1, -1):  # type: ignore[assignment]  # numba: one int type
+                child = node ^ c
+                if child < units.shape[0] and _label(units[child]) == c:
+                    next_max = c  # type: ignore[assignment]  # numba: one int64 type
+                    break
+        table[cp] = ((np.int64(next_max) << _NEXT_MAX_SHIFT) | (np.int64(next_min) << _NEXT_MIN_SHIFT)
+                     | (np.int64(rule) & 0xFFFFFFFF))
     return table

@@ -28,7 +28,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from embedserve.tokenizer.formats.charsmap import NO_LONGER_KEY, NO_RULE, bmp_char_table, shortest_match
+from embedserve.tokenizer.formats.charsmap import (
+    NO_RULE,
+    bmp_char_table,
+    has_longer_key,
+    rule_of,
+    shortest_match,
+    table_entry,
+)
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
 from embedserve.tokenizer.kernels.origins import origin_end, origin_rows, origin_start, set_origin
@@ -69,7 +76,7 @@ _STEP_PRECOMPILED, _STEP_STRIP = 1, 2  # the Replace kinds: replace_hf.STEP_REPL
 _NUL = 0
 _WHOLE_CLUSTER_LIMIT = 6  # clusters shorter than this (in bytes) are looked up whole
 # The bmp_char_table entry of a character that no key starts with.
-_PLAIN_CHAR = (NO_LONGER_KEY << 32) | (NO_RULE & 0xFFFFFFFF)
+_PLAIN_CHAR = table_entry(NO_RULE)
 # Replace(" {2,}", " ") as the last step (XLM-R's) is left to pretokenize_hf.py.
 _COLLAPSE_SPACES = ("replace_run", " ", 2, " ")
 
@@ -94,7 +101,7 @@ def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
     params[_P_N_STEPS] = len(steps)
     table = bmp_char_table(charsmap_units)
     params[_P_TABLE:_P_STEPS] = table.tolist()
-    params[_P_PRINTABLE_PLAIN] = int(bool(((table[0x20:0x7F] & 0xFFFFFFFF) == (NO_RULE & 0xFFFFFFFF)).all()))
+    params[_P_PRINTABLE_PLAIN] = int(all(rule_of(entry) == NO_RULE for entry in table[0x20:0x7F].tolist()))
     for step in steps:
         params.extend(_encode_step(step))
     return np.asarray(params, np.int64)
@@ -156,7 +163,7 @@ def _first_match(units, params, buf, start, end, cp, n):
     if cp < 0x10000:
         entry = params[_P_TABLE + cp]
         rule = np.int64(np.int32(entry & 0xFFFFFFFF))
-        if rule != NO_RULE or end == start + n or (entry >> 32) == NO_LONGER_KEY:
+        if rule != NO_RULE or end == start + n or not has_longer_key(entry):
             return rule
     return shortest_match(units, buf, start, end)[1]
 

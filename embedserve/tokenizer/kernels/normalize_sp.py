@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match
+from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match, may_go_on, rule_of
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.branchless import unpredictable_select
 from embedserve.tokenizer.kernels.origins import set_origin
@@ -52,9 +52,8 @@ def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray,
     params[_P_ESCAPE] = spec.escape_whitespaces
     table = bmp_char_table(charsmap_units)
     params[_P_TABLE:table_end] = table
-    printable = table[0x21:0x7F]
-    params[_P_PRINTABLE_PLAIN] = bool(((printable & 0xFFFFFFFF) == (NO_RULE & 0xFFFFFFFF)).all()
-                                      and ((printable >> 32) >= 0x80).all())
+    params[_P_PRINTABLE_PLAIN] = all(rule_of(entry) == NO_RULE and not may_go_on(entry, byte)
+                                     for entry in table[0x21:0x7F].tolist() for byte in range(0x80))
     if not user:
         return params, charsmap_strings
     params[_P_USER] = table_end
@@ -136,8 +135,8 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
             else:
                 cp = ((b & 0x0F) << 12) | ((np.int64(src[pos + 1]) & 0x3F) << 6) | (np.int64(src[pos + 2]) & 0x3F)
             entry = params[_P_TABLE + cp]
-            if pos + length == n or np.int64(src[pos + length]) < (entry >> 32):
-                value = np.int64(np.int32(entry & 0xFFFFFFFF))  # type: ignore[assignment]  # numba: one int type
+            if pos + length == n or not may_go_on(entry, np.int64(src[pos + length])):
+                value = rule_of(entry)
         if value == _NOT_LOOKED_UP:  # no table answer: walk the trie
             match, found = longest_match(units, src, pos, n)
             value = NO_RULE
@@ -252,7 +251,7 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
                 entry = params[_P_TABLE + b]
                 if np.int32(entry & 0xFFFFFFFF) != NO_RULE:
                     break
-                if pos + 1 < n and np.int64(src[pos + 1]) >= (entry >> 32):
+                if pos + 1 < n and may_go_on(entry, np.int64(src[pos + 1])):
                     break  # a longer key may match: the trie decides
                 is_space = b == _SPACE
                 out_bytes[o] = unpredictable_select(is_space, np.int64(0xE2), b)
@@ -285,7 +284,7 @@ def _copy_plain_run(src, pos, n, params, out_bytes, out_origin, o, cap, escape, 
         entry = params[_P_TABLE + cp]
         if np.int32(entry & 0xFFFFFFFF) != NO_RULE:
             break
-        if pos + length < n and np.int64(src[pos + length]) >= (entry >> 32):
+        if pos + length < n and may_go_on(entry, np.int64(src[pos + length])):
             break  # a longer key may match: the trie decides
         if b == _SPACE:
             if not is_prev_space:
