@@ -159,18 +159,13 @@ def version_rows(Before, After, path: Path, compat, first: str, texts: list[str]
     row(f"{compat} ({tag})", load, r)
     yield compat, r
     # Text the caches have not seen: what a word cache costs where it cannot pay.
-    before.clear_word_cache()
-    after.clear_word_cache()
-    load = os.getloadavg()[0]
-    r = paired_ratios(before.encode, after.encode, reference, lines, 1)
-    row(f"{compat}, stream ({tag})", load, r)
-    yield f"{compat}, stream", r
-    before.clear_word_cache()
-    after.clear_word_cache()
-    load = os.getloadavg()[0]
-    r = paired_ratios(before.encode, after.encode, reference, texts, 1)
-    row(f"{compat}, stream 512 ({tag})", load, r)
-    yield f"{compat}, stream 512", r
+    for label, stream in ((f"{compat}, stream", lines), (f"{compat}, stream 512", texts)):
+        before.clear_word_cache()
+        after.clear_word_cache()
+        load = os.getloadavg()[0]
+        r = paired_ratios(before.encode, after.encode, reference, stream, 1)
+        row(f"{label} ({tag})", load, r)
+        yield label, r
     before_off, after_off = build(word_cache_slots=0)
     before_off.encode(texts[0])
     after_off.encode(texts[0])

@@ -296,6 +296,8 @@ def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin
             # cluster matches no key, so each character is looked up alone, as in
             # _precompiled_cluster; written out here, as that call cost ~60 ns a cluster
             # (reference counts on its arrays) and decoded each character twice more.
+            # Apart from the one-character path above, not merged with it: one loop for
+            # both made this function 20 % slower on the stream texts (3.0 -> 3.7 ms).
             while i < j:
                 cp, n = decode_utf8(src, i)
                 rule = _first_match(units, params, src, i, i + n, cp, n)
