@@ -1,6 +1,6 @@
 """``--dtype int8`` against bfloat16 on the CPU: step throughput and closeness to float32.
 
-``python -m bench int8 [--model DIR] [--batch 32] [--tokens 512] [--rounds 5] [--texts 200]``
+``python -m bench int8 [--model DIR] [--batch 32] [--tokens 512] [--rounds 5] [--texts 200] [--without-amx]``
 
 Loads the model three times in process as a replica would (``load_engine``:
 float32, bfloat16, int8 with its calibration), then
@@ -48,9 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's thread count (default: torch's). With 1 on a busy machine the "
                              "process CPU time of each step is a steadier figure than the wall time")
+    parser.add_argument("--without-amx", action="store_true",
+                        help="on a CPU with AMX, run the paths of one without (AMD Zen 4's: AVX512-BF16 "
+                             "and VNNI): bench/without_amx.py")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
+    if args.without_amx:
+        from bench.without_amx import hide_amx
+        hide_amx()
     import torch
 
     from bench.quantized_recall import embed_texts
@@ -85,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_median = {dtype: statistics.median(values) for dtype, values in cpu_times.items()}
     result: dict[str, object] = {
         "model": model_dir.name, "int8_reason": info.dtype_reason, "shape": f"{args.batch} x {tokens}",
+        "amx": "hidden (--without-amx)" if args.without_amx else "as the CPU has it",
         "threads": torch.get_num_threads(), "load_average": [round(value, 2) for value in loads],
         "step_ms": {dtype: round(value * 1e3, 1) for dtype, value in median.items()},
         "int8_speedup_vs_bf16": round(median["bfloat16"] / median["int8"], 3),
