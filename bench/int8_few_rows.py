@@ -119,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench int8_few_rows", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=41, help="timed calls per contender and size")
+    parser.add_argument("--without-amx", action="store_true",
+                        help="on a CPU with AMX, run the paths of one without (Zen 4's): bench/without_amx.py")
     args = parser.parse_args(argv)
 
+    if args.without_amx:
+        from bench.without_amx import hide_amx
+        hide_amx()
     import torch
 
     from embedserve.engine import int8_linear

@@ -135,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--idle-ms", default="0", help="idle gaps before each step, ms, comma-separated "
                         "(default: 0, back to back)")
+    parser.add_argument("--without-amx", action="store_true",
+                        help="on a CPU with AMX, run the paths of one without (Zen 4's): bench/without_amx.py")
     args = parser.parse_args(argv)
 
+    if args.without_amx:
+        from bench.without_amx import hide_amx
+        hide_amx()
     import torch
 
     from embedserve.defaults.build import ensure_default_model
