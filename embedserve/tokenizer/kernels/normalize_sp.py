@@ -26,8 +26,8 @@ from embedserve.tokenizer.spec import SCRATCH_TOO_SMALL, PieceKind, TokenizerSpe
 # user-defined section start (0: none), whether every printable ASCII character but the
 # space is copied as it is whatever ASCII follows (no key is it, or starts with it and
 # goes on in ASCII)] followed by charsmap.bmp_char_table (65536
-# entries): per BMP code point the longest match it starts, valid when the next byte is
-# below the entry's ``next_min``. The user-defined section (at U): U[b]..U[b + 1] are
+# entries): per BMP code point the longest match it starts, valid when no longer key
+# may go on with the next byte (``charsmap.may_go_on``). The user-defined section (at U): U[b]..U[b + 1] are
 # the entries of the pieces whose first byte is b (257 bounds), then the entries, two
 # int64 each (offset of the piece in the strings array, its byte length), longest first
 # within a first byte. The pieces' bytes are appended to the charsmap strings,
