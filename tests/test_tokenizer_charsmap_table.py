@@ -19,9 +19,11 @@ from embedserve.tokenizer.formats.charsmap import (
     bmp_char_table,
     has_longer_key,
     longest_match,
+    lowest_continuations,
     may_go_on,
     parse_charsmap,
     rule_of,
+    table_rules,
 )
 from embedserve.tokenizer.formats.charsmap_writer import build_charsmap
 
@@ -51,7 +53,7 @@ def _disagreements(units, table, code_points):
                 buf[k] = 0x80  # continuation bytes: whatever the byte starts, it goes on
             length, value = longest_match(units, buf, 0, 8)
             expected = (n, rule_of(entry)) if rule_of(entry) != NO_RULE else (0, NO_RULE)
-            if (length, value) != expected and not (rule_of(entry) == NO_RULE and length == 0):
+            if (length, value) != expected:
                 found.append((cp, byte))
     return found, decided
 
@@ -101,3 +103,13 @@ def test_the_bounds_are_the_first_bytes_of_the_longer_keys_continuations():
         if goes_on:
             assert [byte for byte in range(256) if may_go_on(entry, byte)] == \
                 list(range(min(goes_on), max(goes_on) + 1)), hex(cp)
+
+
+def test_the_bulk_readings_are_the_entrys_own():
+    units, _ = parse_charsmap(build_charsmap(RULES))
+    table = bmp_char_table(units)
+    assert table_rules(table).tolist() == [rule_of(entry) for entry in table.tolist()]
+    lowest = lowest_continuations(table).tolist()
+    for entry, low in zip(table.tolist(), lowest, strict=True):
+        assert not any(may_go_on(entry, byte) for byte in range(low if low < 256 else 256))
+        assert low == 256 or may_go_on(entry, low)

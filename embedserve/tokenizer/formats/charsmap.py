@@ -124,6 +124,17 @@ def has_longer_key(entry: int) -> bool:
     return ((entry >> _NEXT_MIN_SHIFT) & 0x1FF) != NO_LONGER_KEY
 
 
+def table_rules(entries: np.ndarray) -> np.ndarray:
+    """``rule_of`` each of ``bmp_char_table`` entries, at once (int64)."""
+    return (entries & 0xFFFFFFFF).astype(np.uint32).view(np.int32).astype(np.int64)
+
+
+def lowest_continuations(entries: np.ndarray) -> np.ndarray:
+    """Per ``bmp_char_table`` entry, the smallest first byte a longer key goes on with
+    (NO_LONGER_KEY where none does): no byte below it can go on (``may_go_on``)."""
+    return (entries >> _NEXT_MIN_SHIFT) & 0x1FF
+
+
 def table_entry(rule: int, next_min: int = NO_LONGER_KEY, next_max: int = 0) -> int:
     """A ``bmp_char_table`` entry (for comparisons: no longer key is the defaults)."""
     return (next_max << _NEXT_MAX_SHIFT) | (next_min << _NEXT_MIN_SHIFT) | (rule & 0xFFFFFFFF)

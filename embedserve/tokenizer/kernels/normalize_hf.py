@@ -35,6 +35,7 @@ from embedserve.tokenizer.formats.charsmap import (
     rule_of,
     shortest_match,
     table_entry,
+    table_rules,
 )
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
@@ -101,7 +102,7 @@ def hf_params(spec: TokenizerSpec, charsmap_units: np.ndarray) -> np.ndarray:
     params[_P_N_STEPS] = len(steps)
     table = bmp_char_table(charsmap_units)
     params[_P_TABLE:_P_STEPS] = table.tolist()
-    params[_P_PRINTABLE_PLAIN] = int(all(rule_of(entry) == NO_RULE for entry in table[0x20:0x7F].tolist()))
+    params[_P_PRINTABLE_PLAIN] = int((table_rules(table[0x20:0x7F]) == NO_RULE).all())
     for step in steps:
         params.extend(_encode_step(step))
     return np.asarray(params, np.int64)
@@ -173,7 +174,7 @@ def _all_ruleless(params, src, i, j):
     """Whether each character of src[i:j] is in the BMP and is no key by itself."""
     while i < j:
         cp, n = decode_utf8(src, i)
-        if cp >= 0x10000 or np.int32(params[_P_TABLE + cp] & 0xFFFFFFFF) != NO_RULE:
+        if cp >= 0x10000 or rule_of(params[_P_TABLE + cp]) != NO_RULE:
             return False
         i += n
     return True

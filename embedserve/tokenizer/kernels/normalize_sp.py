@@ -15,7 +15,15 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from embedserve.tokenizer.formats.charsmap import NO_RULE, bmp_char_table, longest_match, may_go_on, rule_of
+from embedserve.tokenizer.formats.charsmap import (
+    NO_RULE,
+    bmp_char_table,
+    longest_match,
+    lowest_continuations,
+    may_go_on,
+    rule_of,
+    table_rules,
+)
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.branchless import unpredictable_select
 from embedserve.tokenizer.kernels.origins import set_origin
@@ -52,8 +60,9 @@ def sp_params(spec: TokenizerSpec, charsmap_units: np.ndarray,
     params[_P_ESCAPE] = spec.escape_whitespaces
     table = bmp_char_table(charsmap_units)
     params[_P_TABLE:table_end] = table
-    params[_P_PRINTABLE_PLAIN] = all(rule_of(entry) == NO_RULE and not may_go_on(entry, byte)
-                                     for entry in table[0x21:0x7F].tolist() for byte in range(0x80))
+    printable = table[0x21:0x7F]
+    params[_P_PRINTABLE_PLAIN] = bool((table_rules(printable) == NO_RULE).all()
+                                      and (lowest_continuations(printable) >= 0x80).all())
     if not user:
         return params, charsmap_strings
     params[_P_USER] = table_end
