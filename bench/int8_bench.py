@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.reference_data import DEFAULT_DATA_DIR, read_xquad
+from bench.without_amx import add_option, apply
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -48,15 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's thread count (default: torch's). With 1 on a busy machine the "
                              "process CPU time of each step is a steadier figure than the wall time")
-    parser.add_argument("--without-amx", action="store_true",
-                        help="on a CPU with AMX, run the paths of one without (AMD Zen 4's: AVX512-BF16 "
-                             "and VNNI): bench/without_amx.py")
+    add_option(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    if args.without_amx:
-        from bench.without_amx import hide_amx
-        hide_amx()
+    apply(args)
     import torch
 
     from bench.quantized_recall import embed_texts

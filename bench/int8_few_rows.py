@@ -30,6 +30,7 @@ from unittest import mock
 import numpy as np
 
 from bench.native_kernels import alternating_medians, min_cosine
+from bench.without_amx import add_option, apply
 
 LAYERS = 12
 HIDDEN, INTERMEDIATE = 384, 1536
@@ -119,13 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench int8_few_rows", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=41, help="timed calls per contender and size")
-    parser.add_argument("--without-amx", action="store_true",
-                        help="on a CPU with AMX, run the paths of one without (Zen 4's): bench/without_amx.py")
+    add_option(parser)
     args = parser.parse_args(argv)
 
-    if args.without_amx:
-        from bench.without_amx import hide_amx
-        hide_amx()
+    apply(args)
     import torch
 
     from embedserve.engine import int8_linear

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.without_amx import add_option, apply
+
 
 def host() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -135,13 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--idle-ms", default="0", help="idle gaps before each step, ms, comma-separated "
                         "(default: 0, back to back)")
-    parser.add_argument("--without-amx", action="store_true",
-                        help="on a CPU with AMX, run the paths of one without (Zen 4's): bench/without_amx.py")
+    add_option(parser)
     args = parser.parse_args(argv)
 
-    if args.without_amx:
-        from bench.without_amx import hide_amx
-        hide_amx()
+    apply(args)
     import torch
 
     from embedserve.defaults.build import ensure_default_model

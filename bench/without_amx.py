@@ -12,6 +12,7 @@ says where the code stands, not what that host will read.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -26,3 +27,16 @@ def hide_amx() -> None:
     import torch
 
     torch.cpu._is_amx_tile_supported = lambda: False
+
+
+def add_option(parser: argparse.ArgumentParser) -> None:
+    """A bench's ``--without-amx`` flag; ``apply(args)`` acts on it."""
+    parser.add_argument("--without-amx", action="store_true",
+                        help="on a CPU with AMX, run the paths of one without (AMD Zen 4's: AVX512-BF16 "
+                             "and VNNI): bench/without_amx.py")
+
+
+def apply(args: argparse.Namespace) -> None:
+    """``hide_amx()`` where ``--without-amx`` was given (before the bench imports torch)."""
+    if args.without_amx:
+        hide_amx()
