@@ -171,3 +171,56 @@ def test_the_avx512_bf16_kernel_takes_the_pointer_loop_too(default_model_dir: Pa
             batch = Batch.from_sequences([row])
             ours, bar = engine.step(batch).wait(), general.step(batch).wait()
             assert cosines(ours, bar).min() >= 0.9999
+
+
+ONE_THREAD_STEPS = r"""
+import json, os, sys, threading
+import numpy as np, torch
+torch.set_num_threads(2)
+from embedserve.engine import Batch, Engine
+
+def native_not_python() -> int:
+    python = {t.native_id for t in threading.enumerate()}
+    return len([tid for tid in os.listdir("/proc/self/task") if int(tid) not in python])
+
+batch = Batch.from_sequences([[0, 3642, 47, 2, 6], [0, 1300, 19, 4, 5, 77, 2]])
+
+def on_a_new_thread(engine: Engine) -> tuple[list, int]:
+    # A thread that has run no OpenMP region: a region of two threads starts its worker.
+    out: list = []
+    def step() -> None:
+        before = native_not_python()
+        rows = engine.step(batch, inline=True).wait(60)
+        out.append((rows.tolist(), native_not_python() - before))
+    thread = threading.Thread(target=step)
+    thread.start()
+    thread.join(60)
+    return out[0]
+
+with (Engine.load(sys.argv[1], dtype="bfloat16", small_step_threads=1) as one,
+      Engine.load(sys.argv[1], dtype="bfloat16") as shared):
+    assert one._runner._small is not None and shared._runner._small is not None
+    rows_one, workers_one = on_a_new_thread(one)
+    rows_shared, workers_shared = on_a_new_thread(shared)
+    print(json.dumps({"same_rows": rows_one == rows_shared, "workers_one": workers_one,
+                      "workers_shared": workers_shared}))
+"""
+
+
+def test_small_steps_on_one_thread_wake_no_second_thread_and_give_the_same_rows(default_model_dir: Path) -> None:
+    """What a replica runs (scheduler/settings.py, REPLICA_SMALL_STEP_THREADS): the flat
+    loop's kernels on one thread start no OpenMP worker, where the same step on the
+    thread's two starts one; the rows are the same bits (the kernels split rows and
+    columns between threads, never a sum)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="2")
+    done = subprocess.run([sys.executable, "-c", ONE_THREAD_STEPS, str(default_model_dir)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"same_rows": True, "workers_one": 0, "workers_shared": 1}

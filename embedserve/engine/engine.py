@@ -112,7 +112,8 @@ class Engine:
              cuda_graphs: bool = True, cuda: CudaOptions | None = None,
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
              probe: DtypeProbe | None = None, small_steps: bool = True,
-             cpu_lanes: int | None = None, cpu_lane_nice: int = 0) -> Engine:
+             cpu_lanes: int | None = None, cpu_lane_nice: int = 0,
+             small_step_threads: int | None = None) -> Engine:
         """Load a Hugging Face model directory.
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
@@ -139,6 +140,8 @@ class Engine:
         many steps are computed side by side, sharing the cores (runners/thread_share.py);
         None: 2 where torch has 2 threads or more, else 1. cpu_lane_nice (CPU only): the
         lanes' threads run this much nicer than the process (a replica's: batch steps).
+        small_step_threads (CPU only): the threads the flat loop's steps run on (None:
+        the step's share of the cores, as every step's).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -158,7 +161,7 @@ class Engine:
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears,
                           "small_steps": small_steps, "cpu_lanes": cpu_lanes,
-                          "cpu_lane_nice": cpu_lane_nice}
+                          "cpu_lane_nice": cpu_lane_nice, "small_step_threads": small_step_threads}
         capability = cuda_capability(device)
         if dtype == AUTO:
             choice = auto_candidate(device, cuda_capability=capability)
@@ -253,7 +256,7 @@ class Engine:
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
                cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
                native_linears: bool, small_steps: bool = True, cpu_lanes: int | None = None,
-               cpu_lane_nice: int = 0) -> Engine:
+               cpu_lane_nice: int = 0, small_step_threads: int | None = None) -> Engine:
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -267,7 +270,7 @@ class Engine:
             elif fused_layers and isinstance(model, Gemma3Model):
                 pack_gemma3_linears(model, native_linears)   # the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets, small_steps=small_steps,
-                               lanes=cpu_lanes, lane_nice=cpu_lane_nice)
+                               lanes=cpu_lanes, lane_nice=cpu_lane_nice, small_step_threads=small_step_threads)
         return cls(model, info, runner)
 
     @property

@@ -30,6 +30,7 @@ from embedserve.scheduler.settings import (
     PREEMPT_BATCH_STEPS,
     REPLICA_DTYPES,
     REPLICA_LANE_NICE,
+    REPLICA_SMALL_STEP_THREADS,
     SchedulerSettings,
     default_max_batch_tokens,
 )
@@ -335,7 +336,8 @@ async def serve(settings: SchedulerSettings) -> int:
     engine = await asyncio.to_thread(load_engine, settings.model_dir, settings.device,
                                      settings.dtype, probe_min_cosine=settings.dtype_probe_min_cosine,
                                      cuda_graphs=settings.cuda_graphs, cuda=settings.cuda_options(),
-                                     cpu_lanes=settings.cpu_lanes, cpu_lane_nice=REPLICA_LANE_NICE)
+                                     cpu_lanes=settings.cpu_lanes, cpu_lane_nice=REPLICA_LANE_NICE,
+                                     small_step_threads=REPLICA_SMALL_STEP_THREADS)
     try:
         stop = asyncio.Event()
         server, port = await create_server(settings, engine, on_device_lost=stop.set)

@@ -52,7 +52,8 @@ def probe_tokens(model_dir: Path, texts: Sequence[str] = PROBE_TEXTS) -> RaggedB
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto", *,
                 probe_min_cosine: float = DEFAULT_PROBE_MIN_COSINE,
                 cuda_graphs: bool = True, cuda: CudaOptions | None = None,
-                cpu_lanes: int | None = None, cpu_lane_nice: int = 0) -> Engine:
+                cpu_lanes: int | None = None, cpu_lane_nice: int = 0,
+                small_step_threads: int | None = None) -> Engine:
     """``Engine.load`` with the probe of ``dtype="auto"`` (see engine/dtype_choice.py)."""
     from embedserve.engine import Engine
     from embedserve.engine.dtype_choice import DtypeProbe
@@ -61,4 +62,5 @@ def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = "auto"
     probe = DtypeProbe(lambda: probe_tokens(model_dir), probe_min_cosine,
                        calibration=lambda: probe_tokens(model_dir, CALIBRATION_TEXTS))
     return Engine.load(model_dir, device, dtype, cuda_graphs=cuda_graphs, cuda=cuda, probe=probe,
-                       cpu_lanes=cpu_lanes, cpu_lane_nice=cpu_lane_nice)
+                       cpu_lanes=cpu_lanes, cpu_lane_nice=cpu_lane_nice,
+                       small_step_threads=small_step_threads)

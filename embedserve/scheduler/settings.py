@@ -50,6 +50,14 @@ PREEMPT_BATCH_STEPS = True
 # get a core first when they want one (docs/priority.md, "Lanes": against 0, an
 # interactive query's p50 during a bulk job was 1.70x idle, over the target's 1.5x).
 REPLICA_LANE_NICE = 10
+# The threads a replica's steps of few tokens (the flat loop, engine/small_steps.py) run
+# on. A replica runs OpenMP teams on several threads (its event loop, the lanes, the
+# urgent thread), so libgomp lets each worker spin only ~100 turns before it sleeps on a
+# futex, and every region of a step wakes it through the kernel: a 6-token step spent
+# more waking its second thread than it saved (AMD EPYC family 26, one run: inference p50
+# 5.5 -> 4.2 ms for a steady stream of queries, 5.0 -> 3.8 ms with one every 50 ms;
+# BENCHMARKS.md). Larger steps keep every core.
+REPLICA_SMALL_STEP_THREADS = 1
 DEFAULT_DTYPE = "auto"
 
 

@@ -71,7 +71,7 @@ class CpuRunner:
 
     def __init__(self, model: Model, info: ModelInfo, attention: str | None = None,
                  token_buckets: bool = True, small_steps: bool = True, lanes: int | None = None,
-                 lane_nice: int = 0) -> None:
+                 lane_nice: int = 0, small_step_threads: int | None = None) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
@@ -83,6 +83,9 @@ class CpuRunner:
         heap.keep_freed_blocks()
         # Steps of few tokens in one flat loop where it covers the model (small_steps.py).
         self._small = SmallStepForward.for_model(model, info.pooling, attention) if small_steps else None
+        # The flat loop's threads (None: the step's share): a replica runs them on one
+        # (scheduler/settings.py, REPLICA_SMALL_STEP_THREADS says why).
+        self._small_threads = small_step_threads
         # The cores between the steps computed at once (thread_share.py): a step alone
         # gets them all; up to ``lanes`` steps run side by side, on a worker thread each.
         self._share = ThreadShare(torch.get_num_threads())
@@ -194,7 +197,10 @@ class CpuRunner:
 
     def _forward(self, batch: Batch) -> np.ndarray:
         if self._small is not None and self._small.covers(batch) and batch.key_lengths is None:
-            return self._small.run(batch)
+            if self._small_threads is None:
+                return self._small.run(batch)
+            with self._share.fixed(self._small_threads):   # torch's own ops in it too
+                return self._small.run(batch)
         return pooled_forward(*self._inputs(batch)).numpy()
 
     def _forward_with_states(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:

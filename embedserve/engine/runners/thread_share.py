@@ -87,6 +87,17 @@ class ThreadShare:
             torch.set_num_threads(share)
             self._last_set = share
 
+    @contextlib.contextmanager
+    def fixed(self, threads: int) -> Iterator[None]:
+        """This thread's team at ``threads`` inside (a replica's small steps: runners/cpu.py),
+        at its share again after."""
+        torch.set_num_threads(threads)
+        self._last_set = threads
+        try:
+            yield
+        finally:
+            self.fit()
+
     def install(self, model: nn.Module) -> int:
         """Refit before every transformer layer of ``model``; returns the layers hooked."""
         layers = transformer_layers(model)
