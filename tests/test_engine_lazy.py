@@ -38,20 +38,6 @@ def _engine_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("embedserve-engine")}
 
 
-def same_rows(got: np.ndarray, want: np.ndarray) -> None:
-    """The rows of one batch computed alone and computed while other steps run.
-
-    Not bit for bit: this float32 model's linears are MKL's GEMM, whose sums follow the
-    number of threads MKL picks for each call, and with MKL_DYNAMIC (its default) it picks
-    by what else is running: on an AMD EPYC family 26 host, steps computed two at a time
-    on the lanes (runners/cpu.py) gave rows ~1e-7 apart from the same steps alone, at
-    d6c296a too, whose CI had passed on an Intel Xeon (with MKL_NUM_THREADS=1 the bits
-    matched). A row of another batch, or of another place in this one, differs in its
-    first digits."""
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
 def batches(count: int, seed: int = 0) -> list[Batch]:
     rng = np.random.default_rng(seed)
     return [Batch.from_sequences([rng.integers(4, 250002, size=n).astype(np.int32)
@@ -67,7 +53,7 @@ def test_several_steps_in_flight_resolve_in_order(engine: Engine) -> None:
     for lazy, expected in zip(lazies, one_by_one):
         result = lazy.wait(timeout=60)
         assert lazy.ready()
-        same_rows(result, expected)
+        assert result.shape == expected.shape and np.array_equal(result, expected)
 
 
 def test_await_does_not_block_the_event_loop(engine: Engine) -> None:
@@ -95,7 +81,7 @@ def test_await_does_not_block_the_event_loop(engine: Engine) -> None:
     results, ticks_while_pending = asyncio.run(main())
     assert ticks_while_pending > 0
     for got, want in zip(results, expected):
-        same_rows(got, want)
+        assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("bad, message", BAD_BATCHES)
@@ -188,7 +174,7 @@ def test_an_inline_step_runs_after_the_steps_queued_before_it(engine: Engine) ->
     last = engine.step(work[-1], inline=True)
     assert last.ready() and all(lazy.ready() for lazy in queued)
     for lazy, want in zip([*queued, last], expected):
-        same_rows(lazy.wait(0), want)
+        assert np.array_equal(lazy.wait(0), want)
 
 
 @pytest.mark.parametrize("bad, message", BAD_BATCHES)
