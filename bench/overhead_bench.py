@@ -1,7 +1,8 @@
 """Stack overhead: what the gateway, gRPC and the scheduler add to a short query's compute.
 
     python -m bench overhead [--iterations 400] [--text "..."] [--client raw|http.client|httpx]
-                             [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...] [-- SERVE FLAGS]
+                             [--pause-ms MS] [--stack "DIR [VAR=VALUE ...] [--FLAG ...]" ...]
+                             [-- SERVE FLAGS]
 
 Starts ``embedserve serve --port 0`` (default model and settings unless flags
 follow ``--``) once per ``--stack``: a source tree put first on PYTHONPATH
@@ -11,7 +12,8 @@ extra serve flags for that stack alone (``--stack ". GOMP_SPINCOUNT=300000"``,
 ``POST /v1/embeddings`` over one keep-alive connection, one request at a time, to
 each stack in turn in blocks of ``--block`` requests, so background load on a shared
 machine hits every stack alike (``--stack /work/main --stack .`` is a before/after in
-one run).
+one run). ``--pause-ms 50`` sleeps that long before each measured request: sporadic
+queries, which find the stack's threads asleep (its OpenMP workers past their spin).
 
 The client (``--client raw``, default) is a bare socket with TCP_NODELAY that sends
 each request in one write, as curl, Go's net/http and hyper do for a small body: the
@@ -251,9 +253,11 @@ class Stack:
         """CPU seconds so far: the gateway (the serve process), its replicas together."""
         return cpu_seconds(self.process.pid), sum(map(cpu_seconds, child_pids(self.process.pid)))
 
-    def run_block(self, body: bytes, count: int) -> None:
+    def run_block(self, body: bytes, count: int, pause_s: float = 0.0) -> None:
         gateway_before, replicas_before = self.cpu()
         for _ in range(count):
+            if pause_s:
+                time.sleep(pause_s)
             self.query(body, record=True)
         gateway_after, replicas_after = self.cpu()
         self.gateway_cpu_s += gateway_after - gateway_before
@@ -364,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured requests per stack first")
     parser.add_argument("--block", type=int, default=20, help="requests per stack per turn")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="the query (default: one sentence)")
+    parser.add_argument("--pause-ms", type=float, default=0.0,
+                        help="asleep before each measured request, ms: sporadic queries, the stack's "
+                             "threads idle between them (default: 0, back to back)")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw",
                         help="the HTTP client (default: a bare socket, one write per request)")
     add_stack_arguments(parser)
@@ -383,14 +390,15 @@ def main(argv: list[str] | None = None) -> int:
         while done < args.iterations:
             count = min(args.block, args.iterations - done)
             for stack in stacks:
-                stack.run_block(body, count)
+                stack.run_block(body, count, args.pause_ms / 1e3)
             done += count
     finally:
         for stack in stacks:
             stack.close()
     load_after = os.getloadavg()
     hot_us, cold_us = idle_penalty(args.text)
-    print(f"overhead bench: {args.iterations} sequential requests per stack, {len(args.text)} chars, "
+    pause = f", {args.pause_ms:g} ms asleep before each" if args.pause_ms else ""
+    print(f"overhead bench: {args.iterations} sequential requests per stack{pause}, {len(args.text)} chars, "
           f"serve {' '.join(serve_flags) or '(defaults)'}, client {args.client}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"idle penalty of this machine: the same Python work (JSON, a tokenization) p50 "
