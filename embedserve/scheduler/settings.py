@@ -54,9 +54,9 @@ REPLICA_LANE_NICE = 10
 # on. A replica runs OpenMP teams on several threads (its event loop, the lanes, the
 # urgent thread), so libgomp lets each worker spin only ~100 turns before it sleeps on a
 # futex, and every region of a step wakes it through the kernel: a 6-token step spent
-# more waking its second thread than it saved (AMD EPYC family 26, one run: inference p50
-# 5.5 -> 4.2 ms for a steady stream of queries, 5.0 -> 3.8 ms with one every 50 ms;
-# BENCHMARKS.md). Larger steps keep every core.
+# more waking its second thread than it saved (AMD EPYC family 26, against two threads
+# in the same run: inference p50 4.6 -> 2.7 ms for queries back to back, 4.7 -> 3.9 ms
+# for one every 50 ms; BENCHMARKS.md, docs/engine.md). Larger steps keep every core.
 REPLICA_SMALL_STEP_THREADS = 1
 DEFAULT_DTYPE = "auto"
 
