@@ -21,24 +21,23 @@ import ctypes
 import os
 from pathlib import Path
 
-# mkl.h: MKL_CBWR_AUTO, MKL_CBWR_STRICT; mkl_cbwr_set returns MKL_CBWR_SUCCESS (0).
+# mkl.h: MKL_CBWR_AUTO, MKL_CBWR_STRICT.
 _CBWR_AUTO = 2
 _CBWR_STRICT = 0x10000
-_CBWR_SUCCESS = 0
 
 
-def keep_mkl_sums_reproducible() -> bool:
-    """Set MKL's strict reproducible mode in torch's own MKL (its ``libtorch_cpu.so``);
-    whether MKL took it."""
+def keep_mkl_sums_reproducible() -> None:
+    """Set MKL's strict reproducible mode in torch's own MKL (its ``libtorch_cpu.so``), where
+    it can (MKL refuses once it has run: the sums then stay as they were)."""
     if "MKL_CBWR" in os.environ:
-        return False
+        return
     import torch
 
     try:
         library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
         set_mode = library.mkl_serv_cbwr_set
     except (OSError, AttributeError):   # no such library, or an MKL-less build
-        return False
+        return
     set_mode.restype = ctypes.c_int
     set_mode.argtypes = [ctypes.c_int]
-    return bool(set_mode(_CBWR_AUTO | _CBWR_STRICT) == _CBWR_SUCCESS)
+    set_mode(_CBWR_AUTO | _CBWR_STRICT)

@@ -197,9 +197,8 @@ class CpuRunner:
 
     def _forward(self, batch: Batch) -> np.ndarray:
         if self._small is not None and self._small.covers(batch) and batch.key_lengths is None:
-            if self._small_threads is None:
-                return self._small.run(batch)
-            with self._share.fixed(self._small_threads):   # torch's own ops in it too
+            # A fixed team (torch's own ops in the step too), else the step's share.
+            with (self._share.fixed(self._small_threads) if self._small_threads else contextlib.nullcontext()):
                 return self._small.run(batch)
         return pooled_forward(*self._inputs(batch)).numpy()
 
