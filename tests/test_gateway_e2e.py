@@ -215,7 +215,10 @@ def test_dimensions_and_normalize(gateway, st_model):
 
 def test_tokenize_matches_hf_tokenizers(gateway, hf_tokenizer):
     # ("<s>" typed in text is plain text here by design; tokenizers would make it special.)
-    texts = ["Hello world", "naïve café — 東京 🙂", "Numbers 12,345.67 and symbols (#@!)"]
+    # The last three hit tokenizers' alignment rules (test_tokenizer_hf_offsets.py): a
+    # collapsed run of spaces, a prepended "▁" of its own, a leading control's shift.
+    texts = ["Hello world", "naïve café — 東京 🙂", "Numbers 12,345.67 and symbols (#@!)",
+             "    indented  twice", "tura", "\x01control first, \ufb01\x01x"]
     with gateway.client() as http:
         response = http.post("/tokenize", json={"inputs": texts})
     assert response.status_code == 200, response.text

@@ -109,11 +109,17 @@ def test_pipeline_variant_matches_tokenizers(name, tmp_path, tokenizer_cache_dir
     path = small_xlmr(xlmr_tokenizer_dir / "tokenizer.json", tmp_path, name, *VARIANTS[name])
     ours = Tokenizer.from_file(path, cache_dir=tokenizer_cache_dir)
     reference = tokenizers.Tokenizer.from_file(str(path))
-    expected = [e.ids for e in reference.encode_batch_fast(variant_texts)]
-    got = ours.encode_batch(variant_texts)
+    encoded = reference.encode_batch(variant_texts)  # (encode_batch_fast leaves offsets out)
+    expected = [e.ids for e in encoded]
+    got = ours.encode_batch(variant_texts, return_offsets=True)
     mismatches = [(t, got.sequence(i).tolist(), expected[i]) for i, t in enumerate(variant_texts)
                   if got.sequence(i).tolist() != expected[i]]
     assert not mismatches, f"{len(mismatches)} differ, e.g. {mismatches[:2]}"
+    # Character offsets as tokenizers aligns them (test_tokenizer_hf_offsets.py has its rules).
+    offsets = [(t, got.sequence_offsets(i).tolist(), [list(o) for o in encoded[i].offsets])
+               for i, t in enumerate(variant_texts)]
+    offsets = [case for case in offsets if case[1] != case[2]]
+    assert not offsets, f"offsets: {len(offsets)} differ, e.g. {offsets[:2]}"
     # encode() runs the normalizers without source ranges (kernels/origins.py) except
     # where the ids read them (prepend_scheme "first"); encode_batch keeps them.
     single = [(t, ours.encode(t).tolist(), expected[i]) for i, t in enumerate(variant_texts)

@@ -1,4 +1,4 @@
-"""compat="hf" is token-for-token equal to tokenizers==0.23.3 loading the same file.
+"""compat="hf" is token-for-token equal to tokenizers==0.23.3 loading the same file, offsets too.
 
 Both tokenizer.json shapes in ../shared/data/xlmr (each file is its own reference), on
 the issue's corpora (tokenizer_corpus.py) and 10,000 seeded hypothesis strings.
@@ -42,8 +42,14 @@ def pairs(tokenizer_cache_dir) -> dict[str, tuple[Tokenizer, tokenizers.Tokenize
 
 
 def assert_same(ours: Tokenizer, reference: tokenizers.Tokenizer, texts: list[str]) -> None:
+    """Ids and character offsets (tokenizers' alignments: test_tokenizer_hf_offsets.py)."""
     texts = [t for t in texts if plain(t)]
-    assert_ids_equal(texts, ours.encode_batch(texts), [e.ids for e in reference.encode_batch_fast(texts)])
+    got = ours.encode_batch(texts, return_offsets=True)
+    expected = reference.encode_batch(texts)  # (encode_batch_fast leaves offsets out)
+    assert_ids_equal(texts, got, [e.ids for e in expected])
+    differ = [i for i, e in enumerate(expected) if got.sequence_offsets(i).tolist() != [list(o) for o in e.offsets]]
+    detail = [(texts[i][:60], got.sequence_offsets(i)[:6].tolist(), expected[i].offsets[:6]) for i in differ[:3]]
+    assert not differ, f"offsets: {len(differ)} of {len(texts)} differ, e.g. {detail}"
 
 
 @pytest.mark.parametrize("shape", SHAPES)

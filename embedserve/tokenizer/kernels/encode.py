@@ -133,7 +133,8 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache, usage):
         if n == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL
     if want_offsets:
-        _spans_to_chars(src, scratch, n)
+        # sentencepiece's pieces tile the text (byte-fallback pieces excepted: not measured)
+        _spans_to_chars(src, scratch, n, hf is None and model.byte_ids.shape[0] != 256)
     return n
 
 
@@ -171,8 +172,14 @@ def _bytes_for_unknowns(scratch, n, unk_id, byte_ids):
 
 
 @cached_njit(nogil=True)
-def _spans_to_chars(src, scratch, n):
-    """Rewrite spans from normalized bytes to [start, end) characters of the source."""
+def _spans_to_chars(src, scratch, n, tiled):
+    """Rewrite spans from normalized bytes to [start, end) characters of the source.
+
+    ``tiled`` (sentencepiece mode): a token ends where the next one starts in the source,
+    the last one where normalization stopped consuming it (the origin the normalizer
+    left one past its output), as sentencepiece's ``begin``/``end`` give them: characters
+    the charsmap deleted, and a run of spaces written as one, belong to the token before.
+    Otherwise (tokenizers' offsets) a token ends where its last byte's source ends."""
     count = 0
     for b in range(src.shape[0]):
         scratch.char_index[b] = count
@@ -182,7 +189,10 @@ def _spans_to_chars(src, scratch, n):
     for t in range(n):
         s, e = scratch.spans[t, 0], scratch.spans[t, 1]
         src_start = origin_start(scratch.norm_origin, s)
-        src_end = max(origin_end(scratch.norm_origin, e - 1), src_start)
+        if tiled:
+            src_end = max(origin_start(scratch.norm_origin, e), src_start)
+        else:
+            src_end = max(origin_end(scratch.norm_origin, e - 1), src_start)
         scratch.spans[t, 0] = scratch.char_index[src_start]
         scratch.spans[t, 1] = scratch.char_index[src_end]
 

@@ -39,6 +39,7 @@ from embedserve.tokenizer.formats.charsmap import (
 )
 from embedserve.tokenizer.kernel_cache import cached_njit
 from embedserve.tokenizer.kernels.graphemes import decode_utf8, next_boundary, pair_joins, property_of
+from embedserve.tokenizer.kernels.normalize_sp import utf8_len
 from embedserve.tokenizer.kernels.origins import origin_end, origin_rows, origin_start, set_origin
 from embedserve.tokenizer.kernels.pretokenize_hf import (
     P_COLLAPSE_SPACES,
@@ -135,6 +136,28 @@ def _emit_replacement(strings, value, buf, origin, w, limit, o_start, o_end):
         put(buf, origin, w, strings[k], o_start, o_end)
         w += 1
         k += 1
+    return w
+
+
+@nb.njit(inline="always")
+def _emit_cluster(strings, value, src, src_origin, raw, i, j, buf, origin, w, limit):
+    """The charsmap string at ``value`` in place of the cluster src[i:j], aligned as
+    tokenizers' Precompiled aligns a replacement: its t-th character to the cluster's t-th,
+    those past the cluster's last character to that one; new w, or SCRATCH_TOO_SMALL."""
+    k = value
+    at = i  # the cluster's character the next one written is aligned to
+    while k < strings.shape[0] and strings[k] != _NUL:
+        n_old = utf8_len(src[at])
+        o_start, o_end = _origin_start(src_origin, at, raw), _origin_end(src_origin, at + n_old - 1, raw)
+        stop = k + utf8_len(strings[k])
+        while k < stop and k < strings.shape[0] and strings[k] != _NUL:
+            if w >= limit:
+                return SCRATCH_TOO_SMALL
+            put(buf, origin, w, strings[k], o_start, o_end)
+            w += 1
+            k += 1
+        if at + n_old < j:
+            at += n_old
     return w
 
 
@@ -330,8 +353,7 @@ def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf
     if j - i < _WHOLE_CLUSTER_LIMIT:
         rule = _first_match(units, params, src, i, j, cp, n)
         if rule != NO_RULE:
-            return _emit_replacement(strings, rule, buf, origin, w, limit, _origin_start(src_origin, i, raw),
-                                     _origin_end(src_origin, j - 1, raw))
+            return _emit_cluster(strings, rule, src, src_origin, raw, i, j, buf, origin, w, limit)
     while i < j:  # each character alone
         cp, n = decode_utf8(src, i)
         rule = _first_match(units, params, src, i, i + n, cp, n)
@@ -340,6 +362,47 @@ def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf
             return SCRATCH_TOO_SMALL
         i += n
     return w
+
+
+@cached_njit(nogil=True)
+def _align_around_deletions(buf, n, origin, lo, hi):
+    """Precompiled's output buf[lo:hi], read from the source buf[0:n], aligned where the
+    charsmap deleted characters (controls) as tokenizers aligns it. Its ``replace`` records
+    a deletion on the character written before: a character an expansion inserted
+    (``ﬁ`` -> ``fi``: the ``i``) is then aligned to the first deleted character after it,
+    and deletions before anything was written shift every alignment back by as many
+    characters as were deleted (so ``"\x01abc"``'s ``ab`` is at [0, 2), not [1, 3))."""
+    p = lo
+    prev_start, prev_end = -1, -1
+    while p < hi:
+        q = p + utf8_len(buf[p])
+        start, end = origin_start(origin, p), origin_end(origin, q - 1)
+        next_start = origin_start(origin, q) if q < hi else n
+        if start == prev_start and end == prev_end and next_start > end:
+            for x in range(p, q):  # inserted, and characters were deleted after it
+                set_origin(origin, x, end, end + utf8_len(buf[end]))
+        prev_start, prev_end = start, end
+        p = q
+    if hi == lo or origin_start(origin, lo) == 0:
+        return
+    char_of = np.empty(n + 1, np.int32)  # source byte -> its character's index
+    starts = np.empty(n + 1, np.int32)  # character index -> its first byte (then n)
+    chars = 0
+    for b in range(n):
+        if (buf[b] & 0xC0) != 0x80:
+            starts[chars] = b
+            chars += 1
+        char_of[b] = chars - 1
+    starts[chars] = n
+    shift = char_of[origin_start(origin, lo)]  # the characters deleted before the first written
+    p = lo
+    while p < hi:
+        q = p + utf8_len(buf[p])
+        first = char_of[origin_start(origin, p)] - shift
+        last = char_of[origin_end(origin, q - 1) - 1] - shift
+        for x in range(p, q):
+            set_origin(origin, x, starts[first], starts[last + 1])
+        p = q
 
 
 @cached_njit(nogil=True)
@@ -379,6 +442,8 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
                          half, 2 * half)
         if w == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL, 0
+        if origin_rows(out_origin, 0) > 0:  # offsets asked for (a constant without)
+            _align_around_deletions(out_bytes, n, out_origin, half, w)
         base, s, e = half, half, w
         at += 1
         first = 1

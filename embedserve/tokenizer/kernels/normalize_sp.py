@@ -200,6 +200,10 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
         pos += length
         if not remove_ws:
             is_prev_space = False
+    # Where normalization stopped consuming the source, one past the output (what a last
+    # token's offsets end at, encode._spans_to_chars): after stripped trailing spaces, the
+    # first of them (its origin stays in that row), else the end.
+    end = o
     if remove_ws:  # strip trailing spaces
         if escape:
             while o >= 3 and out_bytes[o - 3] == 0xE2 and out_bytes[o - 2] == 0x96 and out_bytes[o - 1] == 0x81:
@@ -207,6 +211,10 @@ def normalize_sp_into(src, units, strings, params, out_bytes, out_origin, out_wo
         else:
             while o >= 1 and out_bytes[o - 1] == _SPACE:
                 o -= 1
+    if o == end:
+        if o >= out_bytes.shape[0]:
+            return SCRATCH_TOO_SMALL, 0
+        set_origin(out_origin, o, n, n)
     if o == 0:
         return 0, 0
     if out_words.shape[0] < 1:

@@ -13,8 +13,12 @@ on, as tokenizers 0.23.3 splits them:
 
 When the normalizer's last step is ``Replace`` of runs of spaces by one space (" {2,}",
 XLM-R's), normalize_hf.py leaves it to this pass (``P_COLLAPSE_SPACES``): a run of
-spaces is read as one space spanning the run, as that step would have written it, and
-the text is not scanned and copied once more for it.
+spaces is read as one space aligned to the run's last space, as that step would have
+written it, and the text is not scanned and copied once more for it.
+
+Origins (character offsets) follow tokenizers' alignments: what Replace inserts takes the
+alignment of the last character it removed, and the prepended replacement that of the
+word's first character.
 """
 
 from __future__ import annotations
@@ -145,8 +149,9 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
             if not is_rep and (scheme == PREPEND_ALWAYS or (scheme == PREPEND_FIRST and origin_start(origin, i) == 0)):
                 if w + rep_len > limit:
                     return SCRATCH_TOO_SMALL, 0
+                # Aligned as tokenizers' ``prepend`` aligns it: to the piece's first character.
                 for k in range(rep_len):
-                    put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_start(origin, i))
+                    put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_end(origin, i + n - 1))
                 w += rep_len
         if is_rep:
             if split and w > word_start:  # MergedWithNext: a word starts at each ▁
@@ -157,8 +162,11 @@ def pre_tokenize(params, buf, origin, s, e, limit, words):
                 word_start = w
             if w + rep_len > limit:
                 return SCRATCH_TOO_SMALL, 0
+            # A run of spaces collapsed to one is aligned to its last space, as tokenizers'
+            # Replace aligns what it inserts (to the last byte it removed).
+            first = i + n - 1 if cp == _SPACE else i
             for k in range(rep_len):
-                put(buf, origin, w + k, params[P_REP + k], origin_start(origin, i), origin_end(origin, i + n - 1))
+                put(buf, origin, w + k, params[P_REP + k], origin_start(origin, first), origin_end(origin, i + n - 1))
             w += rep_len
         else:
             if w + n > limit:

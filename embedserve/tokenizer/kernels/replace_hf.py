@@ -74,8 +74,13 @@ def replace_into(params, at, buf, origin, s, e, w, limit):
         if count >= min_count:
             if w + c_len > limit:
                 return SCRATCH_TOO_SMALL
+            # tokenizers aligns what Replace inserts to the last byte it removed: the
+            # match's last character.
+            last = k - 1
+            while last > i and (buf[last] & 0xC0) == 0x80:
+                last -= 1
             for m in range(c_len):
-                put(buf, origin, w + m, params[c_start + m], origin_start(origin, i), origin_end(origin, k - 1))
+                put(buf, origin, w + m, params[c_start + m], origin_start(origin, last), origin_end(origin, k - 1))
             w += c_len
             i = k
             continue
