@@ -66,7 +66,10 @@ VARIANTS = {
 
 EDGE_TEXTS = ["", " ", "   ", "\t\n", " a", "a ", "  a  b  ", "\u2581", "\u2581a \u2581\u2581b", "_x_",
               "x..y...z", "xxxa", "\u3000a\u3000", "\ufeffa", "\r\n\r\n", "\x00a\x00", "ｶ\u0301",
-              "\u212b\u0301 \uff21\u0300", "a\u0301\u0302\u0303", "👍🏽 👨\u200d👩\u200d👧 🇯🇵🇺🇸", "ﷺ ㍻"]
+              "\u212b\u0301 \uff21\u0300", "a\u0301\u0302\u0303", "👍🏽 👨\u200d👩\u200d👧 🇯🇵🇺🇸", "ﷺ ㍻",
+              # controls the charsmap deletes: before any text they shift the offsets, which
+              # prepend_scheme "first" reads (test_tokenizer_hf_offsets.py)
+              "\x01abc def", "\x7fword", "\ufb01\x01x"]
 
 
 def small_xlmr(source: Path, tmp_path: Path, name: str, normalizer, pre_tokenizer, post_processor) -> Path:

@@ -218,8 +218,10 @@ def _origin_end(origin, i, raw):
 def _precompiled(units, strings, params, src, src_origin, raw, s, e, buf, origin, w, limit):
     """Precompiled over src[s:e] into buf[w:limit]: the end of the output, or SCRATCH_TOO_SMALL.
 
-    ``raw``: src holds the input text as it came (byte i came from byte i; ``src_origin``
-    is not read), so the first step needs no source offsets written beforehand.
+    ``raw``: origins are written as positions in src (byte i came from byte i;
+    ``src_origin`` is not read): the first step's source offsets, with no offsets written
+    beforehand, and a later step's positions in its input, which normalize_hf_into turns
+    into source offsets after aligning deletions.
     """
     # The common case, a one-character BMP cluster, is handled here and in inlined
     # helpers only: in Numba a real call taking arrays costs reference counting, per
@@ -365,44 +367,54 @@ def _precompiled_cluster(units, strings, params, src, src_origin, raw, i, j, buf
 
 
 @cached_njit(nogil=True)
-def _align_around_deletions(buf, n, origin, lo, hi):
-    """Precompiled's output buf[lo:hi], read from the source buf[0:n], aligned where the
-    charsmap deleted characters (controls) as tokenizers aligns it. Its ``replace`` records
-    a deletion on the character written before: a character an expansion inserted
-    (``ﬁ`` -> ``fi``: the ``i``) is then aligned to the first deleted character after it,
-    and deletions before anything was written shift every alignment back by as many
-    characters as were deleted (so ``"\x01abc"``'s ``ab`` is at [0, 2), not [1, 3))."""
+def _align_around_deletions(buf, src_lo, src_hi, origin, lo, hi):
+    """Precompiled's output buf[lo:hi], read from buf[src_lo:src_hi] and its origins
+    positions in that input, aligned where the charsmap deleted characters (controls) as
+    tokenizers aligns it. Its ``replace`` records a deletion on the character written
+    before: a character an expansion inserted (``ﬁ`` -> ``fi``: the ``i``) is then aligned
+    to the first deleted character after it, and deletions before anything was written
+    shift every alignment back by as many characters as were deleted (so ``"\\x01abc"``'s
+    ``ab`` is at [0, 2), not [1, 3))."""
     p = lo
     prev_start, prev_end = -1, -1
     while p < hi:
         q = p + utf8_len(buf[p])
         start, end = origin_start(origin, p), origin_end(origin, q - 1)
-        next_start = origin_start(origin, q) if q < hi else n
+        next_start = origin_start(origin, q) if q < hi else src_hi
         if start == prev_start and end == prev_end and next_start > end:
             for x in range(p, q):  # inserted, and characters were deleted after it
                 set_origin(origin, x, end, end + utf8_len(buf[end]))
         prev_start, prev_end = start, end
         p = q
-    if hi == lo or origin_start(origin, lo) == 0:
+    if hi == lo or origin_start(origin, lo) == src_lo:
         return
-    char_of = np.empty(n + 1, np.int32)  # source byte -> its character's index
-    starts = np.empty(n + 1, np.int32)  # character index -> its first byte (then n)
+    char_of = np.empty(src_hi - src_lo + 1, np.int32)  # input byte -> its character's index
+    starts = np.empty(src_hi - src_lo + 1, np.int32)  # character index -> its first byte (then the end)
     chars = 0
-    for b in range(n):
+    for b in range(src_lo, src_hi):
         if (buf[b] & 0xC0) != 0x80:
             starts[chars] = b
             chars += 1
-        char_of[b] = chars - 1
-    starts[chars] = n
-    shift = char_of[origin_start(origin, lo)]  # the characters deleted before the first written
+        char_of[b - src_lo] = chars - 1
+    starts[chars] = src_hi
+    shift = char_of[origin_start(origin, lo) - src_lo]  # the characters deleted before the first written
     p = lo
     while p < hi:
         q = p + utf8_len(buf[p])
-        first = char_of[origin_start(origin, p)] - shift
-        last = char_of[origin_end(origin, q - 1) - 1] - shift
+        first = char_of[origin_start(origin, p) - src_lo] - shift
+        last = char_of[origin_end(origin, q - 1) - 1 - src_lo] - shift
         for x in range(p, q):
             set_origin(origin, x, starts[first], starts[last + 1])
         p = q
+
+
+@cached_njit(nogil=True)
+def _through_input_origins(origin, lo, hi):
+    """Origins of buf[lo:hi] given as positions in a step's input turned into that
+    input's own origins (where in the source each came from)."""
+    for x in range(lo, hi):
+        start, end = origin_start(origin, x), origin_end(origin, x)
+        set_origin(origin, x, origin_start(origin, start), origin_end(origin, max(end, start + 1) - 1))
 
 
 @cached_njit(nogil=True)
@@ -443,7 +455,7 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
         if w == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL, 0
         if origin_rows(out_origin, 0) > 0:  # offsets asked for (a constant without)
-            _align_around_deletions(out_bytes, n, out_origin, half, w)
+            _align_around_deletions(out_bytes, 0, n, out_origin, half, w)
         base, s, e = half, half, w
         at += 1
         first = 1
@@ -460,8 +472,14 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
             at += 3
             continue
         if kind == _STEP_PRECOMPILED:
-            w = _precompiled(units, strings, params, out_bytes, out_origin, False, s, e, out_bytes, out_origin,
+            # Origins as positions in this step's input first (``raw``), so that deletions
+            # are aligned over the input's characters as tokenizers does; then through the
+            # input's origins to the source.
+            w = _precompiled(units, strings, params, out_bytes, out_origin, True, s, e, out_bytes, out_origin,
                              target, target + half)
+            if w != SCRATCH_TOO_SMALL and origin_rows(out_origin, 0) > 0:
+                _align_around_deletions(out_bytes, s, e, out_origin, target, w)
+                _through_input_origins(out_origin, target, w)
             at += 1
         else:
             if not replace_applies(params, at, out_bytes, s, e):
