@@ -17,7 +17,7 @@ Each stage is a Numba function writing into caller-owned scratch:
        n_bytes, n_words = normalize_sp_into(src, charsmap_trie, charsmap_blob, params,
                                             out_bytes, out_origin, out_words)
        n_bytes, n_words = normalize_hf_into(src, charsmap_trie, charsmap_blob, params,
-                                            out_bytes, out_origin, out_words)
+                                            out_bytes, out_origin, out_words, want_offsets)
 
    - ``src``: uint8[:] UTF-8 bytes of the input (lone surrogates already replaced by
      U+FFFD, so always valid UTF-8).
@@ -41,7 +41,10 @@ Each stage is a Numba function writing into caller-owned scratch:
      ``src`` it came from (a byte inserted from nothing, like the dummy-prefix ``▁``,
      gets the empty range at the position where it was inserted). Used only to report
      character offsets and by hf mode's "first" prepend scheme; otherwise it may be
-     ``None``, and nothing is written (kernels/origins.py).
+     ``None``, and nothing is written (kernels/origins.py). Offsets follow each
+     reference's alignments (docs/tokenizer.md, "Offsets"); ``want_offsets`` (hf mode)
+     says they will be reported, and the part of that alignment ids never read runs
+     only then.
    - ``out_words``: int32[:, 2]: [start, end) ranges of ``out_bytes`` that Viterbi runs
      on, in order. SP mode: one range (the whole string; 0 words for empty output).
      HF mode: one range per pre-tokenized word.

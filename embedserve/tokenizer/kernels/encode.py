@@ -76,14 +76,16 @@ def new_scratch(src_len: int, factor: int) -> Scratch:
                    np.empty(src_len + 1, np.int32), np.empty(n, np.int32), np.empty((n, 2), np.int32))
 
 
-def normalize(model, src, scratch, hf):
+def normalize(model, src, scratch, hf, want_offsets):
     """Normalize + pre-tokenize ``src`` into scratch: (bytes written, words), or
-    SCRATCH_TOO_SMALL bytes. Kernels only: ``_normalize_for`` gives its code."""
+    SCRATCH_TOO_SMALL bytes; ``want_offsets``: the offsets will be reported (hf mode's
+    alignment of deletions, which ids never read, runs only then). Kernels only:
+    ``_normalize_for`` gives its code."""
     raise NotImplementedError("normalize is typed inside kernels only")
 
 
 @overload(normalize)
-def _normalize_for(model, src, scratch, hf):
+def _normalize_for(model, src, scratch, hf, want_offsets):
     """The normalizer for the type of ``hf``, chosen while the calling kernel is typed.
 
     A branch on ``hf is None`` in the kernel would do the same for ``None`` only: Numba
@@ -91,14 +93,14 @@ def _normalize_for(model, src, scratch, hf):
     it types both branches and compiles SentencePiece's normalizer as well.
     """
     if isinstance(hf, types.NoneType):  # type: ignore[attr-defined]  # numba's stubs lack it
-        def sentencepiece(model, src, scratch, hf):
+        def sentencepiece(model, src, scratch, hf, want_offsets):
             return normalize_sp_into(src, model.units, model.strings, model.params,
                                      scratch.norm_bytes, scratch.norm_origin, scratch.words)
         return sentencepiece
 
-    def huggingface(model, src, scratch, hf):
+    def huggingface(model, src, scratch, hf, want_offsets):
         return normalize_hf_into(src, model.units, model.strings, hf,
-                                 scratch.norm_bytes, scratch.norm_origin, scratch.words)
+                                 scratch.norm_bytes, scratch.norm_origin, scratch.words, want_offsets)
     return huggingface
 
 
@@ -110,7 +112,7 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache, usage):
 
     Returns the token count, or SCRATCH_TOO_SMALL.
     """
-    n_bytes, n_words = normalize(model, src, scratch, hf)
+    n_bytes, n_words = normalize(model, src, scratch, hf, want_offsets)
     if n_bytes == SCRATCH_TOO_SMALL:
         return SCRATCH_TOO_SMALL
     use = table_use(cache, usage, src)  # the table, or none for text it does not pay on
