@@ -5,7 +5,8 @@ the charsmap deletes and the spaces of a run written as one "▁" belong to the 
 before them, and the last piece ends where normalization stopped consuming the text (the
 first stripped trailing space, else the end). Before that rule, a "▁" piece of its own
 for a run of spaces ended after its first space, and a piece before a deleted control
-ended before it. The reference's byte offsets are turned into characters here.
+ended before it. The reference's byte offsets are turned into characters here (byte
+fallback's pieces: test_tokenizer_sp_user_bytes.py).
 
 The project-made XLM-R sentencepiece model (every checkout has it), and XLM-R's own on the
 UDHR and emoji lines where the reference data is present.

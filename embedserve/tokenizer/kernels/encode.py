@@ -135,8 +135,9 @@ def encode_raw(model, src, scratch, want_offsets, hf, cache, usage):
         if n == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL
     if want_offsets:
-        # sentencepiece's pieces tile the text (byte-fallback pieces excepted: not measured)
-        _spans_to_chars(src, scratch, n, hf is None and model.byte_ids.shape[0] != 256)
+        # sentencepiece's pieces tile the text (a character's byte pieces too: all but the
+        # last are empty at its start)
+        _spans_to_chars(src, scratch, n, hf is None)
     return n
 
 
