@@ -38,8 +38,9 @@ Each stage is a Numba function writing into caller-owned scratch:
    - ``out_bytes``: uint8[:] normalized UTF-8, with U+2581 for whitespace where the
      mode requires (SP: escape_whitespaces; HF: Metaspace).
    - ``out_origin``: int32[:, 2]: for normalized byte i, the [start, end) byte range of
-     ``src`` it came from (a byte inserted from nothing, like the dummy-prefix ``▁``,
-     gets the empty range at the position where it was inserted). Used only to report
+     ``src`` it came from (a byte inserted from nothing, like sentencepiece's dummy-prefix
+     ``▁``, gets the empty range at the position where it was inserted; hf mode's
+     prepended ``▁`` gets its word's first character, as tokenizers aligns it). Used only to report
      character offsets and by hf mode's "first" prepend scheme; otherwise it may be
      ``None``, and nothing is written (kernels/origins.py). Offsets follow each
      reference's alignments (docs/tokenizer.md, "Offsets"); ``want_offsets`` (hf mode)

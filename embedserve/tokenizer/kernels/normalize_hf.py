@@ -457,7 +457,7 @@ def normalize_hf_into(src, units, strings, params, out_bytes, out_origin, out_wo
                          half, 2 * half)
         if w == SCRATCH_TOO_SMALL:
             return SCRATCH_TOO_SMALL, 0
-        if origin_rows(out_origin, 0) > 0:  # offsets asked for (a constant without)
+        if origin_rows(out_origin, 0) > 0:  # origins kept (a constant 0 without them)
             _align_around_deletions(out_bytes, 0, n, out_origin, half, w, want_offsets)
         base, s, e = half, half, w
         at += 1
