@@ -11,6 +11,10 @@ flat loop to test.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -213,11 +217,6 @@ def test_small_steps_on_one_thread_wake_no_second_thread_and_give_the_same_rows(
     loop's kernels on one thread start no OpenMP worker, where the same step on the
     thread's two starts one; the rows are the same bits (the kernels split rows and
     columns between threads, never a sum)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="2")
     done = subprocess.run([sys.executable, "-c", ONE_THREAD_STEPS, str(default_model_dir)], env=env,
