@@ -18,12 +18,14 @@ from embedserve.model.cuda_options import CudaOptions
 from embedserve.model.info import read_model_info
 from embedserve.model.probe_texts import DEFAULT_PROBE_MIN_COSINE, PROBE_TEXTS
 from embedserve.ragged import RaggedBatch
+from embedserve.scheduler.probe_token_cache import DEFAULT_PROBE_CACHE_DIR, cached_tokens
 
 if TYPE_CHECKING:
     from embedserve.engine import Engine
 
 
-def probe_tokens(model_dir: Path, texts: Sequence[str] = PROBE_TEXTS) -> RaggedBatch:
+def probe_tokens(model_dir: Path, texts: Sequence[str] = PROBE_TEXTS,
+                 cache_dir: Path | None = DEFAULT_PROBE_CACHE_DIR) -> RaggedBatch:
     """The probe texts with the model's specials, cut to the model's length.
 
     The same ids go through both dtypes, so what matters is that they are the
@@ -31,10 +33,17 @@ def probe_tokens(model_dir: Path, texts: Sequence[str] = PROBE_TEXTS) -> RaggedB
     tokenizer.json is read by the ``tokenizers`` library alone (a fraction of a
     second, where the native encoder would first load its Numba kernels: seconds
     at every start, for a dozen texts); a directory with only a SentencePiece
-    model goes through ``load_tokenizer``. ``texts``: another fixed sample (int8's
-    calibration texts) tokenized the same way.
+    model goes through ``load_tokenizer``. Either way the ids are kept in
+    ``cache_dir`` (probe_token_cache.py), so only a model's first start loads a
+    tokenizer for them. ``texts``: another fixed sample (int8's calibration texts)
+    tokenized the same way.
     """
     max_positions = read_model_info(model_dir).max_positions
+    return cached_tokens(model_dir, texts, max_positions, lambda: _tokenize(model_dir, texts, max_positions),
+                         cache_dir)
+
+
+def _tokenize(model_dir: Path, texts: Sequence[str], max_positions: int) -> RaggedBatch:
     json_path = model_dir / "tokenizer.json"
     if not json_path.is_file():
         from embedserve.tokenizer.load import load_tokenizer
