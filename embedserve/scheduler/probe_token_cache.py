@@ -46,8 +46,8 @@ def cache_key(model_dir: Path, texts: Sequence[str], max_positions: int) -> str:
     for name in TOKENIZER_FILES:
         path = model_dir / name
         if path.is_file():
-            h.update(name.encode() + b"\0" + path.stat().st_size.to_bytes(8, "little"))
-            h.update(path.read_bytes())
+            data = path.read_bytes()
+            h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
