@@ -115,5 +115,7 @@ def test_an_unwritable_cache_still_gives_the_ids(model_dir: Path, tmp_path: Path
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     [expected] = reference_ids(model_dir, PROBE_TEXTS)
-    for cache_dir in (blocker / "cache", None):  # mkdir under a file fails; None: no cache
+    # mkdir under a file fails; "~user" of no such user cannot be expanded (as "~" where a
+    # container's uid has no passwd entry and no $HOME); None: no cache
+    for cache_dir in (blocker / "cache", Path("~no-such-user-embedserve/cache"), None):
         assert as_lists(probe_tokens(model_dir, cache_dir=cache_dir)) == expected

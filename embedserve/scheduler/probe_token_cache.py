@@ -58,7 +58,11 @@ def cached_tokens(model_dir: Path, texts: Sequence[str], max_positions: int,
     stored it for the same tokenizer files and limit (``None``: no cache)."""
     if cache_dir is None:
         return tokenize()
-    path = Path(cache_dir).expanduser() / f"probe-{cache_key(model_dir, texts, max_positions)}.npz"
+    try:
+        directory = Path(cache_dir).expanduser()
+    except RuntimeError:  # "~" with no home to expand to (a uid without a passwd entry, no $HOME)
+        return tokenize()
+    path = directory / f"probe-{cache_key(model_dir, texts, max_positions)}.npz"
     stored = _read(path, len(texts))
     if stored is not None:
         return stored
