@@ -128,3 +128,29 @@ def test_a_failing_urgent_step_fails_alone(bert_engine, held_long_step):
     with pytest.raises(Exception, match="token id|vocab|range|index"):
         bad.wait(GATE_TIMEOUT_S)
     np.testing.assert_array_equal(long_lazy.wait(GATE_TIMEOUT_S), alone_long)
+
+
+def test_an_urgent_step_is_counted_before_its_answer_is_out():
+    # Whoever holds an urgent step's answer reads it counted: a client that read the stats
+    # right after its reply once saw 0 under load (the count came after the answer). A
+    # future's callbacks run as it resolves, so they see what a client could see first.
+    import torch
+    from torch import nn
+
+    from embedserve.engine.runners.preemption import LayerPreemption
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Identity(), nn.Identity()])
+    preemption = LayerPreemption(lambda batch: np.zeros((batch.num_sequences, 4), np.float32))
+    assert preemption.install(model) == 2
+    seen: list[int] = []
+    at_a_layer = preemption.push(Batch.from_sequences([[5, 6]]))
+    at_a_layer.add_done_callback(lambda _f: seen.append(preemption.preempted))
+    model.layers[0](torch.zeros(1))   # a layer boundary of the step being computed
+    assert at_a_layer.result(0).shape == (1, 4) and seen == [1]
+
+    counted: list[int] = []
+    own_job = preemption.push(Batch.from_sequences([[7]]))
+    own_job.add_done_callback(lambda _f: seen.append(len(counted)))
+    assert preemption.run_pending(lambda: counted.append(1)) == 1
+    assert seen == [1, 1] and preemption.preempted == 1

@@ -160,13 +160,11 @@ class CpuRunner:
     def _run_urgent(self) -> None:
         with self._computing:
             beside = self.lanes > 1 and self._share.computing > 0
-            ran = self._preemption.run_pending()
-            if beside:
-                self._count_beside(ran)
+            self._preemption.run_pending(self._count_beside if beside else None)
 
-    def _count_beside(self, steps: int) -> None:
+    def _count_beside(self) -> None:
         with self._counts_lock:
-            self._beside += steps
+            self._beside += 1
 
     def _run(self, batch: Batch) -> np.ndarray:
         self._count("steps", 1)

@@ -64,11 +64,12 @@ class LayerPreemption:
         self._urgent.append((batch, future))
         return future
 
-    def run_pending(self) -> int:
+    def run_pending(self, count: Callable[[], None] | None = None) -> int:
         """Run every queued urgent step (before a step starts, or as a job of its own);
-        returns how many ran."""
+        returns how many ran. ``count``: called for each one before its answer is
+        published (so whoever has the answer also sees it counted)."""
         ran = 0
-        while self._run_one():
+        while self._run_one(count):
             ran += 1
         return ran
 
@@ -78,23 +79,33 @@ class LayerPreemption:
             self._urgent.popleft()[1].cancel()
 
     def _before_layer(self, _module: nn.Module, _args: tuple) -> None:
-        if not getattr(self._local, "in_urgent_step", False) and self._run_one():
-            with self._count_lock:
-                self.preempted += 1
+        if not getattr(self._local, "in_urgent_step", False):
+            self._run_one(self._count_preempted)
 
-    def _run_one(self) -> bool:
-        """Run the oldest queued urgent step; False if none was queued."""
+    def _count_preempted(self) -> None:
+        with self._count_lock:
+            self.preempted += 1
+
+    def _run_one(self, count: Callable[[], None] | None = None) -> bool:
+        """Run the oldest queued urgent step, calling ``count`` before its answer is
+        published (a client that has the answer then reads the step counted); False if
+        none was queued."""
         try:
             batch, future = self._urgent.popleft()
         except IndexError:
             return False
         self._local.in_urgent_step = True
+        outcome: np.ndarray | Exception
         try:
-            rows = self._run(batch)
+            outcome = self._run(batch)
         except Exception as error:  # the urgent step's failure, never the preempted step's
-            future.set_exception(error)
-        else:
-            future.set_result(rows)
+            outcome = error
         finally:
             self._local.in_urgent_step = False
+        if count is not None:
+            count()
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
         return True
