@@ -1,6 +1,7 @@
 """Short-query steps in process: the general path against small steps' flat loop, in one run.
 
     python -m bench short_query [--lengths 6,32,128] [--steps 300] [--threads N] [--idle-ms 0,2,20]
+    python -m bench short_query --replica [...]
 
 Loads the default model (multilingual-e5-small) in bf16 twice: once as served (steps of
 up to 64 tokens take the flat loop, engine/small_steps.py) and once with
@@ -15,6 +16,12 @@ general path there, so its ratio says what the noise is. ``--idle-ms`` repeats e
 length with the process asleep that long before every step, as a replica is between
 sporadic queries (its OpenMP threads asleep, its caches cooled by whatever ran
 meanwhile): back to back (0) is the best case, not what a user's query meets.
+
+``--replica`` compares instead the flat loop as a replica runs it (``small_step_threads=1``:
+one OpenMP thread) with bf16_linear's linears on the calling thread alone
+(``small_step_helper=False``) against the same with the kernel's helper thread taking a
+share of each linear (csrc/helper_team.h, what a replica does where the AVX512-BF16 kernel
+runs); torch keeps its threads (two or more, so the step's share allows the helper).
 
 Then, for the first length, where a flat step's time goes: the same step with its parts
 timed apart (embedding sum + LayerNorm; the linears; attention; add + LayerNorm; pooling;
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--idle-ms", default="0", help="idle gaps before each step, ms, comma-separated "
                         "(default: 0, back to back)")
+    parser.add_argument("--replica", action="store_true",
+                        help="one thread alone against one thread and bf16_linear's helper (flat loop both)")
     add_option(parser)
     args = parser.parse_args(argv)
 
@@ -154,14 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(n) for n in args.lengths.split(",")]
     print(f"{host()}, {torch.get_num_threads()} threads, torch {torch.__version__}; load {load()}")
     rng = np.random.default_rng(0)
-    with (Engine.load(model_dir, dtype="bfloat16") as flat,
-          Engine.load(model_dir, dtype="bfloat16", small_steps=False) as general):
+    if args.replica:   # A: one thread alone; B: one thread and the helper
+        names = ("one thread", "with helper")
+        a_options: dict = {"small_step_threads": 1, "small_step_helper": False}
+        b_options: dict = {"small_step_threads": 1}
+    else:              # A: the general path; B: the flat loop
+        names = ("general", "flat")
+        a_options, b_options = {"small_steps": False}, {}
+    with (Engine.load(model_dir, dtype="bfloat16", **b_options) as flat,
+          Engine.load(model_dir, dtype="bfloat16", **a_options) as general):
         if flat._runner._small is None:
             print("the flat loop does not cover this model here (no native bf16 kernels?)")
             return 1
         engines = {"general": general, "flat": flat}
-        print("\n| step | general p50 / p99 / min (ms) | flat p50 / p99 / min (ms) | flat / general p50 | min "
-              "| CPU ms per step, general / flat | CPU flat / general |")
+        a, b = names
+        print(f"\n| step | {a} p50 / p99 / min (ms) | {b} p50 / p99 / min (ms) | {b} / {a} p50 | min "
+              f"| CPU ms per step, {a} / {b} | CPU {b} / {a} |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for idle_ms in [float(v) for v in args.idle_ms.split(",")]:
             for n in lengths:

@@ -12,6 +12,10 @@ those of the layers' choice only where layers take it (``kernel``).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +133,88 @@ def test_the_kernel_is_built_where_the_compiler_can_target_avx512_bf16(tmp_path:
 
 def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_take(runs_here) -> None:
     assert_refuses_bad_calls(bf16_linear._native.linear, 63, "k > 0 even.*got rows 2, n 64, k 63")
+
+
+def helper_threads() -> int:
+    """This process's threads named as the kernel's helper (csrc/helper_team.h)."""
+    return sum(Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "embedserve-help"
+               for tid in os.listdir("/proc/self/task"))
+
+
+def native_call(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, threads: int,
+                activation: int = 0) -> torch.Tensor:
+    rows, out_features = x.shape[0], panels.shape[0] * bf16_linear.PANEL
+    y = torch.full((rows, out_features), float("nan"), dtype=torch.bfloat16)
+    bf16_linear._native.linear(x.data_ptr(), panels.data_ptr(), bias.data_ptr(), y.data_ptr(), rows, out_features,
+                               x.shape[1], x.stride(0), threads, activation)
+    return y
+
+
+@pytest.mark.parametrize("rows", [1, 6, 12, 13, 32, 64, 97])
+@pytest.mark.parametrize("in_features,out_features", [(384, 1152), (1536, 384), (64, 64)])
+@pytest.mark.parametrize("activation", [0, 1])
+def test_the_helper_team_gives_one_threads_bits(runs_here: None, rows: int, in_features: int, out_features: int,
+                                                activation: int) -> None:
+    """``threads=HELPER_TEAM`` splits a call's panels between this thread and the helper
+    (a replica's short steps): every output written, each the same bits as one thread's,
+    and the helper is a thread of its own."""
+    layer = bf16_layer(in_features, out_features)
+    x, panels, bias = bf16_rows(rows, in_features), bf16_linear.pack_panels(layer.weight), layer.bias.detach().float()
+    alone = native_call(x, panels, bias, 1, activation)
+    within_torchs_error(alone, x, layer, F.gelu if activation else (lambda t: t))
+    for _ in range(3):
+        assert torch.equal(native_call(x, panels, bias, bf16_linear.HELPER_TEAM, activation), alone)
+    assert helper_threads() == 1
+
+
+def test_calls_from_several_threads_at_once_each_get_their_own_rows(runs_here: None) -> None:
+    """One call at a time holds the helper; the others run alone meanwhile: no call waits
+    on another's items, none gets another's outputs."""
+    layer = bf16_layer(384, 1536)
+    panels, bias = bf16_linear.pack_panels(layer.weight), layer.bias.detach().float()
+    inputs = [bf16_rows(rows, 384) for rows in (6, 7, 20, 32)]
+    expected = [native_call(x, panels, bias, 1) for x in inputs]
+    mismatches: list[int] = []
+
+    def calls(i: int) -> None:
+        for _ in range(300):
+            if not torch.equal(native_call(inputs[i], panels, bias, bf16_linear.HELPER_TEAM), expected[i]):
+                mismatches.append(i)
+    threads = [threading.Thread(target=calls, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    assert mismatches == []
+
+
+FORKED_HELPER = r"""
+import os, sys
+import torch
+from embedserve.engine import bf16_linear
+from tests.test_engine_bf16_linear import helper_threads, native_call
+from tests.native_linear_cases import bf16_layer, bf16_rows
+
+layer = bf16_layer(384, 1152)
+x, panels, bias = bf16_rows(6, 384), bf16_linear.pack_panels(layer.weight), layer.bias.detach().float()
+alone = native_call(x, panels, bias, 1)
+assert torch.equal(native_call(x, panels, bias, bf16_linear.HELPER_TEAM), alone)
+assert helper_threads() == 1
+pid = os.fork()
+if pid == 0:   # no helper thread came with the fork: the first call starts one
+    ok = helper_threads() == 0 and all(torch.equal(native_call(x, panels, bias, bf16_linear.HELPER_TEAM), alone)
+                                       for _ in range(50)) and helper_threads() == 1
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert torch.equal(native_call(x, panels, bias, bf16_linear.HELPER_TEAM), alone)
+print("forked ok")
+"""
+
+
+def test_a_forked_child_starts_a_helper_of_its_own(runs_here: None) -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", FORKED_HELPER], env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("forked ok"), done.stderr[-3000:]

@@ -24,6 +24,9 @@ except ImportError:          # not built: no compiler, or one that cannot target
     _native = None
 
 PANEL = 32                   # output columns per panel (two 16-float AVX-512 accumulators)
+# The native linear's ``threads`` that runs a call on the calling thread and the kernel's
+# own helper thread, not torch's OpenMP team (csrc/helper_team.h says why).
+HELPER_TEAM = 0
 
 
 @functools.cache

@@ -113,7 +113,7 @@ class Engine:
              fused_layers: bool = True, token_buckets: bool = True, native_linears: bool = True,
              probe: DtypeProbe | None = None, small_steps: bool = True,
              cpu_lanes: int | None = None, cpu_lane_nice: int = 0,
-             small_step_threads: int | None = None) -> Engine:
+             small_step_threads: int | None = None, small_step_helper: bool = True) -> Engine:
         """Load a Hugging Face model directory.
 
         dtype: "auto" | "float32" | "bfloat16" | "float16" | "int8" | None (float32 on CPU,
@@ -141,7 +141,10 @@ class Engine:
         None: 2 where torch has 2 threads or more, else 1. cpu_lane_nice (CPU only): the
         lanes' threads run this much nicer than the process (a replica's: batch steps).
         small_step_threads (CPU only): the threads the flat loop's steps run on (None:
-        the step's share of the cores, as every step's).
+        the step's share of the cores, as every step's). small_step_helper (CPU only): with
+        ``small_step_threads=1``, a step alone on two or more cores runs bf16_linear's
+        linears on its thread and the kernel's helper thread (csrc/helper_team.h); False
+        keeps them on the one thread (benchmarks A/B).
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -161,7 +164,8 @@ class Engine:
                           "cuda_graphs": cuda_graphs, "cuda": cuda or CudaOptions(), "fused_layers": fused_layers,
                           "token_buckets": token_buckets, "native_linears": native_linears,
                           "small_steps": small_steps, "cpu_lanes": cpu_lanes,
-                          "cpu_lane_nice": cpu_lane_nice, "small_step_threads": small_step_threads}
+                          "cpu_lane_nice": cpu_lane_nice, "small_step_threads": small_step_threads,
+                          "small_step_helper": small_step_helper}
         capability = cuda_capability(device)
         if dtype == AUTO:
             choice = auto_candidate(device, cuda_capability=capability)
@@ -256,7 +260,8 @@ class Engine:
     def _start(cls, model: Model, info: ModelInfo, attention: str | None, cuda_graphs: bool,
                cuda: CudaOptions, fused_layers: bool, token_buckets: bool,
                native_linears: bool, small_steps: bool = True, cpu_lanes: int | None = None,
-               cpu_lane_nice: int = 0, small_step_threads: int | None = None) -> Engine:
+               cpu_lane_nice: int = 0, small_step_threads: int | None = None,
+               small_step_helper: bool = True) -> Engine:
         """A built model (on the CPU, in its dtype) started on ``info.device``'s runner."""
         device = info.device or "cpu"
         if device.startswith("cuda"):
@@ -270,7 +275,8 @@ class Engine:
             elif fused_layers and isinstance(model, Gemma3Model):
                 pack_gemma3_linears(model, native_linears)   # the others run plain modules
             runner = CpuRunner(model, info, attention, token_buckets=token_buckets, small_steps=small_steps,
-                               lanes=cpu_lanes, lane_nice=cpu_lane_nice, small_step_threads=small_step_threads)
+                               lanes=cpu_lanes, lane_nice=cpu_lane_nice, small_step_threads=small_step_threads,
+                               small_step_helper=small_step_helper)
         return cls(model, info, runner)
 
     @property

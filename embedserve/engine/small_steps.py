@@ -133,6 +133,8 @@ class SmallStepForward:
         self._projection = getattr(model, "projection", None)
         self._no_types = torch.zeros(SMALL_STEP_TOKENS, dtype=torch.int64)
         self._pointers = self._pointer_plan(layers)
+        # the same calls, bf16_linear's with its helper thread (``run(..., helper=True)``)
+        self._helped = self._pointer_plan(layers, helper=True)
         self._intermediate = config.intermediate_size
 
     @classmethod
@@ -170,14 +172,15 @@ class SmallStepForward:
         return cls(model, plans, pooling)
 
     @staticmethod
-    def _pointer_plan(layers: list[_LayerPlan]) -> list[tuple[PointerLinear, ...]] | None:
+    def _pointer_plan(layers: list[_LayerPlan], helper: bool = False) -> list[tuple[PointerLinear, ...]] | None:
         """Per layer, its four linears as calls on data pointers, where every linear of every
-        layer has a kernel that takes them (else None: the calls go through ``_linear``)."""
+        layer has a kernel that takes them (else None: the calls go through ``_linear``);
+        ``helper``: bf16_linear's on its helper thread (``_pointer_linear``)."""
         plan = []
         for layer in layers:
             activation = ACTIVATIONS[layer.activation]
-            calls = (_pointer_linear(layer.qkv, 0), _pointer_linear(layer.attn_out, 0),
-                     _pointer_linear(layer.ffn_in, activation), _pointer_linear(layer.ffn_out, 0))
+            calls = (_pointer_linear(layer.qkv, 0, helper), _pointer_linear(layer.attn_out, 0, helper),
+                     _pointer_linear(layer.ffn_in, activation, helper), _pointer_linear(layer.ffn_out, 0, helper))
             if any(call is None for call in calls):
                 return None
             plan.append(cast("tuple[PointerLinear, ...]", calls))
@@ -187,9 +190,11 @@ class SmallStepForward:
         """Whether ``batch`` (as it will run: padding included) is small enough."""
         return 0 < batch.num_tokens <= SMALL_STEP_TOKENS
 
-    def run(self, batch: Batch) -> np.ndarray:
+    def run(self, batch: Batch, helper: bool = False) -> np.ndarray:
         """float32 [B, dim] raw pooled vectors of ``batch``, as ``pooled_forward`` computes them.
-        Call under ``torch.inference_mode``."""
+        Call under ``torch.inference_mode``. ``helper``: bf16_linear's linears run on this
+        thread and the kernel's helper thread, whatever torch's thread count (a replica's
+        steps on one OpenMP thread: runners/cpu.py); the same bits."""
         tokens = batch.num_tokens
         cu_seqlens = batch.cu_seqlens
         seq_ids, offsets = layout_arrays(cu_seqlens)
@@ -205,7 +210,7 @@ class SmallStepForward:
         # several threads (a second runner on the same model) never share it
         context = torch.empty(tokens, self._heads, self._head_dim, dtype=torch.bfloat16)
         if self._pointers is not None:
-            x = self._layers_on_pointers(x, context, starts, lengths, threads)
+            x = self._layers_on_pointers(x, context, starts, lengths, threads, helper)
         else:
             x = self._layers_on_tensors(x, context, starts, lengths, threads)
         rows = int(starts.shape[0])
@@ -240,7 +245,7 @@ class SmallStepForward:
         return x
 
     def _layers_on_pointers(self, x: torch.Tensor, context: torch.Tensor, starts: torch.Tensor,
-                            lengths: torch.Tensor, threads: int) -> torch.Tensor:
+                            lengths: torch.Tensor, threads: int, helper: bool) -> torch.Tensor:
         """The layers with every linear on a kernel that takes data pointers: the same calls
         as ``_layers_on_tensors``, into three buffers allocated once per step (the layers'
         activations, the QKV rows, the feed-forward's inner rows), not an output per call:
@@ -257,7 +262,7 @@ class SmallStepForward:
         starts_at, lengths_at, sequences = starts.data_ptr(), lengths.data_ptr(), int(starts.shape[0])
         attend, norm = bf16_attention._native.attend, _add_layer_norm.add_layer_norm
         scale, amx = self._scale, self._amx
-        pointers = cast("list[tuple[PointerLinear, ...]]", self._pointers)       # run() checked
+        pointers = cast("list[tuple[PointerLinear, ...]]", self._helped if helper else self._pointers)  # run() checked
         for layer, (qkv_linear, out_linear, in_linear, ffn_linear) in zip(self._layers, pointers, strict=True):
             qkv_linear(here, qkv_at, tokens, threads)
             attend(qkv_at, qkv_at + 2 * hidden, qkv_at + 4 * hidden, context_at, 3 * hidden, 3 * hidden,
@@ -279,10 +284,12 @@ class SmallStepForward:
         return self._embedding_norm(x)
 
 
-def _pointer_linear(linear: _Linear, activation: int) -> PointerLinear | None:
+def _pointer_linear(linear: _Linear, activation: int, helper: bool = False) -> PointerLinear | None:
     """``linear`` as ``call(x, y, rows, threads)`` on data pointers (x [rows, in] and y
     [rows, out], both contiguous), where its kernel takes them: the bf16 panel kernels
-    (amx_linear, bf16_linear), or int8_linear's for an Int8Weight; else None."""
+    (amx_linear, bf16_linear), or int8_linear's for an Int8Weight; else None. ``helper``:
+    bf16_linear's call runs on the calling thread and the kernel's helper thread
+    (``bf16_linear.HELPER_TEAM``), whatever ``threads``."""
     if linear.int8 is not None:
         return linear.int8.few_rows_call(activation)
     if linear.kernel not in (amx_linear, bf16_linear) or getattr(linear.kernel, "_native", None) is None:
@@ -292,6 +299,12 @@ def _pointer_linear(linear: _Linear, activation: int) -> PointerLinear | None:
     # a panel copy is [out / 32, in / 2, 32, 2]
     out_features, in_features = panels.shape[0] * PANEL, panels.shape[1] * 2
     panels_at, bias_at = panels.data_ptr(), bias.data_ptr()
+
+    if helper and linear.kernel is bf16_linear:
+        def helped(x: int, y: int, rows: int, threads: int) -> None:
+            native(x, panels_at, bias_at, y, rows, out_features, in_features, in_features, bf16_linear.HELPER_TEAM,
+                   activation)
+        return helped
 
     def call(x: int, y: int, rows: int, threads: int) -> None:
         native(x, panels_at, bias_at, y, rows, out_features, in_features, in_features, threads, activation)

@@ -30,11 +30,15 @@
 #include <stdint.h>
 
 #include "bf16_activations.h"
+#include "helper_team.h"
 #include "linear_blocks.h"
 #include "panel_linear_args.h"
 
 #define PANEL 32
 #define MAX_BLOCK_ROWS 12
+/* linear()'s ``threads`` that asks for this thread and the module's helper (helper_team.h)
+ * instead of torch's OpenMP team: a replica's short steps (small_steps.py). */
+#define HELPER_TEAM 0
 /* Pairs of k a panel's weights are prefetched ahead (2 KB), as in avx2_linear.c. */
 #define PREFETCH_AHEAD 16
 
@@ -116,7 +120,12 @@ static PyObject *bf16_linear(PyObject *self, PyObject *args) {
     const Call call = {(const uint16_t *)(uintptr_t)a.x, a.x_stride, (const uint16_t *)(uintptr_t)a.panels,
                        (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
     Py_BEGIN_ALLOW_THREADS
-    for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
+    if (a.threads == HELPER_TEAM) {
+        const BlockWalk walk = block_walk(a.rows, a.n / PANEL, MAX_BLOCK_ROWS, run_block, &call);
+        team_run(walk_item, &walk, walk.chunks * walk.panels);
+    } else {
+        for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
+    }
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -124,7 +133,8 @@ static PyObject *bf16_linear(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"linear", bf16_linear, METH_VARARGS,
      "linear(x, panels, bias, y, rows, n, k, x_stride, threads, activation): y = activation(x @ W.T + bias) "
-     "in bf16; arguments are data pointers and sizes, W packed as [n / 32][k / 2][32][2]; activation 0 none, "
+     "in bf16; arguments are data pointers and sizes, W packed as [n / 32][k / 2][32][2]; threads 0: this thread "
+     "and the module's helper thread, else up to that many of torch's OpenMP team; activation 0 none, "
      "1 GELU (erf), 2 GELU (tanh), 3 ReLU."},
     {NULL, NULL, 0, NULL},
 };

@@ -44,6 +44,42 @@ typedef void (*linear_block)(const void *call, Py_ssize_t row, int size, Py_ssiz
 #define PLAIN_ENTRY(R) block##R,
 #define WARMING_ENTRY(R) warming_block##R,
 
+/* A call's walk: ``rows`` rows by ``panels`` panels of ``panel_width`` outputs over ``k``
+ * inputs, the rows in ``chunks`` chunks of blocks of at most ``max_block_rows`` rows. */
+typedef struct {
+    Py_ssize_t rows, panels, chunks;
+    int max_block_rows, warm;
+    linear_block block;
+    const void *call;
+} BlockWalk;
+
+static BlockWalk block_walk(Py_ssize_t rows, Py_ssize_t panels, int max_block_rows, linear_block block,
+                            const void *call) {
+    const Py_ssize_t chunk_rows = (Py_ssize_t)CHUNK_BLOCKS * max_block_rows;
+    const BlockWalk walk = {rows, panels, (rows + chunk_rows - 1) / chunk_rows, max_block_rows,
+                            rows <= WARM_NEXT_MAX_ROWS, block, call};
+    return walk;
+}
+
+/* The blocks of chunk ``c`` by panel ``j``: the chunk's rows in equal blocks. */
+static inline void walk_chunk_panel(const BlockWalk *w, Py_ssize_t c, Py_ssize_t j) {
+    const Py_ssize_t first = c * w->rows / w->chunks, end = (c + 1) * w->rows / w->chunks;
+    const Py_ssize_t blocks = (end - first + w->max_block_rows - 1) / w->max_block_rows;
+    Py_ssize_t row = first;
+    for (Py_ssize_t b = 0; b < blocks; ++b) {
+        const Py_ssize_t left = end - row, blocks_left = blocks - b;
+        const int size = (int)((left + blocks_left - 1) / blocks_left);
+        w->block(w->call, row, size, j, w->warm && b == 1 && j + 1 < w->panels);
+        row += size;
+    }
+}
+
+/* Item ``item`` of a walk's (chunk, panel) pairs, chunk-major: helper_team.h's item. */
+static void __attribute__((unused)) walk_item(const void *walk, Py_ssize_t item) {
+    const BlockWalk *w = walk;
+    walk_chunk_panel(w, item / w->panels, item % w->panels);
+}
+
 /* Runs ``block`` over every block of a call: ``rows`` rows by ``panels`` panels of
  * ``panel_width`` outputs over ``k`` inputs, in blocks of at most ``max_block_rows`` rows,
  * on up to ``threads`` threads. Call without the GIL. */
@@ -51,22 +87,11 @@ static void for_each_block(Py_ssize_t rows, Py_ssize_t panels, Py_ssize_t panel_
                            int max_block_rows, Py_ssize_t threads, linear_block block, const void *call) {
     if (threads < 1 || rows * panels * panel_width * k < SERIAL_MACS)
         threads = 1;
-    const Py_ssize_t chunk_rows = (Py_ssize_t)CHUNK_BLOCKS * max_block_rows;
-    const Py_ssize_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-    const int warm = rows <= WARM_NEXT_MAX_ROWS;
+    const BlockWalk walk = block_walk(rows, panels, max_block_rows, block, call);
 #pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (Py_ssize_t c = 0; c < chunks; ++c)
-        for (Py_ssize_t j = 0; j < panels; ++j) {
-            const Py_ssize_t first = c * rows / chunks, end = (c + 1) * rows / chunks;
-            const Py_ssize_t blocks = (end - first + max_block_rows - 1) / max_block_rows;
-            Py_ssize_t row = first;
-            for (Py_ssize_t b = 0; b < blocks; ++b) {
-                const Py_ssize_t left = end - row, blocks_left = blocks - b;
-                const int size = (int)((left + blocks_left - 1) / blocks_left);
-                block(call, row, size, j, warm && b == 1 && j + 1 < panels);
-                row += size;
-            }
-        }
+    for (Py_ssize_t c = 0; c < walk.chunks; ++c)
+        for (Py_ssize_t j = 0; j < panels; ++j)
+            walk_chunk_panel(&walk, c, j);
 }
 
 #endif

@@ -71,7 +71,7 @@ class CpuRunner:
 
     def __init__(self, model: Model, info: ModelInfo, attention: str | None = None,
                  token_buckets: bool = True, small_steps: bool = True, lanes: int | None = None,
-                 lane_nice: int = 0, small_step_threads: int | None = None) -> None:
+                 lane_nice: int = 0, small_step_threads: int | None = None, small_step_helper: bool = True) -> None:
         attention = attention or DEFAULT_CPU_ATTENTION
         if attention not in ATTENTION_IMPLS:
             raise ModelLoadError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_IMPLS)}")
@@ -86,6 +86,9 @@ class CpuRunner:
         # The flat loop's threads (None: the step's share): a replica runs them on one
         # (scheduler/settings.py, REPLICA_SMALL_STEP_THREADS says why).
         self._small_threads = small_step_threads
+        # On one thread, a step alone on the cores takes bf16_linear's helper thread for its
+        # linears (csrc/helper_team.h: no OpenMP pool to wake); False: benchmarks A/B.
+        self._small_helper = small_step_helper and small_step_threads == 1
         # The cores between the steps computed at once (thread_share.py): a step alone
         # gets them all; up to ``lanes`` steps run side by side, on a worker thread each.
         self._share = ThreadShare(torch.get_num_threads())
@@ -196,8 +199,9 @@ class CpuRunner:
     def _forward(self, batch: Batch) -> np.ndarray:
         if self._small is not None and self._small.covers(batch) and batch.key_lengths is None:
             # A fixed team (torch's own ops in the step too), else the step's share.
+            helper = self._small_helper and self._share.share() >= 2
             with (self._share.fixed(self._small_threads) if self._small_threads else contextlib.nullcontext()):
-                return self._small.run(batch)
+                return self._small.run(batch, helper=helper)
         return pooled_forward(*self._inputs(batch)).numpy()
 
     def _forward_with_states(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
