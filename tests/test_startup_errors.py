@@ -150,6 +150,29 @@ def test_an_unwritable_cache_directory(tmp_path: Path, tiny_bert_dir: Path) -> N
     assert_one_line(done, "cache directory", "not writable", "--cache-dir")
 
 
+NO_PASSWD_ENTRY = """
+import pwd, runpy, sys
+
+def no_entry(uid):
+    raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+pwd.getpwuid = no_entry   # as for a uid the image's /etc/passwd does not list
+sys.argv = ["embedserve", *sys.argv[1:]]
+runpy.run_module("embedserve.cli", run_name="__main__")
+"""
+
+
+def test_no_home_to_keep_the_caches_in() -> None:
+    """A container run as an arbitrary uid: no passwd entry and no $HOME, so ``~`` has no
+    meaning; the default cache directory is then a one-line error naming both ways out."""
+    environ = {name: value for name, value in os.environ.items()
+               if name not in ("HOME", "EMBEDSERVE_CACHE_DIR", "EMBEDSERVE_DEBUG")}
+    environ.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", NO_PASSWD_ENTRY, "serve", "--port", "0"], capture_output=True,
+                          text=True, env=environ, cwd=str(ROOT), timeout=120, stdin=subprocess.DEVNULL)
+    assert_one_line(done, "no home directory", f"uid {os.getuid()}", "HOME", "EMBEDSERVE_CACHE_DIR")
+
+
 def test_no_space_left_names_the_caches_to_move() -> None:
     # A full disk cannot be made here without privileges; the translation of the
     # error a write then raises is what every entry point uses.

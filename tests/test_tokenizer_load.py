@@ -7,6 +7,8 @@ Japanese test model.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
@@ -245,3 +247,24 @@ def test_unwritable_cache_dir_still_loads(tmp_path, small_sp_model):
     without_cache = Tokenizer.from_file(small_sp_model, compat="sentencepiece",
                                         cache_dir=tmp_path / "writable")
     assert tokenizer.encode("hello world").tolist() == without_cache.encode("hello world").tolist()
+
+
+def test_a_home_that_cannot_be_found_means_no_trie_cache(monkeypatch, small_sp_model):
+    """A uid without a passwd entry and no $HOME (a container run as an arbitrary uid): the
+    default cache directory's ``~`` cannot be expanded, so the trie is built in memory and the
+    tokenizer still gives sentencepiece's ids."""
+    import pwd
+
+    import sentencepiece
+
+    def no_entry(uid: int):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    with pytest.raises(RuntimeError):
+        Path("~").expanduser()
+    tokenizer = Tokenizer.from_file(small_sp_model, compat="sentencepiece")   # the default cache_dir, "~/..."
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(small_sp_model))
+    for text in ("I saw a girl with a telescope.", "def f(x): return x ** 2"):
+        assert tokenizer.encode(text, add_special_tokens=False).tolist() == reference.encode(text)

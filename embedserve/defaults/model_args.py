@@ -29,12 +29,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from embedserve.defaults.hub import HubModel, model_source, resolve_hub_model
+from embedserve.entrypoint import StartupError
 
 
 def default_cache_dir() -> Path:
-    """$EMBEDSERVE_CACHE_DIR, else ~/.cache/embedserve/models."""
+    """$EMBEDSERVE_CACHE_DIR, else ~/.cache/embedserve/models; a StartupError where ``~``
+    has no meaning (no HOME, and a uid without a passwd entry: a container run as an
+    arbitrary uid)."""
     configured = os.environ.get("EMBEDSERVE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "embedserve" / "models"
+    if configured:
+        return Path(configured)
+    try:
+        home = Path.home()
+    except RuntimeError:
+        raise StartupError(f"no home directory for the caches: HOME is not set and uid {os.getuid()} has no "
+                           "passwd entry", "set HOME, or EMBEDSERVE_CACHE_DIR, to a writable directory") from None
+    return home / ".cache" / "embedserve" / "models"
 
 
 CACHE_DIR_HELP = "where the default model is built (default: $EMBEDSERVE_CACHE_DIR or ~/.cache/embedserve/models)"
