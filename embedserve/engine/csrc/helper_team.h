@@ -95,9 +95,9 @@ static Py_ssize_t team_take_items(uint32_t id) {
     }
 }
 
-/* Where the helper finds itself on its caller's core, it moves to the other ``cores`` (those
- * the process may use) (a woken thread is often queued on its waker's core, where it would only take
- * the caller's turns); a no-op with one core. */
+/* Moves the helper off its caller's core to the other ``cores`` (those the process may use):
+ * a woken thread is often queued on its waker's core, where it would only take the caller's
+ * turns. A no-op with one core. */
 static void team_leave_callers_core(const cpu_set_t *cores, int caller_cpu) {
     if (caller_cpu < 0 || caller_cpu >= CPU_SETSIZE || !CPU_ISSET(caller_cpu, cores))
         return;
