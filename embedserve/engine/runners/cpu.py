@@ -198,8 +198,9 @@ class CpuRunner:
 
     def _forward(self, batch: Batch) -> np.ndarray:
         if self._small is not None and self._small.covers(batch) and batch.key_lengths is None:
-            # A fixed team (torch's own ops in the step too), else the step's share.
+            # bf16_linear's helper thread only where this step has two cores or more to itself
             helper = self._small_helper and self._share.share() >= 2
+            # A fixed team (torch's own ops in the step too), else the step's share.
             with (self._share.fixed(self._small_threads) if self._small_threads else contextlib.nullcontext()):
                 return self._small.run(batch, helper=helper)
         return pooled_forward(*self._inputs(batch)).numpy()
