@@ -192,7 +192,7 @@ def named(tids: set[int]) -> list[str]:
 
 batch = Batch.from_sequences([[0, 3642, 47, 2, 6], [0, 1300, 19, 4, 5, 77, 2]])
 
-def on_a_new_thread(engine: Engine) -> tuple[list, int]:
+def on_a_new_thread(engine: Engine) -> tuple[list, list[str]]:
     # A thread that has run no OpenMP region: a region of two threads starts its worker.
     out: list = []
     def step() -> None:
