@@ -30,6 +30,7 @@ from pathlib import Path
 
 from embedserve.defaults.hub import HubModel, model_source, resolve_hub_model
 from embedserve.entrypoint import StartupError
+from embedserve.home_paths import expand_home
 
 
 def default_cache_dir() -> Path:
@@ -39,12 +40,11 @@ def default_cache_dir() -> Path:
     configured = os.environ.get("EMBEDSERVE_CACHE_DIR")
     if configured:
         return Path(configured)
-    try:
-        home = Path.home()
-    except RuntimeError:
+    models = expand_home("~/.cache/embedserve/models")
+    if models is None:
         raise StartupError(f"no home directory for the caches: HOME is not set and uid {os.getuid()} has no "
-                           "passwd entry", "set HOME, or EMBEDSERVE_CACHE_DIR, to a writable directory") from None
-    return home / ".cache" / "embedserve" / "models"
+                           "passwd entry", "set HOME, or EMBEDSERVE_CACHE_DIR, to a writable directory")
+    return models
 
 
 CACHE_DIR_HELP = "where the default model is built (default: $EMBEDSERVE_CACHE_DIR or ~/.cache/embedserve/models)"

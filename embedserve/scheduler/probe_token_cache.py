@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from embedserve import ragged
+from embedserve.home_paths import expand_home
 from embedserve.ragged import RaggedBatch
 
 DEFAULT_PROBE_CACHE_DIR = Path("~/.cache/embedserve/probe-tokens")
@@ -56,11 +57,8 @@ def cached_tokens(model_dir: Path, texts: Sequence[str], max_positions: int,
                   ) -> RaggedBatch:
     """``tokenize()``'s batch of ``texts``, read from ``cache_dir`` when an earlier call
     stored it for the same tokenizer files and limit (``None``: no cache)."""
-    if cache_dir is None:
-        return tokenize()
-    try:
-        directory = Path(cache_dir).expanduser()
-    except RuntimeError:  # "~" with no home to expand to (a uid without a passwd entry, no $HOME)
+    directory = expand_home(cache_dir)
+    if directory is None:   # no cache, or "~" with no home to expand to
         return tokenize()
     path = directory / f"probe-{cache_key(model_dir, texts, max_positions)}.npz"
     stored = _read(path, len(texts))

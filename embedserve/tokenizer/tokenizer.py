@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from embedserve.errors import InvalidInput, ModelLoadError
+from embedserve.home_paths import expand_home
 from embedserve.tokenizer.backend import Truncation
 from embedserve.tokenizer.encoded import EncodedBatch
 from embedserve.tokenizer.formats.charsmap import parse_charsmap
@@ -92,16 +93,6 @@ def to_utf8(text: str) -> bytes:
         return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
-def _expanded(cache_dir: Path | None) -> Path | None:
-    """``cache_dir`` with ``~`` expanded; None (no cache on disk: the trie is built in memory)
-    where it is None or ``~`` has no home to expand to (no $HOME, and a uid without a passwd
-    entry: a container run as an arbitrary uid)."""
-    try:
-        return Path(cache_dir).expanduser() if cache_dir is not None else None
-    except RuntimeError:
-        return None
-
-
 class Tokenizer:
     """An exact Unigram encoder over a loaded TokenizerSpec (a ``backend.TokenizerBackend``)."""
 
@@ -129,7 +120,7 @@ class Tokenizer:
         self._word_cache_slots = word_cache_slots if caches else 0
         self._wordpiece: WordPieceEncoder | None = None
         if spec.wordpiece is not None:  # WordPiece -> the native WordPiece encoder
-            self._wordpiece = WordPieceEncoder(spec, _expanded(cache_dir))
+            self._wordpiece = WordPieceEncoder(spec, expand_home(cache_dir))
         else:
             self._init_unigram(spec, cache_dir)
         self._threads = max(1, threads or os.cpu_count() or 1)
@@ -147,7 +138,7 @@ class Tokenizer:
         else:
             from embedserve.tokenizer.kernels.normalize_hf import hf_params
             params = self._hf = hf_params(spec, units)
-        nodes, score64 = load_or_build_compact_nodes(spec, _expanded(cache_dir))
+        nodes, score64 = load_or_build_compact_nodes(spec, expand_home(cache_dir))  # None: built in memory
         unk_score = _unk_score(spec)
         token_scores, max_abs_score = np.zeros(0, np.float32), 0.0
         if spec.compat == "sentencepiece" and self._word_cache_slots:
