@@ -20,13 +20,26 @@ other processes' load barely moves; tokens/s counts the tokens embedserve's
 tokenizer produced (specials included), the same for both sides.
 
     python -m bench mpnet [--layers 12] [--repeats 2]
+    python -m bench mpnet --bias-ab [--threads 2] [--repeats 20] [--model-dir DIR]
+
+``--bias-ab`` times instead where MPNet's relative position bias is added in bf16 (torch's
+threads, ``--threads``): on the native attention kernel (modules/mpnet.py's
+``per_sequence_native``, and small steps' flat loop for steps of up to 64 tokens) against
+one SDPA per sequence with the bias as its mask (``per_sequence_biased``, the general path:
+what every MPNet step ran before, and what runs where the kernel does not). One engine as
+served, the other with ``small_steps=False`` and its model's ``native_attention`` off, the
+two taking turns; wall ms per step (median), for the 32 mixed texts in one step and for
+single texts of 8 and 32 tokens. ``--model-dir`` writes the model there (once) and keeps
+it, for serving it: ``python -m bench overhead --stack ". --model DIR"``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +97,17 @@ def build(directory: Path, layers: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=2, help="timed batches per side")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed batches per side (default: 2; --bias-ab: 20 per step shape)")
+    parser.add_argument("--bias-ab", action="store_true",
+                        help="bf16: the bias on the attention kernel against SDPA with a mask (see above)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for --bias-ab")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="--bias-ab: build the model here (unless there) and keep it")
     args = parser.parse_args(argv)
+    if args.bias_ab:
+        return bias_ab(args.layers, args.repeats or 20, args.threads, args.model_dir)
+    args.repeats = args.repeats or 2
     torch.set_num_threads(1)
     from sentence_transformers import SentenceTransformer
 
@@ -122,4 +144,45 @@ def main(argv: list[str] | None = None) -> int:
               f"({tokens} tokens), 1 thread, CPU seconds per batch (best of {args.repeats}); "
               f"min cosine vs sentence-transformers {cosine:.6f}")
         print(speedup_table("mixed", tokens, engine_s, reference_s), flush=True)
+    return 0
+
+
+def bias_ab(layers: int, repeats: int, threads: int, model_dir: Path | None) -> int:
+    """``--bias-ab``: wall ms per bf16 step, the bias on the kernel against SDPA's mask."""
+    from embedserve.engine import Batch, Engine
+    from embedserve.engine.modules import bf16_attention
+    from embedserve.tokenizer.load import load_tokenizer
+
+    if not bf16_attention.kernel_available():
+        print("the native bf16 attention kernel does not run here (not built, or no AVX512-BF16)")
+        return 1
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = model_dir or Path(tmp)
+        if not (directory / "config.json").exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            build(directory, layers)
+        tokenizer = load_tokenizer(directory)
+        rng = np.random.default_rng(0)
+        mixed = [tokenizer.encode(t)[:384].astype(np.int32) for t in mixed_texts(32, rng)]
+        shapes = {"32 mixed texts": mixed,
+                  "1 x 8 tokens": [mixed[0][:8]], "1 x 32 tokens": [mixed[1][:32]]}
+        print(f"MPNet (all-mpnet-base-v2 widths, {layers} layers, random weights), bf16, {threads} threads; "
+              f"wall ms per step, median of {repeats}, the two taking turns")
+        print("| step | SDPA with the bias as mask | bias on the kernel | kernel / SDPA |")
+        print("|---|---:|---:|---:|")
+        with (Engine.load(directory, dtype="bfloat16") as kernel,
+              Engine.load(directory, dtype="bfloat16", small_steps=False) as sdpa):
+            sdpa.model.native_attention = False
+            for name, sequences in shapes.items():
+                batch = Batch.from_sequences(sequences)
+                times: dict[str, list[float]] = {"sdpa": [], "kernel": []}
+                for i in range(repeats + 2):
+                    for side, engine in (("sdpa", sdpa), ("kernel", kernel)):
+                        started = time.perf_counter()
+                        engine.step(batch, inline=True).wait()
+                        if i >= 2:
+                            times[side].append((time.perf_counter() - started) * 1e3)
+                before, after = statistics.median(times["sdpa"]), statistics.median(times["kernel"])
+                print(f"| {name} ({batch.num_tokens} tokens) | {before:.2f} | {after:.2f} | {after / before:.2f}x |")
     return 0

@@ -98,6 +98,50 @@ def test_kernel_matches_float32_attention_as_closely_as_torch_bf16(
     assert error.mean() <= 1.1 * torch_error.mean() + 1e-7
 
 
+def sdpa_biased(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], rows: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Per sequence, SDPA with the additive mask bias[h, i, j] = rows[h, j - i + reach]
+    (MPNet's relative position bias, as modules/mpnet.py's SDPA path adds it)."""
+    reach = rows.shape[1] // 2
+    out = torch.empty(q.shape, dtype=dtype)
+    start = 0
+    for length in lengths:
+        index = torch.arange(length)
+        mask = rows[:, index[None, :] - index[:, None] + reach].to(dtype)[None]         # [1, heads, L, L]
+        qs, ks, vs = (t[start:start + length].to(dtype).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        out[start:start + length] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)[0].transpose(0, 1)
+        start += length
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("lengths", [[1, 17, 64], [300, 5, 129]], ids=lambda lengths: "-".join(map(str, lengths)))
+def test_a_relative_bias_is_added_as_sdpa_adds_its_mask(path: str, head_dim: int, lengths: list[int]) -> None:
+    q, k, v = packed_qkv(lengths, head_dim, seed=4)
+    reach = max(lengths) + 3                        # any reach at least the longest - 1
+    # bf16 values, as MPNet's table has them; large enough to move the softmax
+    rows = (torch.randn(HEADS, 2 * reach + 1, generator=torch.Generator().manual_seed(5)) * 3).bfloat16().float()
+    reference = sdpa_biased(q, k, v, lengths, rows, torch.float32)
+    torch_error = (sdpa_biased(q, k, v, lengths, rows, torch.bfloat16).float() - reference).abs()
+    starts, lengths_tensor = bounds(lengths)
+    out = bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor, path, bias=rows).float()
+    error = (out - reference).abs()
+    assert error.max() <= 1.25 * torch_error.max() + 1e-6
+    assert error.mean() <= 1.1 * torch_error.mean() + 1e-7
+    # the bias moved the result: without it the kernel is far from this reference
+    unbiased = bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor, path).float()
+    assert (unbiased - reference).abs().max() > 100 * error.max()
+
+
+def test_a_bias_too_short_for_the_longest_sequence_is_refused(kernel: None) -> None:
+    q, k, v = packed_qkv([10, 40], 32)
+    starts, lengths_tensor = bounds([10, 40])
+    with pytest.raises(ValueError, match="too short"):
+        bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor, bias=torch.zeros(HEADS, 2 * 38 + 1))
+    with pytest.raises(ValueError, match="float32"):
+        bf16_attention.attend_sequences(q, k, v, starts, lengths_tensor, bias=torch.zeros(HEADS, 80))
+
+
 def test_rows_whose_scores_are_all_negative(path: str) -> None:
     # Keys padded to a multiple of 64 score 0 against any query: a row max taken over
     # them instead of the real keys would shift every exponential below float range.

@@ -133,6 +133,37 @@ def test_the_references_can_tell_what_is_modelled(family_dirs: dict[str, Path]) 
     assert (with_bias - without).abs().max() > 1e-2
 
 
+def test_mpnet_in_bf16_adds_its_bias_on_the_attention_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPUs that run the native bf16 attention, MPNet's layers take it with the bias
+    by distance (mpnet.per_sequence_native): as close to transformers (float32) as the
+    SDPA path it replaced (per_sequence_biased, in bf16)."""
+    from embedserve.engine.modules import bf16_attention
+
+    if not bf16_attention.kernel_available():
+        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
+    model_dir = build_family_dir(tmp_path / "mpnet", "mpnet", hidden_size=128, pooler_hidden_size=128)  # head size 32
+    sequences = _sequences()
+    batch = Batch.from_sequences(sequences)
+    expected = np.stack([states.mean(0).numpy() for states in _reference_states("mpnet", model_dir, sequences)])
+    biased_calls = []
+    kernel = bf16_attention.attend_sequences
+
+    def counted(*args, **kwargs):
+        biased_calls.append(kwargs.get("bias") is not None)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(bf16_attention, "attend_sequences", counted)
+    with Engine.load(model_dir, dtype="bfloat16", small_steps=False) as engine:
+        native = engine.step(batch).wait()
+        assert biased_calls and all(biased_calls)
+        engine.model.native_attention = False
+        sdpa = engine.step(batch).wait()
+        assert len(biased_calls) == 3             # one per layer, none in the second step
+    off = np.array([1 - _cosine(a, b) for a, b in zip(native, expected)])
+    bar = np.array([1 - _cosine(a, b) for a, b in zip(sdpa, expected)])
+    assert off.max() <= 1e-4 and off.max() <= 2 * bar.max() + 1e-6, (off, bar)
+
+
 def test_nomic_bert_hub_config_spelling_is_the_same_model(family_dirs: dict[str, Path], tmp_path: Path) -> None:
     """nomic-embed-text's config.json as the hub ships it (the remote code's GPT-2 style
     names) loads as the transformers-spelled one it was converted from."""

@@ -26,7 +26,7 @@ from embedserve.engine import Batch, Engine
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.residual_norm import kernel_available as norm_kernel_available
 from embedserve.engine.small_steps import SMALL_STEP_TOKENS, SmallStepForward
-from family_models import build_family_dir
+from family_models import VOCAB_SIZE, build_family_dir, model_class
 from st_metadata import write_st_metadata
 
 QUERIES = ["how do I bake bread?", "¿Dónde está la estación de tren más cercana?", "東京の天気は？",
@@ -116,13 +116,43 @@ def test_other_models_and_dtypes_keep_the_general_path(cls_bert_dir: Path, tiny_
     with Engine.load(cls_bert_dir, dtype="float32") as fp32, Engine.load(tiny_reranker_dir, dtype="bfloat16") as head:
         assert fp32._runner._small is None      # float32: no native attention kernel
         assert head._runner._small is None      # a scoring head
-    # Families whose forward adds to BERT's (MPNet's relative position bias in every
-    # layer's scores, DeBERTa's disentangled attention) would lose it in the flat loop.
-    # hidden 128 over 4 heads: a head size the native attention kernel takes.
-    for family in ("mpnet", "deberta-v2"):
-        with Engine.load(build_family_dir(tmp_path / family, family, hidden_size=128, pooler_hidden_size=128),
-                         dtype="bfloat16") as engine:
-            assert engine._runner._small is None, family
+    # A family whose forward adds to BERT's (DeBERTa's disentangled attention) would lose
+    # it in the flat loop. hidden 128 over 4 heads: a head size the native attention kernel takes.
+    with Engine.load(build_family_dir(tmp_path / "deberta", "deberta-v2", hidden_size=128, pooler_hidden_size=128),
+                     dtype="bfloat16") as engine:
+        assert engine._runner._small is None
+
+
+def test_mpnet_takes_the_flat_loop_with_its_relative_bias(tmp_path: Path) -> None:
+    """MPNet's bias in every layer's scores, on the attention kernel: the flat loop gives
+    the general path's bits, as close to transformers (float32) as bf16 allows, and
+    closer than the same model without its bias would be."""
+    directory = build_family_dir(tmp_path / "mpnet", "mpnet", hidden_size=128, pooler_hidden_size=128)
+    rng = np.random.default_rng(11)
+    lengths = [6, 1, 20, 30]            # buckets go logarithmic past 8 tokens
+    ids = [rng.integers(5, VOCAB_SIZE, n).astype(np.int32) for n in lengths]
+    model = model_class("mpnet").from_pretrained(directory, attn_implementation="eager").eval()
+
+    def reference() -> np.ndarray:
+        with torch.no_grad():
+            return np.stack([model(input_ids=torch.from_numpy(row.astype(np.int64))[None]).last_hidden_state[0]
+                             .mean(0).numpy() for row in ids])
+
+    with_bias = reference()
+    model.encoder.relative_attention_bias.weight.data.zero_()
+    without_bias = reference()
+    batch = Batch.from_sequences(ids)
+    with (Engine.load(directory, dtype="bfloat16") as flat,
+          Engine.load(directory, dtype="bfloat16", small_steps=False) as general):
+        assert isinstance(flat._runner._small, SmallStepForward) and general._runner._small is None
+        ours = flat.step(batch).wait()
+        np.testing.assert_array_equal(ours, general.step(batch).wait())
+        one_at_a_time = np.concatenate([flat.step(Batch.from_sequences([row])).wait() for row in ids])
+    longer = np.array(lengths) > 1      # one token: its one score's bias cannot move a softmax
+    for got in (ours, one_at_a_time):
+        assert cosines(got, with_bias).min() >= 0.9999
+        off, off_without_bias = 1 - cosines(got, with_bias), 1 - cosines(got, without_bias)
+        assert (off_without_bias[longer] > 10 * off[longer]).all(), (off, off_without_bias)
 
 
 def test_int8_queries_take_the_flat_loop_and_stay_close_to_transformers(minilm_dir: Path) -> None:

@@ -19,7 +19,9 @@ the two paths against each other). ``--dtype int8``'s layers (``Int8Layer``, on 
 base) take the same loop, their int8 linears called as the layer calls them
 (``Int8Weight``: int8_linear.py's kernel at these sizes). Only the bf16 path with the
 native attention and add + LayerNorm kernels is covered (what ``--dtype auto`` serves on
-AMX and AVX512-BF16 CPUs); any other model, dtype or CPU keeps the general path.
+AMX and AVX512-BF16 CPUs); any other model, dtype or CPU keeps the general path. MPNet
+is covered too: its relative position bias goes to the attention kernel as
+``per_sequence_native`` gives it (modules/mpnet.py), one table of rows for every step.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from embedserve.engine.int8_layers import Int8Layer, Int8Weight
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.layout import layout_arrays
+from embedserve.engine.modules.mpnet import MPNetModel, relative_bias_rows
 from embedserve.engine.modules.pooling import mean_pool
 from embedserve.engine.onednn import FusedLayer, PackedWeight
 from embedserve.engine.residual_norm import ResidualNorm
@@ -132,6 +135,13 @@ class SmallStepForward:
         self._embedding_norm = embeddings.norm
         self._projection = getattr(model, "projection", None)
         self._no_types = torch.zeros(SMALL_STEP_TOKENS, dtype=torch.int64)
+        # MPNet: its bias by distance, for every step's sequences (none is longer than a
+        # step), and no segments (its forward zeroes the types)
+        self._bias: torch.Tensor | None = None
+        self._bias_at, self._bias_reach = 0, 0
+        if isinstance(model, MPNetModel):
+            self._bias = relative_bias_rows(model.relative_bias.weight, SMALL_STEP_TOKENS - 1)
+            self._bias_at, self._bias_reach = self._bias.data_ptr(), SMALL_STEP_TOKENS - 1
         self._pointers = self._pointer_plan(layers)
         # the same calls, bf16_linear's with its helper thread (``run(..., helper=True)``)
         self._helped = self._pointer_plan(layers, helper=True)
@@ -144,8 +154,8 @@ class SmallStepForward:
         attention other than the default ``per_sequence``, or the native attention / add +
         LayerNorm kernels not running here."""
         if (not isinstance(model, EncoderModel) or model.head is not None or getattr(model, "mlm", None) is not None
-                # a family with a forward of its own (MPNet's position bias, DeBERTa's attention)
-                or type(model).forward is not EncoderModel.forward
+                # a family with a forward of its own (DeBERTa's attention); MPNet's bias is here
+                or type(model).forward not in (EncoderModel.forward, MPNetModel.forward)
                 or getattr(model.config, "task", "") == "multivector"   # token rows, not pooled ones
                 or pooling not in _POOLINGS or attention != "per_sequence"
                 or not model.attention_kind.is_full or _add_layer_norm is None):
@@ -202,7 +212,7 @@ class SmallStepForward:
         starts = torch.from_numpy(cu_seqlens[:-1].astype(np.int64))
         token_ids = torch.from_numpy(batch.token_ids.astype(np.int64))
         positions = torch.from_numpy(offsets + self._position_offset)
-        types = (self._no_types[:tokens] if batch.token_type_ids is None
+        types = (self._no_types[:tokens] if batch.token_type_ids is None or self._bias is not None
                  else torch.from_numpy(batch.token_type_ids.astype(np.int64)))
         x = self._embed(token_ids, types, positions)
         threads = torch.get_num_threads()
@@ -235,7 +245,7 @@ class SmallStepForward:
             base = qkv.data_ptr()
             _attend(base, base + 2 * hidden, base + 4 * hidden, context.data_ptr(), row,
                     heads * head_dim, heads, head_dim, starts.data_ptr(), lengths.data_ptr(),
-                    sequences, self._scale, threads, self._amx)
+                    sequences, self._scale, threads, self._amx, self._bias_at, self._bias_reach)
             y = _linear(layer.attn_out, flat_context)
             _norm(y, x, layer.attn_norm, tokens, hidden, threads)
             x = y
@@ -261,13 +271,13 @@ class SmallStepForward:
         qkv_at, inner_at, context_at = qkv.data_ptr(), inner.data_ptr(), context.data_ptr()
         starts_at, lengths_at, sequences = starts.data_ptr(), lengths.data_ptr(), int(starts.shape[0])
         attend, norm = bf16_attention._native.attend, _add_layer_norm.add_layer_norm
-        scale, amx = self._scale, self._amx
+        scale, amx, bias_at, reach = self._scale, self._amx, self._bias_at, self._bias_reach
         pointers = cast("list[tuple[PointerLinear, ...]]", self._helped if helper else self._pointers)  # run() checked
         for layer, (qkv_linear, out_linear, in_linear, ffn_linear) in zip(self._layers, pointers, strict=True):
             qkv_linear(here, qkv_at, tokens, threads)
             attend(qkv_at, qkv_at + 2 * hidden, qkv_at + 4 * hidden, context_at, 3 * hidden, 3 * hidden,
                    3 * hidden, heads * head_dim, heads, head_dim, starts_at, lengths_at, sequences, scale,
-                   threads, amx)
+                   threads, amx, bias_at, reach)
             out_linear(context_at, there, tokens, threads)
             norm(there, here, layer.attn_norm.weight32, layer.attn_norm.bias32, tokens, hidden, hidden, hidden,
                  layer.attn_norm.eps, threads)                                  # there = LN(there + here)
@@ -312,10 +322,11 @@ def _pointer_linear(linear: _Linear, activation: int, helper: bool = False) -> P
 
 
 def _attend(q: int, k: int, v: int, out: int, qkv_stride: int, out_stride: int, heads: int, head_dim: int,
-            starts: int, lengths: int, sequences: int, scale: float, threads: int, amx: bool) -> None:
+            starts: int, lengths: int, sequences: int, scale: float, threads: int, amx: bool, bias: int = 0,
+            reach: int = 0) -> None:
     # bf16_attention.attend_sequences' native call; q, k, v: the thirds of one QKV row (bytes apart)
     bf16_attention._native.attend(q, k, v, out, qkv_stride, qkv_stride, qkv_stride, out_stride, heads,
-                                  head_dim, starts, lengths, sequences, scale, threads, amx)
+                                  head_dim, starts, lengths, sequences, scale, threads, amx, bias, reach)
 
 
 def _norm(y: torch.Tensor, residual: torch.Tensor, norm: _Norm, rows: int, hidden: int, threads: int) -> None:

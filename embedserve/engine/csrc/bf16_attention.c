@@ -25,6 +25,12 @@
  * [T, heads, head_dim] rows ``out_stride`` elements apart. Sequence s covers rows
  * starts[s] .. starts[s] + lengths[s]. head_dim is 32 or 64.
  *
+ * With ``bias`` (MPNet's relative position bias), each score is scaled and the bias for
+ * its distance added before the softmax, as torch's SDPA adds an additive mask:
+ * scale * q.k + bias[head][key - query]. ``bias`` is f32 [heads][2 * reach + 1], the
+ * entry for distance d (key index minus query index within a sequence) at d + reach;
+ * ``reach`` is at least the longest sequence's length - 1.
+ *
  * Work items are (sequence, head) pairs, split between threads by their cost
  * (``item_cost``: ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
  * ``run_shares``). On the AMX path each thread configures its own tiles (tile state is
@@ -64,6 +70,8 @@ typedef struct {
     int64_t max_length;
     float scale;
     int tiles;   /* 1: AMX tiles; 0: VDPBF16PS */
+    const float *bias;   /* NULL: none; else [heads][2 * bias_reach + 1] */
+    int64_t bias_reach;
 } Problem;
 
 typedef struct {
@@ -174,6 +182,21 @@ static float softmax_row(const float *scores, float row_max, int64_t length, int
         _mm512_storeu_si512(probs + j, (__m512i)_mm512_cvtne2ps_pbh(high_half, low));
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(sum_low, sum_high));
+}
+
+/* One row of scores -> scale * score + its distance's bias (``bias``: the entry for key
+ * 0, so key j's is bias[j]), in place for the first ``length``; returns their largest. */
+static float add_bias_row(float *scores, const float *bias, int64_t length, float scale) {
+    const __m512 factor = _mm512_set1_ps(scale);
+    __m512 highest = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < length; j += 16) {
+        const __mmask16 lanes = first_lanes(length - j);
+        const __m512 biased = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, scores + j), factor,
+                                              _mm512_maskz_loadu_ps(lanes, bias + j));
+        _mm512_mask_storeu_ps(scores + j, lanes, biased);
+        highest = _mm512_mask_max_ps(highest, lanes, highest, biased);
+    }
+    return _mm512_reduce_max_ps(highest);
 }
 
 typedef struct {
@@ -382,10 +405,20 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
         else
             scores_dot(s, hd, length, padded, rows, highest);
         float sums[ROWS];
-        for (int64_t i = 0; i < ROWS; ++i)
-            sums[i] = i < rows ? softmax_row(s->scores + i * padded, _mm512_reduce_max_ps(highest[i]),
-                                             length, padded, pr->scale, s->probs + i * padded)
-                               : (memset(s->probs + i * padded, 0, padded * 2), 1.0f);
+        for (int64_t i = 0; i < ROWS; ++i) {
+            float *row = s->scores + i * padded;
+            if (i >= rows) {
+                memset(s->probs + i * padded, 0, padded * 2);
+                sums[i] = 1.0f;
+            } else if (pr->bias) {   /* the row is scaled here: the softmax's scale is 1 */
+                const float *bias = pr->bias + head * (2 * pr->bias_reach + 1) + pr->bias_reach - (row0 + i);
+                sums[i] = softmax_row(row, add_bias_row(row, bias, length, pr->scale), length, padded, 1.0f,
+                                      s->probs + i * padded);
+            } else {
+                sums[i] = softmax_row(row, _mm512_reduce_max_ps(highest[i]), length, padded, pr->scale,
+                                      s->probs + i * padded);
+            }
+        }
         if (pr->tiles)
             context_tiles(s, hd, padded);
         else
@@ -441,13 +474,13 @@ static void run_shares(Share *shares, int count) {
 
 static PyObject *attend(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long q, k, v, out, starts, lengths;
-    Py_ssize_t q_stride, k_stride, v_stride, out_stride, heads, head_dim, sequences, threads;
+    unsigned long long q, k, v, out, starts, lengths, bias = 0;
+    Py_ssize_t q_stride, k_stride, v_stride, out_stride, heads, head_dim, sequences, threads, bias_reach = 0;
     float scale;
     int tiles;
-    if (!PyArg_ParseTuple(args, "KKKKnnnnnnKKnfnp", &q, &k, &v, &out, &q_stride, &k_stride, &v_stride,
+    if (!PyArg_ParseTuple(args, "KKKKnnnnnnKKnfnp|Kn", &q, &k, &v, &out, &q_stride, &k_stride, &v_stride,
                           &out_stride, &heads,
-                          &head_dim, &starts, &lengths, &sequences, &scale, &threads, &tiles))
+                          &head_dim, &starts, &lengths, &sequences, &scale, &threads, &tiles, &bias, &bias_reach))
         return NULL;
     if (head_dim != 32 && head_dim != 64) {
         PyErr_Format(PyExc_ValueError, "head_dim must be 32 or 64, got %zd", head_dim);
@@ -463,11 +496,17 @@ static PyObject *attend(PyObject *self, PyObject *args) {
     const int64_t *lens = (const int64_t *)(uintptr_t)lengths;
     Problem pr = {(const uint16_t *)(uintptr_t)q, (const uint16_t *)(uintptr_t)k,
                   (const uint16_t *)(uintptr_t)v, (uint16_t *)(uintptr_t)out, q_stride, k_stride, v_stride, out_stride,
-                  heads, head_dim, (const int64_t *)(uintptr_t)starts, lens, 0, scale, tiles};
+                  heads, head_dim, (const int64_t *)(uintptr_t)starts, lens, 0, scale, tiles,
+                  (const float *)(uintptr_t)bias, bias_reach};
     double total = 0.0;
     for (Py_ssize_t s = 0; s < sequences; ++s) {
         if (lens[s] > pr.max_length) pr.max_length = lens[s];
         total += item_cost(lens[s]) * (double)heads;
+    }
+    if (pr.bias && pr.bias_reach < pr.max_length - 1) {
+        PyErr_Format(PyExc_ValueError, "a bias reaching %zd tokens is too short for a sequence of %lld",
+                     bias_reach, (long long)pr.max_length);
+        return NULL;
     }
     const int64_t items = (int64_t)sequences * heads;
     if (items == 0 || pr.max_length == 0) Py_RETURN_NONE;
@@ -506,8 +545,9 @@ static PyObject *request_tiles(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"attend", attend, METH_VARARGS,
      "attend(q, k, v, out, q_stride, k_stride, v_stride, out_stride, heads, head_dim, starts, lengths, sequences, "
-     "scale, threads, tiles): bidirectional attention per sequence; arguments are data pointers and sizes; "
-     "tiles: AMX (the caller has the tile state) or VDPBF16PS."},
+     "scale, threads, tiles[, bias, bias_reach]): bidirectional attention per sequence; arguments are data "
+     "pointers and sizes; tiles: AMX (the caller has the tile state) or VDPBF16PS; bias: f32 [heads, 2 * "
+     "bias_reach + 1] added by distance (key - query) after scaling, 0 for none."},
     {"request_tiles", request_tiles, METH_NOARGS,
      "Ask Linux for the AMX tile state; True if this process may use it."},
     {NULL, NULL, 0, NULL},

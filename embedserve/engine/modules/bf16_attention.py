@@ -78,12 +78,16 @@ def covers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
-                     lengths: torch.Tensor, path: str | None = None) -> torch.Tensor:
+                     lengths: torch.Tensor, path: str | None = None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of each sequence to itself: q, k, v [T, heads, head_dim] -> [T, heads, head_dim].
 
     starts, lengths: int64 [B], contiguous; sequence b is rows starts[b] .. starts[b] + lengths[b].
-    ``path``: one of ``available_paths()`` (default: the fastest). The caller checks
-    ``covers`` first. Runs on torch's intra-op thread count.
+    ``path``: one of ``available_paths()`` (default: the fastest). ``bias``: float32
+    [heads, 2 * reach + 1], contiguous, added to each scaled score by its distance (key
+    index - query index, at column distance + reach; ``relative_bias_rows``), reach at
+    least the longest sequence - 1. The caller checks ``covers`` first. Runs on torch's
+    intra-op thread count.
     """
     path = path or kernel_path()
     if path not in available_paths():
@@ -93,9 +97,15 @@ def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: 
     out = torch.empty((tokens, heads, head_dim), dtype=torch.bfloat16)
     if not tokens:
         return out
+    bias_at, reach = 0, 0
+    if bias is not None:
+        if bias.dtype != torch.float32 or not bias.is_contiguous() or bias.shape[0] != heads or bias.shape[1] % 2 != 1:
+            raise ValueError(f"bias must be contiguous float32 [heads, 2 * reach + 1], got {tuple(bias.shape)} "
+                             f"{bias.dtype}")
+        bias_at, reach = bias.data_ptr(), bias.shape[1] // 2
     with profiler_names.named(profiler_names.BF16_ATTENTION):
         _native.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                        q.stride(0), k.stride(0), v.stride(0), out.stride(0), heads, head_dim,
                        starts.data_ptr(), lengths.data_ptr(), starts.shape[0], head_dim ** -0.5,
-                       torch.get_num_threads(), path == AMX)
+                       torch.get_num_threads(), path == AMX, bias_at, reach)
     return out

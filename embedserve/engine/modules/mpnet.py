@@ -12,6 +12,10 @@ The bias is added by the ``Attend`` this module builds from the position ids
 alone (sequences restart at position 0), so runners and CUDA-graph buckets
 need nothing new:
 
+- ``per_sequence_native``: on CPU, the native bf16 attention kernel
+  (bf16_attention.py) with the bias as one float32 row per head by distance
+  (``relative_bias_rows``), where the kernel covers the call (bf16, head size 32
+  or 64, AVX512-BF16); else
 - ``per_sequence_biased``: one SDPA per sequence with its ``[heads, L, L]``
   slice of one bias table (CPU: no padding at all);
 - ``block_diagonal_biased``: one SDPA over all T tokens, the bias where two
@@ -28,6 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.attention import Attend, AttentionKind
 from embedserve.engine.modules.bert import EncoderModel, embedding_table
 from embedserve.model.bert_variants_config import (
@@ -55,6 +60,33 @@ def relative_buckets(relative_position: torch.Tensor, num_buckets: int = MPNET_B
 def _bias(distance: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # distance: [Q, K] key - query; table: [buckets, heads] -> [heads, Q, K]
     return table[relative_buckets(distance)].permute(2, 0, 1).to(dtype)
+
+
+def relative_bias_rows(table: torch.Tensor, reach: int) -> torch.Tensor:
+    """The bias by distance as the native kernel reads it: float32 [heads, 2 * reach + 1],
+    column d + reach holding the bias of key - query = d (the table's values, as
+    ``_bias`` gives them)."""
+    distance = torch.arange(-reach, reach + 1, device=table.device)
+    return table[relative_buckets(distance)].t().float().contiguous()
+
+
+def per_sequence_native(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
+    """Attention inside each sequence plus MPNet's bias on the native kernel, for the
+    calls it covers; the others go to ``per_sequence_biased`` (built on first use)."""
+    starts = torch.nonzero(offsets == 0).flatten()
+    lengths = torch.diff(starts, append=torch.tensor([offsets.shape[0]], device=offsets.device))
+    rows = relative_bias_rows(table, int(lengths.max()) - 1)
+    fallback: list[Attend] = []
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kind: AttentionKind | None = None) -> torch.Tensor:
+        if bf16_attention.covers(q, k, v):
+            return bf16_attention.attend_sequences(q, k, v, starts, lengths, bias=rows)
+        if not fallback:
+            fallback.append(per_sequence_biased(offsets, table))
+        return fallback[0](q, k, v, kind)
+
+    return attend
 
 
 def per_sequence_biased(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
@@ -114,12 +146,16 @@ class MPNetModel(EncoderModel):
     def __init__(self, config: MPNetConfig) -> None:
         super().__init__(config)
         self.relative_bias = embedding_table(config.relative_attention_num_buckets, config.num_heads)
+        # False: CPU steps add the bias as SDPA's mask even where the kernel runs (bench mpnet --bias-ab)
+        self.native_attention = True
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor,
                 token_type_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
         offsets = position_ids - self.config.position_offset                    # [T], 0 at each start
         table = self.relative_bias.weight                                       # [buckets, heads]
-        if offsets.device.type == "cpu":
+        if offsets.device.type == "cpu" and self.native_attention:
+            biased = per_sequence_native(offsets, table)
+        elif offsets.device.type == "cpu":
             biased = per_sequence_biased(offsets, table)
         else:
             biased = block_diagonal_biased(offsets, table)   # static shapes for CUDA graphs
