@@ -9,8 +9,10 @@ same run is what to read, not the absolute rates.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -44,3 +46,17 @@ def speedup_table(scenario: str, tokens: int, engine_s: float, reference_s: floa
         "|---|---|---|---|---|",
         f"| {scenario} | {tokens} | {tokens / engine_s:.0f} | {tokens / reference_s:.0f} | "
         f"{reference_s / engine_s:.2f}x |"])
+
+
+def alternating_step_ms(engines: dict[str, Any], batch: Any, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median wall ms of an inline ``step(batch)`` per engine, the engines taking turns
+    (``warmup`` rounds first): two configurations of one model compared on a host whose
+    speed drifts."""
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(warmup + repeats):
+        for name, engine in engines.items():
+            started = time.perf_counter()
+            engine.step(batch, inline=True).wait()
+            if i >= warmup:
+                times[name].append((time.perf_counter() - started) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}

@@ -37,15 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.mixed_lengths import best_cpu_seconds, mixed_texts, speedup_table
+from bench.mixed_lengths import alternating_step_ms, best_cpu_seconds, mixed_texts, speedup_table
 
 
 def build(directory: Path, layers: int) -> None:
@@ -176,13 +174,7 @@ def bias_ab(layers: int, repeats: int, threads: int, model_dir: Path | None) -> 
             sdpa.model.native_attention = False
             for name, sequences in shapes.items():
                 batch = Batch.from_sequences(sequences)
-                times: dict[str, list[float]] = {"sdpa": [], "kernel": []}
-                for i in range(repeats + 2):
-                    for side, engine in (("sdpa", sdpa), ("kernel", kernel)):
-                        started = time.perf_counter()
-                        engine.step(batch, inline=True).wait()
-                        if i >= 2:
-                            times[side].append((time.perf_counter() - started) * 1e3)
-                before, after = statistics.median(times["sdpa"]), statistics.median(times["kernel"])
+                ms = alternating_step_ms({"sdpa": sdpa, "kernel": kernel}, batch, repeats)
+                before, after = ms["sdpa"], ms["kernel"]
                 print(f"| {name} ({batch.num_tokens} tokens) | {before:.2f} | {after:.2f} | {after / before:.2f}x |")
     return 0

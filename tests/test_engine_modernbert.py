@@ -244,5 +244,56 @@ def test_bfloat16_stays_close_to_float32_transformers(embed_dir: Path) -> None:
         assert _cosine(pooled[i], _pool(reference, "mean")) >= 0.999, len(sequences[i])
 
 
+def _native_attention_or_skip() -> None:
+    from embedserve.engine.modules import bf16_attention
+
+    if not bf16_attention.kernel_available():
+        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
+
+
+@pytest.mark.parametrize("window", [2, 8, 33])
+def test_local_attention_on_the_kernel_equals_the_banded_window(window: int) -> None:
+    """bf16 local layers on the native kernel (the window as a bias by distance) against
+    the banded SDPA in float32 on the same bf16 rows: off by no more than torch's own bf16
+    SDPA is, and far from attention without the window."""
+    from embedserve.engine.modules.modernbert import local_attention, sliding_window_from_positions
+
+    _native_attention_or_skip()
+    rng = np.random.default_rng(window)
+    lengths = [1, 40, 17, 64]
+    positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
+    q, k, v = (torch.from_numpy(rng.standard_normal((len(positions), 4, 32)) * 2).bfloat16() for _ in range(3))
+    expected = sliding_window_from_positions(positions, window)(q.float(), k.float(), v.float())
+    torch_bf16 = sliding_window_from_positions(positions, window)(q, k, v).float()
+    got = local_attention(positions, window)(q, k, v).float()
+    assert (got - expected).abs().max() <= 1.25 * (torch_bf16 - expected).abs().max() + 1e-6
+    unwindowed = sliding_window_from_positions(positions, 1000)(q.float(), k.float(), v.float())
+    assert (unwindowed - expected).abs().max() > 100 * (got - expected).abs().max()
+
+
+def test_bfloat16_local_layers_take_the_attention_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Head size 32 (the kernel's): every layer's attention in a bf16 step goes to the
+    kernel, the local ones with their window as a bias, and the step stays as close to
+    transformers (float32) as bf16 allows."""
+    from embedserve.engine.modules import bf16_attention
+
+    _native_attention_or_skip()
+    model_dir = build_tiny_modernbert(tmp_path / "model", "mean", True, 3, seed=4, hidden=128)
+    biases = []
+    kernel = bf16_attention.attend_sequences
+
+    def counted(*args, **kwargs):
+        biases.append(kwargs.get("bias") is not None)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(bf16_attention, "attend_sequences", counted)
+    sequences = _sequences(seed=5)
+    with Engine.load(model_dir, dtype="bfloat16") as engine:
+        pooled = engine.step(Batch.from_sequences(sequences)).wait()
+    assert biases == [False, True, True, False]      # global every 3rd layer: 0 and 3
+    for i, reference in enumerate(_reference_states(model_dir, sequences)):
+        assert _cosine(pooled[i], _pool(reference, "mean")) >= 0.999, len(sequences[i])
+
+
 def test_loading_imports_neither_dynamo_nor_sympy(embed_dir: Path) -> None:
     assert slow_imports_after_load(embed_dir) == set()   # as for BERT (test_engine_loading.py)

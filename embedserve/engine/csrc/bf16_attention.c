@@ -29,7 +29,8 @@
  * its distance added before the softmax, as torch's SDPA adds an additive mask:
  * scale * q.k + bias[head][key - query]. ``bias`` is f32 [heads][2 * reach + 1], the
  * entry for distance d (key index minus query index within a sequence) at d + reach;
- * ``reach`` is at least the longest sequence's length - 1.
+ * ``reach`` is at least the longest sequence's length - 1. Entries are finite: -1e30
+ * masks a key out (ModernBERT's windows), its exponential 0; -inf would make it NaN.
  *
  * Work items are (sequence, head) pairs, split between threads by their cost
  * (``item_cost``: ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:

@@ -86,8 +86,8 @@ def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: 
     ``path``: one of ``available_paths()`` (default: the fastest). ``bias``: float32
     [heads, 2 * reach + 1], contiguous, added to each scaled score by its distance (key
     index - query index, at column distance + reach; ``relative_bias_rows``), reach at
-    least the longest sequence - 1. The caller checks ``covers`` first. Runs on torch's
-    intra-op thread count.
+    least the longest sequence - 1; finite (-1e30 masks a key out; -inf gives NaN). The
+    caller checks ``covers`` first. Runs on torch's intra-op thread count.
     """
     path = path or kernel_path()
     if path not in available_paths():

@@ -8,8 +8,10 @@ band of ``local_attention // 2`` tokens either side (local, its own RoPE base).
 
 Global layers use the ``Attend`` the caller passes (attention.py: per
 sequence, padded or block-diagonal), exactly as the BERT path. Local layers
-use ``sliding_window_from_positions`` below, built from the position ids
-alone, so the runners and the CUDA-graph buckets need nothing new.
+use ``local_attention`` below, built from the position ids alone, so the runners
+and the CUDA-graph buckets need nothing new: on CPU in bf16 the native attention
+kernel with the window as a bias by distance, where the sequences are short enough
+for its dense scores to pay, else ``sliding_window_from_positions`` (banded SDPA).
 Knows nothing about files, batching or devices.
 """
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.attention import BIDIRECTIONAL, AttentionKind
 from embedserve.engine.modules.bert import Attend, activation, embedding_table
 from embedserve.model.modernbert_config import GLOBAL, LOCAL, ModernBertConfig
@@ -28,6 +31,16 @@ from embedserve.model.modernbert_config import GLOBAL, LOCAL, ModernBertConfig
 # Position id of the rows a banded block pads with: far from any real position,
 # so a padded key never passes the same-sequence test of a real query.
 _NO_POSITION = -(1 << 40)
+# Local layers take the native kernel while the longest sequence is at most this many
+# windows. The kernel scores every key of a sequence, the banded SDPA only the window's,
+# but each of the kernel's scores is cheaper. Measured on base widths (6 layers, bf16,
+# AMD EPYC Zen 5, 2 threads): a step with local layers on the kernel against banded took
+# 0.89x at 8 x 512 tokens, 0.92x at 4 x 1024, 1.04x at 1 x 2048 and 1.32x at 1 x 4096
+# (window 128).
+NATIVE_WINDOWS = 8
+# The bias outside the window: its exponential underflows to 0 (the kernel's exp takes
+# no -inf), and a query's own key, inside, keeps the row's maximum finite.
+_OUTSIDE_WINDOW = -1e30
 
 
 def rope_tables(position_ids: torch.Tensor, theta: float, head_dim: int,
@@ -88,6 +101,35 @@ def sliding_window_from_positions(position_ids: torch.Tensor, window: int) -> At
                   for t in (k, v))                                                 # [nb, h, S, hd]
         ctx = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)            # [nb, h, B, hd]
         return ctx.transpose(1, 2).reshape(blocks * block, heads, hd)[:tokens]       # [T, h, hd]
+
+    return attend  # type: ignore[return-value]  # an Attend
+
+
+def local_attention(position_ids: torch.Tensor, window: int) -> Attend:
+    """``sliding_window_from_positions``'s attention; on the native bf16 kernel (a bias of
+    0 for ``|i - j| <= window // 2``, ``_OUTSIDE_WINDOW`` beyond) for the calls it covers,
+    where ``position_ids`` are on the CPU and no sequence is over NATIVE_WINDOWS windows."""
+    if position_ids.device.type != "cpu" or not bf16_attention.kernel_available():
+        return sliding_window_from_positions(position_ids, window)   # CUDA: no host sync here
+    starts = torch.nonzero(position_ids == 0).flatten()
+    lengths = torch.diff(starts, append=torch.tensor([position_ids.shape[0]]))
+    longest = int(lengths.max())
+    if longest > NATIVE_WINDOWS * window:
+        return sliding_window_from_positions(position_ids, window)
+    distance = torch.arange(1 - longest, longest)
+    row = torch.where(distance.abs() <= window // 2, 0.0, _OUTSIDE_WINDOW).float()
+    by_heads: dict[int, torch.Tensor] = {}
+    banded: list[Attend] = []   # for calls the kernel does not cover (float32), built on the first
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not bf16_attention.covers(q, k, v):
+            if not banded:
+                banded.append(sliding_window_from_positions(position_ids, window))
+            return banded[0](q, k, v)
+        heads = q.shape[1]
+        if heads not in by_heads:
+            by_heads[heads] = row.expand(heads, -1).contiguous()
+        return bf16_attention.attend_sequences(q, k, v, starts, lengths, bias=by_heads[heads])
 
     return attend  # type: ignore[return-value]  # an Attend
 
@@ -153,6 +195,8 @@ class ModernBertModel(nn.Module):
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        # False: CPU local layers stay on the banded SDPA (bench modernbert --local-ab)
+        self.native_local = True
 
     def forward(self, token_ids: torch.Tensor, position_ids: torch.Tensor,
                 token_type_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -167,6 +211,8 @@ class ModernBertModel(nn.Module):
         if LOCAL in rope and getattr(attend, "windowed", False):
             # The layout runs windows itself (the CUDA varlen kernel): no banded mask.
             attends[LOCAL] = functools.partial(attend, kind=AttentionKind(window=config.local_window // 2))
+        elif LOCAL in rope and self.native_local:
+            attends[LOCAL] = local_attention(position_ids, config.local_window)
         elif LOCAL in rope:
             attends[LOCAL] = sliding_window_from_positions(position_ids, config.local_window)
         for layer, kind in zip(self.layers, config.layer_types):
