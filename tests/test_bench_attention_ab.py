@@ -13,13 +13,12 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from embedserve.engine import Engine
-from embedserve.engine.modules import bf16_attention
+from native_attention import require_native_attention
 
 
 @pytest.fixture(autouse=True)
 def kernel() -> None:
-    if not bf16_attention.kernel_available():
-        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
+    require_native_attention()
 
 
 def test_mpnet_bias_ab_prints_a_row_per_step_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from family_models import (
     build_family_dir,
     model_class,
 )
+from native_attention import record_kernel_biases, require_native_attention
 
 LENGTHS = [1, 3, 9, 17, 40, 100, 25]
 TEXTS = CORPUS + ["x", "Ünïcödé café 🙂 and byte fallback", "word " * 24 + "a long one, past every window"]
@@ -137,22 +138,12 @@ def test_mpnet_in_bf16_adds_its_bias_on_the_attention_kernel(tmp_path: Path, mon
     """On CPUs that run the native bf16 attention, MPNet's layers take it with the bias
     by distance (mpnet.per_sequence_native): as close to transformers (float32) as the
     SDPA path it replaced (per_sequence_biased, in bf16)."""
-    from embedserve.engine.modules import bf16_attention
-
-    if not bf16_attention.kernel_available():
-        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
+    require_native_attention()
     model_dir = build_family_dir(tmp_path / "mpnet", "mpnet", hidden_size=128, pooler_hidden_size=128)  # head size 32
     sequences = _sequences()
     batch = Batch.from_sequences(sequences)
     expected = np.stack([states.mean(0).numpy() for states in _reference_states("mpnet", model_dir, sequences)])
-    biased_calls = []
-    kernel = bf16_attention.attend_sequences
-
-    def counted(*args, **kwargs):
-        biased_calls.append(kwargs.get("bias") is not None)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(bf16_attention, "attend_sequences", counted)
+    biased_calls = record_kernel_biases(monkeypatch)
     with Engine.load(model_dir, dtype="bfloat16", small_steps=False) as engine:
         native = engine.step(batch).wait()
         assert biased_calls and all(biased_calls)

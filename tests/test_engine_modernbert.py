@@ -26,6 +26,7 @@ from embedserve.model.config import load_encoder_config
 from embedserve.model.info import read_model_info
 from engine_imports import slow_imports_after_load
 from modernbert_model import CORPUS, VOCAB_SIZE, build_tiny_modernbert, modernbert_config
+from native_attention import record_kernel_biases, require_native_attention
 
 LENGTHS = [1, 2, 5, 9, 17, 40, 33, 3, 12, 25, 8, 4]
 
@@ -244,13 +245,6 @@ def test_bfloat16_stays_close_to_float32_transformers(embed_dir: Path) -> None:
         assert _cosine(pooled[i], _pool(reference, "mean")) >= 0.999, len(sequences[i])
 
 
-def _native_attention_or_skip() -> None:
-    from embedserve.engine.modules import bf16_attention
-
-    if not bf16_attention.kernel_available():
-        pytest.skip("no native bf16 attention here: the kernel is not built or the CPU lacks AVX512-BF16")
-
-
 @pytest.mark.parametrize("window", [2, 8, 33])
 def test_local_attention_on_the_kernel_equals_the_banded_window(window: int) -> None:
     """bf16 local layers on the native kernel (the window as a bias by distance) against
@@ -258,7 +252,7 @@ def test_local_attention_on_the_kernel_equals_the_banded_window(window: int) -> 
     SDPA is, and far from attention without the window."""
     from embedserve.engine.modules.modernbert import local_attention, sliding_window_from_positions
 
-    _native_attention_or_skip()
+    require_native_attention()
     rng = np.random.default_rng(window)
     lengths = [1, 40, 17, 64]
     positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
@@ -275,18 +269,9 @@ def test_bfloat16_local_layers_take_the_attention_kernel(tmp_path: Path, monkeyp
     """Head size 32 (the kernel's): every layer's attention in a bf16 step goes to the
     kernel, the local ones with their window as a bias, and the step stays as close to
     transformers (float32) as bf16 allows."""
-    from embedserve.engine.modules import bf16_attention
-
-    _native_attention_or_skip()
+    require_native_attention()
     model_dir = build_tiny_modernbert(tmp_path / "model", "mean", True, 3, seed=4, hidden=128)
-    biases = []
-    kernel = bf16_attention.attend_sequences
-
-    def counted(*args, **kwargs):
-        biases.append(kwargs.get("bias") is not None)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(bf16_attention, "attend_sequences", counted)
+    biases = record_kernel_biases(monkeypatch)
     sequences = _sequences(seed=5)
     with Engine.load(model_dir, dtype="bfloat16") as engine:
         pooled = engine.step(Batch.from_sequences(sequences)).wait()
