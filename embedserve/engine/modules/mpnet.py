@@ -153,10 +153,10 @@ class MPNetModel(EncoderModel):
                 token_type_ids: torch.Tensor, attend: Attend) -> torch.Tensor:
         offsets = position_ids - self.config.position_offset                    # [T], 0 at each start
         table = self.relative_bias.weight                                       # [buckets, heads]
-        if offsets.device.type == "cpu" and self.native_attention:
-            biased = per_sequence_native(offsets, table)
-        elif offsets.device.type == "cpu":
-            biased = per_sequence_biased(offsets, table)
-        else:
+        if offsets.device.type != "cpu":
             biased = block_diagonal_biased(offsets, table)   # static shapes for CUDA graphs
+        elif self.native_attention and table.dtype == torch.bfloat16 and bf16_attention.kernel_available():
+            biased = per_sequence_native(offsets, table)
+        else:
+            biased = per_sequence_biased(offsets, table)
         return self.encoder(token_ids, position_ids, torch.zeros_like(token_type_ids), biased)
