@@ -33,6 +33,7 @@ from embedserve.engine.modules.bert import (
     activation,
     embedding_table,
 )
+from embedserve.engine.modules.layout import bounds_from_offsets
 from embedserve.model.deberta_v2_config import DebertaV2Config
 
 # A step's sequences, once: (a layer's Qr, Kr [2 span, heads, hd]) -> that layer's Attend
@@ -87,11 +88,9 @@ def _scale(head_dim: int, config: DebertaV2Config) -> float:
 
 def per_sequence_disentangled(offsets: torch.Tensor, config: DebertaV2Config) -> LayerAttention:
     """One SDPA per sequence with its disentangled bias; ``offsets [T]`` restart at 0."""
-    tokens = offsets.shape[0]
-    starts = torch.nonzero(offsets == 0).flatten().tolist()
-    bounds = list(zip(starts, starts[1:] + [tokens]))
-    longest = max(end - start for start, end in bounds)
-    index = torch.arange(longest, device=offsets.device)
+    starts, lengths = bounds_from_offsets(offsets)
+    bounds = list(zip(starts.tolist(), (starts + lengths).tolist()))
+    index = torch.arange(int(lengths.max()), device=offsets.device)
     relative = relative_positions(index, index, config)                         # [L, L]
 
     def for_layer(pos_q: torch.Tensor, pos_k: torch.Tensor) -> Attend:

@@ -48,6 +48,15 @@ def layout_arrays(cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return seq_ids, offsets
 
 
+def bounds_from_offsets(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts [B], lengths [B]), int64 on the host, of the sequences of a packed step
+    known only by its offsets ``[T]`` (0 at each sequence's first token): what the
+    families that build their attention from the position ids (MPNet, DeBERTa,
+    ModernBERT's windows) need. Reads the offsets on the host (a sync on CUDA)."""
+    starts = torch.nonzero(offsets == 0).flatten().cpu()
+    return starts, torch.diff(starts, append=torch.tensor([offsets.shape[0]]))
+
+
 def build_layout(cu_seqlens: np.ndarray, device: torch.device | str = "cpu") -> PackedLayout:
     seq_ids, offsets = layout_arrays(cu_seqlens)
     lengths = np.diff(cu_seqlens).astype(np.int64)

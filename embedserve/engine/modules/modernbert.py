@@ -26,6 +26,7 @@ from torch import nn
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.attention import BIDIRECTIONAL, AttentionKind
 from embedserve.engine.modules.bert import Attend, activation, embedding_table
+from embedserve.engine.modules.layout import bounds_from_offsets
 from embedserve.model.modernbert_config import GLOBAL, LOCAL, ModernBertConfig
 
 # Position id of the rows a banded block pads with: far from any real position,
@@ -111,8 +112,7 @@ def local_attention(position_ids: torch.Tensor, window: int) -> Attend:
     where ``position_ids`` are on the CPU and no sequence is over NATIVE_WINDOWS windows."""
     if position_ids.device.type != "cpu" or not bf16_attention.kernel_available():
         return sliding_window_from_positions(position_ids, window)   # CUDA: no host sync here
-    starts = torch.nonzero(position_ids == 0).flatten()
-    lengths = torch.diff(starts, append=torch.tensor([position_ids.shape[0]]))
+    starts, lengths = bounds_from_offsets(position_ids)   # positions restart at 0: they are the offsets
     longest = int(lengths.max())
     if longest > NATIVE_WINDOWS * window:
         return sliding_window_from_positions(position_ids, window)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.attention import Attend, AttentionKind
 from embedserve.engine.modules.bert import EncoderModel, embedding_table
+from embedserve.engine.modules.layout import bounds_from_offsets
 from embedserve.model.bert_variants_config import (
     MPNET_BUCKETS,
     MPNET_MAX_DISTANCE,
@@ -73,8 +74,7 @@ def relative_bias_rows(table: torch.Tensor, reach: int) -> torch.Tensor:
 def per_sequence_native(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
     """Attention inside each sequence plus MPNet's bias on the native kernel, for the
     calls it covers; the others go to ``per_sequence_biased`` (built on first use)."""
-    starts = torch.nonzero(offsets == 0).flatten()
-    lengths = torch.diff(starts, append=torch.tensor([offsets.shape[0]], device=offsets.device))
+    starts, lengths = bounds_from_offsets(offsets)
     rows = relative_bias_rows(table, int(lengths.max()) - 1)
     fallback: list[Attend] = []
 
@@ -91,11 +91,9 @@ def per_sequence_native(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
 
 def per_sequence_biased(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
     """Attention inside each sequence plus MPNet's bias; ``offsets [T]`` restart at 0 per sequence."""
-    tokens = offsets.shape[0]
-    starts = torch.nonzero(offsets == 0).flatten().tolist()
-    bounds = list(zip(starts, starts[1:] + [tokens]))
-    longest = max(end - start for start, end in bounds)
-    index = torch.arange(longest, device=offsets.device)
+    starts, lengths = bounds_from_offsets(offsets)
+    bounds = list(zip(starts.tolist(), (starts + lengths).tolist()))
+    index = torch.arange(int(lengths.max()), device=offsets.device)
     bias = _bias(index[None, :] - index[:, None], table, table.dtype)           # [heads, L, L]
     by_length: dict[int, torch.Tensor] = {}
 
