@@ -76,7 +76,7 @@ def float64_reference(weight: Int8Weight, x: torch.Tensor, activation) -> torch.
 
 
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
-@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 17, 64, 128])
+@pytest.mark.parametrize("rows", [1, 2, 11, 12, 13, 17, 64, 128, 300])
 @pytest.mark.parametrize("in_features,out_features", [(384, 1152), (1536, 384), (36, 96), (64, 96)])
 def test_kernel_matches_onednn_and_float64(products: str, static: bool, rows: int, in_features: int,
                                            out_features: int) -> None:
@@ -129,6 +129,29 @@ def test_which_calls_take_the_kernel(kernel: None) -> None:
     assert not int8_linear.covers(torch.zeros(48, 384, dtype=torch.int8))    # not a multiple of 32 outputs
     assert not int8_linear.covers(torch.zeros(64, 38, dtype=torch.int8))     # nor of 4 inputs
     assert not Int8Weight(nn.Linear(38, 64), None).few_rows
+
+
+@pytest.mark.parametrize("rows", [1, 6, 13, 64, 97])
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+def test_calls_with_the_helper_thread_give_one_threads_bits(products: str, rows: int, static: bool) -> None:
+    """``helper=True`` (a replica's short steps) splits a call's panels between this thread
+    and bf16_linear's helper thread, the only helper the process has: every output the
+    same bits as one thread's. On tiles (configured per thread) calls stay on this thread."""
+    if products == "vnni" and not int8_linear.helper_available():
+        pytest.skip("bf16_linear's helper team is not built here")
+    from tests.test_engine_bf16_linear import helper_threads
+
+    x = bf16_rows(rows, 384).mul_(3)
+    weight = int8_weight(384, 1152, x, static)
+    alone, helped = torch.empty(rows, 1152, dtype=torch.bfloat16), torch.empty(rows, 1152, dtype=torch.bfloat16)
+    weight.few_rows_call(0)(x.data_ptr(), alone.data_ptr(), rows, 1)
+    assert torch.equal(alone, weight(x, torch.bfloat16))
+    for _ in range(3):
+        helped.fill_(0)
+        weight.few_rows_call(0, helper=True)(x.data_ptr(), helped.data_ptr(), rows, 1)
+        assert torch.equal(helped, alone)
+    if products == "vnni":
+        assert helper_threads() == 1                 # started by these calls, or earlier by bf16_linear's
 
 
 def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:

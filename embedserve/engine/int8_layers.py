@@ -145,11 +145,11 @@ class Int8Weight(nn.Module):
         return _onednn.qlinear_pointwise(xq, scale, zero_point, self.weight, self.scales, self.zero_points,
                                          self.bias, 1.0, 0, out_dtype, attr, [], algorithm)
 
-    def few_rows_call(self, activation: int) -> Callable[[int, int, int, int], None] | None:
+    def few_rows_call(self, activation: int, helper: bool = False) -> Callable[[int, int, int, int], None] | None:
         """The kernel's call on data pointers for loops with buffers of their own
-        (int8_linear.pointer_call; ``activation``: the kernel's code), or None where this
-        weight has no copy for it."""
-        return int8_linear.pointer_call(*self._kernel_operands(), activation) if self.few_rows else None
+        (int8_linear.pointer_call; ``activation``: the kernel's code; ``helper``: with
+        bf16_linear's helper thread where it can), or None where this weight has no copy for it."""
+        return int8_linear.pointer_call(*self._kernel_operands(), activation, helper) if self.few_rows else None
 
     def _kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                         torch.Tensor | None, float, int, int]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from embedserve.engine import profiler_names
-from embedserve.engine.bf16_linear import ACTIVATIONS
+from embedserve.engine.bf16_linear import ACTIVATIONS, HELPER_TEAM
 from embedserve.engine.dtype_choice import cpu_capabilities
 from embedserve.engine.modules import bf16_attention
 
@@ -31,11 +31,12 @@ except ImportError:          # not built: no compiler, or one that cannot target
 PANEL = 32                   # output columns per panel (two 16-int32 accumulators)
 # Calls of up to this many rows take the kernel; more go to oneDNN, whose AMX-INT8 /
 # VNNI matmul is as fast or faster once its per-call cost is spread over enough rows.
-# Measured on the default model's three int8 linears (2 threads, Xeon with AMX): on
-# tiles 1.2-1.9x oneDNN at 128 rows, 0.8-1.3x at 512, 0.8-1.4x at 4,096; with VNNI
-# alone level with oneDNN's AMX at 128 rows (BENCHMARKS.md).
+# Measured on the default model's three int8 linears (2 threads): on tiles (Xeon with
+# AMX) 1.2-1.9x oneDNN at 128 rows, 0.8-1.3x at 512, 0.8-1.4x at 4,096; with VNNI (Zen 5,
+# oneDNN on VNNI too) 1.47x at 64 rows, 1.30x at 128, 1.16x at 256, 1.06-1.24x at 384-512,
+# 1.03-1.04x at 768-1,024 (BENCHMARKS.md).
 MAX_ROWS_TILES = 128
-MAX_ROWS_VNNI = 64
+MAX_ROWS_VNNI = 512
 # A model's int8 linears get the kernel's copy while they are at most this many bytes:
 # the copy costs as much memory again as oneDNN's (multilingual-e5-small's three int8
 # linears a layer: 14 MB; Qwen3-Embedding-0.6B's: ~350 MB). As amx_linear.MAX_WEIGHT_BYTES.
@@ -55,6 +56,13 @@ def tiles_available() -> bool:
     and Linux granted this process the tile state (bf16_attention asks at import)."""
     return (kernel_available() and bool(cpu_capabilities().get("amx_int8"))
             and bf16_attention.kernel_path() == bf16_attention.AMX)
+
+
+def helper_available() -> bool:
+    """Whether calls may run on this thread and bf16_linear's helper thread (``HELPER_TEAM``,
+    a replica's short steps): the kernel runs here on VPDPBUSD (tiles are configured per
+    thread) and borrowed bf16_linear's team at import."""
+    return kernel_available() and bool(getattr(_native, "shares_helper", 0)) and not tiles_available()
 
 
 def max_rows() -> int:
@@ -110,19 +118,21 @@ def linear(x: torch.Tensor, panels: torch.Tensor, sums: torch.Tensor, w_scales: 
 
 def pointer_call(panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor,
                  multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int,
-                 activation: int) -> Callable[[int, int, int, int], None]:
+                 activation: int, helper: bool = False) -> Callable[[int, int, int, int], None]:
     """``linear``'s call on data pointers, ``call(x, y, rows, threads)`` (x [rows, in] bf16
     and y [rows, out] bf16, contiguous; ``activation``: the kernel's code), for loops that
-    keep their activations in buffers of their own (small_steps.py). The tensors must
-    outlive the call."""
+    keep their activations in buffers of their own (small_steps.py). ``helper``: on this
+    thread and bf16_linear's helper thread where ``helper_available``, whatever ``threads``.
+    The tensors must outlive the call."""
     out_features, in_features = panels.shape[0] * PANEL, panels.shape[1] * 4
     native = _native.linear
     multiplier_at = 0 if multiplier is None else multiplier.data_ptr()
     dynamic = multiplier is None
     panels_at, sums_at, scales_at, bias_at = panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr()
     tiles = tiles_available()
+    helped = helper and helper_available()
 
     def call(x: int, y: int, rows: int, threads: int) -> None:
         native(x, multiplier_at, x_scale, zero_point, qmax, dynamic, panels_at, sums_at, scales_at, bias_at, y,
-               rows, out_features, in_features, in_features, threads, activation, tiles)
+               rows, out_features, in_features, in_features, HELPER_TEAM if helped else threads, activation, tiles)
     return call

@@ -143,7 +143,8 @@ class SmallStepForward:
             self._bias = relative_bias_rows(model.relative_bias.weight, SMALL_STEP_TOKENS - 1)
             self._bias_at, self._bias_reach = self._bias.data_ptr(), SMALL_STEP_TOKENS - 1
         self._pointers = self._pointer_plan(layers)
-        # the same calls, bf16_linear's with its helper thread (``run(..., helper=True)``)
+        # the same calls, bf16_linear's and int8_linear's with bf16_linear's helper thread
+        # (``run(..., helper=True)``)
         self._helped = self._pointer_plan(layers, helper=True)
         self._intermediate = config.intermediate_size
 
@@ -185,7 +186,7 @@ class SmallStepForward:
     def _pointer_plan(layers: list[_LayerPlan], helper: bool = False) -> list[tuple[PointerLinear, ...]] | None:
         """Per layer, its four linears as calls on data pointers, where every linear of every
         layer has a kernel that takes them (else None: the calls go through ``_linear``);
-        ``helper``: bf16_linear's on its helper thread (``_pointer_linear``)."""
+        ``helper``: bf16_linear's and int8_linear's on the helper thread (``_pointer_linear``)."""
         plan = []
         for layer in layers:
             activation = ACTIVATIONS[layer.activation]
@@ -202,9 +203,9 @@ class SmallStepForward:
 
     def run(self, batch: Batch, helper: bool = False) -> np.ndarray:
         """float32 [B, dim] raw pooled vectors of ``batch``, as ``pooled_forward`` computes them.
-        Call under ``torch.inference_mode``. ``helper``: bf16_linear's linears run on this
-        thread and the kernel's helper thread, whatever torch's thread count (a replica's
-        steps on one OpenMP thread: runners/cpu.py); the same bits."""
+        Call under ``torch.inference_mode``. ``helper``: bf16_linear's and int8_linear's
+        linears run on this thread and bf16_linear's helper thread, whatever torch's thread
+        count (a replica's steps on one OpenMP thread: runners/cpu.py); the same bits."""
         tokens = batch.num_tokens
         cu_seqlens = batch.cu_seqlens
         seq_ids, offsets = layout_arrays(cu_seqlens)
@@ -298,10 +299,10 @@ def _pointer_linear(linear: _Linear, activation: int, helper: bool = False) -> P
     """``linear`` as ``call(x, y, rows, threads)`` on data pointers (x [rows, in] and y
     [rows, out], both contiguous), where its kernel takes them: the bf16 panel kernels
     (amx_linear, bf16_linear), or int8_linear's for an Int8Weight; else None. ``helper``:
-    bf16_linear's call runs on the calling thread and the kernel's helper thread
-    (``bf16_linear.HELPER_TEAM``), whatever ``threads``."""
+    bf16_linear's call, and int8_linear's on VPDPBUSD, run on the calling thread and
+    bf16_linear's helper thread (``bf16_linear.HELPER_TEAM``), whatever ``threads``."""
     if linear.int8 is not None:
-        return linear.int8.few_rows_call(activation)
+        return linear.int8.few_rows_call(activation, helper)
     if linear.kernel not in (amx_linear, bf16_linear) or getattr(linear.kernel, "_native", None) is None:
         return None
     native = linear.kernel._native.linear

@@ -36,6 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "team_call.h"
+
 /* How long the helper polls for the next call before it sleeps: longer than the gaps
  * between a short step's linears (its attention and LayerNorm calls, ~5-15 us), short
  * enough that a core is not held long after a step. */
@@ -48,7 +50,6 @@
 /* Items a call may have: the claim word's 16-bit fields. */
 #define TEAM_MAX_ITEMS 0xFFFF
 
-typedef void (*team_item)(const void *call, Py_ssize_t item);
 
 typedef struct {
     _Atomic uint64_t claim;        /* call id << 32 | items << 16 | next unclaimed item */

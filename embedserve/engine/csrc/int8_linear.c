@@ -42,17 +42,35 @@
 
 #include "bf16_activations.h"
 #include "linear_blocks.h"
+#include "team_call.h"
 #include "tile_blocks.h"
 #include "uint8_rows.h"
 
 #define PANEL 32
 #define QUAD_BYTES (4 * PANEL)   /* one quad of k for a panel's 32 columns */
 #define MAX_BLOCK_ROWS 12
-/* Quads of k a panel's weights are prefetched ahead (2 KB), as in bf16_linear.c. */
-#define PREFETCH_AHEAD 16
+/* Quads of k a panel's weights are prefetched ahead (4 KB), as in bf16_linear.c (2 KB:
+ * 48 linears of a 6-row step 1.07x slower back to back, 1.09x after 50 ms idle, on Zen 5). */
+#define PREFETCH_AHEAD 32
 /* Below this many elements the input is quantized on one thread. */
 #define SERIAL_ELEMENTS 65536
 #define TILE_K 64               /* input columns per tile product: 16 quads */
+
+/* acc += a (uint8) . b (int8) by quads, as _mm512_dpbusd_epi32, in inline assembly: with
+ * the intrinsic GCC 12 kept blocks of 8 or more rows' accumulators in copies, storing
+ * each to the stack after every product (a 12-row block: 24 stores and 48 moves per
+ * quad), which made 12- to 64-row calls no faster than bf16_linear.c. */
+static inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+/* linear()'s ``threads`` that asks for this thread and bf16_linear.c's helper thread (a
+ * replica's short steps, as there), on VPDPBUSD; one thread where that module is absent. */
+#define HELPER_TEAM 0
+
+/* bf16_linear.c's ``team_run`` (helper_team.h), from its capsule at import; NULL without it. */
+static team_runner shared_team_run;
 
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
@@ -98,8 +116,8 @@ static inline __m512 output16(__m512i sum, const Call *c, Py_ssize_t column) {
                 int32_t quad;                                                                       \
                 memcpy(&quad, x + r * c->k + 4 * kq, 4);                                            \
                 const __m512i a = _mm512_set1_epi32(quad);                                          \
-                lo[r] = _mm512_dpbusd_epi32(lo[r], a, w_lo);                                        \
-                hi[r] = _mm512_dpbusd_epi32(hi[r], a, w_hi);                                        \
+                lo[r] = dpbusd(lo[r], a, w_lo);                                                  \
+                hi[r] = dpbusd(hi[r], a, w_hi);                                                  \
             }                                                                                       \
         }                                                                                           \
         const Py_ssize_t column = panel_index * PANEL;                                              \
@@ -258,6 +276,9 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
     if (a.amx && a.k % TILE_K == 0) {
         const int threads = (a.threads < 1 || a.rows * a.n * a.k < SERIAL_MACS) ? 1 : (int)a.threads;
         for_each_tile_block(&call, a.rows, a.n, threads, run_tile_block);
+    } else if (a.threads == HELPER_TEAM && shared_team_run != NULL) {
+        const BlockWalk walk = block_walk(a.rows, a.n / PANEL, MAX_BLOCK_ROWS, run_block, &call);
+        shared_team_run(walk_item, &walk, walk.chunks * walk.panels);
     } else {
         for_each_block(a.rows, a.n / PANEL, PANEL, a.k, MAX_BLOCK_ROWS, a.threads, run_block, &call);
     }
@@ -270,7 +291,9 @@ static PyMethodDef methods[] = {
     {"linear", int8_linear, METH_VARARGS,
      "linear(x, multiplier, x_scale, zero_point, qmax, dynamic, panels, colsum, w_scale, bias, y, rows, n, k, "
      "x_stride, threads, activation, amx): y = activation(dequantized(uint8(x) @ W.T) + bias) in bf16; arguments "
-     "are data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; activation 0 none, 1 GELU "
+     "are data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; threads 0: this thread and "
+     "bf16_linear's helper thread (where shares_helper; not on tiles), else up to that many of torch's OpenMP "
+     "team; activation 0 none, 1 GELU "
      "(erf), 2 GELU (tanh), 3 ReLU; amx: on AMX tiles where k is a multiple of 64 (the caller has been granted "
      "the tile state)."},
     {NULL, NULL, 0, NULL},
@@ -279,4 +302,25 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int8_linear", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__int8_linear(void) { return PyModule_Create(&module); }
+/* bf16_linear.c's team_run, or NULL where that module is not built (HELPER_TEAM calls then
+ * run on one thread). PyCapsule_Import would not import a submodule, so this does. */
+static team_runner borrowed_team(void) {
+    PyObject *module = PyImport_ImportModule(TEAM_MODULE);
+    PyObject *capsule = module == NULL ? NULL : PyObject_GetAttrString(module, "team_run");
+    team_runner run = capsule == NULL ? NULL : (team_runner)PyCapsule_GetPointer(capsule, TEAM_CAPSULE);
+    Py_XDECREF(capsule);
+    Py_XDECREF(module);
+    if (run == NULL)
+        PyErr_Clear();
+    return run;
+}
+
+PyMODINIT_FUNC PyInit__int8_linear(void) {
+    shared_team_run = borrowed_team();
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "shares_helper", shared_team_run != NULL) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
