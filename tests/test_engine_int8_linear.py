@@ -154,14 +154,41 @@ def test_calls_with_the_helper_thread_give_one_threads_bits(products: str, rows:
         assert helper_threads() == 1                 # started by these calls, or earlier by bf16_linear's
 
 
+@pytest.mark.parametrize("rows", [1, 13, 97, 600])
+def test_per_row_quantization_takes_each_rows_own_range(products: str, rows: int) -> None:
+    """Per row (the second feed-forward linear, int8_layers.PER_ROW_LINEARS): each output
+    row the same bits as that row's own call with one range (dynamic mode), so within a
+    bf16 rounding of oneDNN's dynamic matmul on the row alone and of float64; at any number
+    of rows (oneDNN cannot take per-row scales, so none goes to it)."""
+    torch.manual_seed(1)
+    linear = nn.Linear(1536, 384)
+    spread = torch.linspace(0.05, 4.0, rows)[:, None]             # rows of very different ranges
+    x = (bf16_rows(rows, 1536).float() * spread).to(torch.bfloat16)
+    per_row, one_range = Int8Weight(linear, None, per_row=True), Int8Weight(linear, None)
+    assert per_row.per_row and per_row.few_rows and not hasattr(per_row, "weight")
+    ours, calls = kernel_calls(lambda: per_row(x, torch.bfloat16), profiler_names.INT8_LINEAR)
+    assert calls == 1 and ours.shape == (rows, 384)
+    for i in sorted({0, rows // 2, rows - 1}):
+        row = x[i:i + 1]
+        assert torch.equal(ours[i:i + 1], one_range(row, torch.bfloat16))
+        expected = float64_reference(one_range, row, lambda t: t)
+        step = expected.abs() * 2.0 ** -8 + 1e-4
+        assert ((ours[i:i + 1].double() - expected).abs() <= step).all()
+        assert ((ours[i:i + 1].double() - onednn(one_range, row, "none", "").double()).abs() <= 2 * step).all()
+    if rows > 1:                                                   # one range for all rows parts from it
+        assert not torch.equal(ours, one_range(x, torch.bfloat16) if rows <= int8_linear.max_rows()
+                               else int8_linear.linear(x, *one_range._kernel_operands()))
+
+
 def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
     x, y = torch.zeros(2, 64, dtype=torch.bfloat16), torch.empty(2, 64, dtype=torch.bfloat16)
     panels, sums = torch.zeros(2, 16, 32, 4, dtype=torch.int8), torch.zeros(64, dtype=torch.int32)
     scales, bias = torch.ones(64), torch.zeros(64)
 
-    def call(k: int = 64, zero_point: int = 0, activation: int = 0) -> None:
-        int8_linear._native.linear(x.data_ptr(), 0, 1.0, zero_point, 255, True, panels.data_ptr(), sums.data_ptr(),
-                                   scales.data_ptr(), bias.data_ptr(), y.data_ptr(), 2, 64, k, 64, 1, activation, False)
+    def call(k: int = 64, zero_point: int = 0, activation: int = 0, quantization: int = 1) -> None:
+        int8_linear._native.linear(x.data_ptr(), 0, 1.0, zero_point, 255, quantization, panels.data_ptr(),
+                                   sums.data_ptr(), scales.data_ptr(), bias.data_ptr(), y.data_ptr(), 2, 64, k, 64, 1,
+                                   activation, False)
 
     with pytest.raises(ValueError, match="k a positive multiple of 4.*k 62"):
         call(k=62)
@@ -169,6 +196,8 @@ def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
         call(zero_point=256)
     with pytest.raises(ValueError, match="activation must be 0 to 3, got 4"):
         call(activation=4)
+    with pytest.raises(ValueError, match="quantization must be 0 to 2, got 3"):
+        call(quantization=3)
     call()
     assert torch.equal(y, torch.zeros_like(y))
 
@@ -185,7 +214,10 @@ def test_an_int8_engines_short_steps_run_on_the_kernel_unpadded(kernel: None, ti
     with Engine.load(tiny_bert_dir, dtype="int8") as engine, Engine.load(tiny_bert_dir, dtype="float32") as exact:
         ours, calls = kernel_calls(lambda: engine.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
         layers = len(engine.model.encoder.layers)
-        assert calls == 3 * layers                   # QKV, attention output, first feed-forward
+        per_row = isinstance(engine.model.encoder.layers[0].ffn_out, Int8Weight)
+        assert per_row == (not int8_linear.tiles_available())
+        # QKV, attention output, first feed-forward; and the second, per row, on VPDPBUSD
+        assert calls == (4 if per_row else 3) * layers
         assert engine.stats()["padding_waste"] == 0
         if isinstance(engine._runner._small, SmallStepForward):
             assert engine._runner._small._pointers is not None
@@ -203,16 +235,19 @@ def test_an_int8_engines_short_steps_run_on_the_kernel_unpadded(kernel: None, ti
 def test_a_model_over_the_copy_budget_keeps_onednns_weights_only(kernel: None, tiny_bert_dir: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel's copy costs as much memory again as oneDNN's: a model whose int8 linears
-    are over ``MAX_WEIGHT_BYTES`` keeps one copy, and every call runs on oneDNN."""
+    are over ``MAX_WEIGHT_BYTES`` keeps one copy, and every call runs on oneDNN. The
+    per-row linears (the kernel's copy their only one) are not counted."""
     from embedserve.engine import Engine
 
     monkeypatch.setattr(int8_linear, "MAX_WEIGHT_BYTES", 1000)
     short = Batch.from_sequences([np.arange(4, 24, dtype=np.int32)])
     with Engine.load(tiny_bert_dir, dtype="int8") as engine:
         weights = [module for module in engine.model.modules() if isinstance(module, Int8Weight)]
-        assert weights and not any(weight.few_rows or hasattr(weight, "few_rows_panels") for weight in weights)
+        one_scale = [weight for weight in weights if not weight.per_row]
+        assert one_scale and not any(weight.few_rows or hasattr(weight, "few_rows_panels") for weight in one_scale)
+        assert all(weight.few_rows and not hasattr(weight, "weight") for weight in weights if weight.per_row)
         _, calls = kernel_calls(lambda: engine.step(short, inline=True).wait(), profiler_names.INT8_LINEAR)
-        assert calls == 0
+        assert calls == len(weights) - len(one_scale)
 
 
 def test_the_kernel_is_built_where_the_compiler_can_target_avx512_vnni_and_amx(tmp_path: Path) -> None:

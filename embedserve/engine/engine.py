@@ -211,6 +211,8 @@ class Engine:
         else:
             int8_layers.quantize_decoder_layers(model.to(base), ranges)
         activations = "dynamic" if ranges is None else f"static, {batch.num_sequences} calibration texts"
+        if any(getattr(module, "per_row", False) for module in model.modules()):
+            activations += "; the second feed-forward linear's per row"
         choice = DtypeChoice(INT8, f"{choice.reason}: int8 weights per channel, uint8 activations "
                                    f"({activations}), {base_name} elsewhere")
         log.info("dtype %s (%s)", choice.dtype, choice.reason)

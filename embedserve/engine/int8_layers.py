@@ -4,10 +4,11 @@ Owns swapping each encoder ``Layer`` for an ``Int8Layer`` that computes the same
 function with oneDNN's quantized matmul (``torch.ops.onednn.qlinear_pointwise``,
 the kernel behind torch's x86 quantization): AMX-INT8 tiles or AVX512-VNNI /
 AVX-VNNI dot products where the CPU has them, oneDNN's AVX2 / SSE4.1 int8 code
-elsewhere (same results, slower). Everything else (embeddings, attention,
-LayerNorms, the feed-forward's second linear, pooling, heads) stays in the
-model's base dtype: bfloat16 where the CPU has native bf16, else float32
-(``base_dtype``). In a decoder (``modules/decoder.py``: Qwen, Llama, Mistral
+elsewhere (same results, slower). The feed-forward's second linear runs int8 too
+where int8_linear.py's kernel runs on VPDPBUSD, its input quantized per row
+(``PER_ROW_LINEARS``). Everything else (embeddings, attention, LayerNorms, that
+linear elsewhere, pooling, heads) stays in the model's base dtype: bfloat16 where
+the CPU has native bf16, else float32 (``base_dtype``). In a decoder (``modules/decoder.py``: Qwen, Llama, Mistral
 embedders and rerankers) the same three kinds of linear (QKV, attention output, the
 fused gate and up projection) become ``Int8Linear``s in place; ``down``, whose input
 is SwiGLU's product, stays in the base dtype as the encoder's ``ffn_out`` does.
@@ -50,11 +51,17 @@ ACTIVATION_MODES = ("dynamic", "static")
 DEFAULT_ACTIVATIONS = "static"
 # Per input column (min, max) over the calibration texts: float32 [in] each.
 ChannelRange = tuple[torch.Tensor, torch.Tensor]
-# The linears that run int8. ffn_out stays in the base dtype: its input (the GELU
-# output, in about [-0.17, 25] with most values near 0) loses the most at one scale per
-# tensor. Measured on MiniLM (probe texts, smallest cosine to float32): all four int8
-# 0.984 (0.946 with ffn_out smoothed), ffn_out in bf16 and the rest smoothed 0.998.
+# The linears that run int8 with one scale for a call's input. ffn_out does not: its input
+# (the GELU output, in about [-0.17, 25] with most values near 0) loses the most at one
+# scale per tensor. Measured on MiniLM (probe texts, smallest cosine to float32): all four
+# int8 0.984 (0.946 with ffn_out smoothed), ffn_out in bf16 and the rest smoothed 0.998.
 INT8_LINEARS = ("qkv", "attn_out", "ffn_in")
+# ...so ffn_out runs int8 with a scale per row of its input, where int8_linear's kernel
+# takes it (``per_row_runs``), else in the base dtype. XQuAD English (smallest cosine to
+# float32; recall@1 float32 -> int8), ffn_out in bf16 against per row: MiniLM 0.99860,
+# 88.74 -> 88.91 against 0.99713, 88.74 -> 88.40; multilingual-e5-small 0.99894,
+# 93.11 -> 93.28 against 0.99897, 93.11 -> 93.28 (Zen 5; BENCHMARKS.md).
+PER_ROW_LINEARS = ("ffn_out",)
 # A decoder layer's linears that run int8 (``down`` stays: its input is SwiGLU's product).
 DECODER_INT8_LINEARS = ("qkv", "attn_out", "gate_up")
 # Which int8 linears divide their input by SmoothQuant's factors (static mode), and alpha.
@@ -96,9 +103,10 @@ class Int8Weight(nn.Module):
     column_sums: torch.Tensor
 
     def __init__(self, linear: nn.Linear, observed: ChannelRange | None, smooth: bool = False,
-                 qmax: int = int8_quantize.FULL_RANGE, few_rows: bool = True) -> None:
+                 qmax: int = int8_quantize.FULL_RANGE, few_rows: bool = True, per_row: bool = False) -> None:
         """``few_rows``: keep int8_linear's copy of the weight for calls of few rows (where
-        the kernel covers it)."""
+        the kernel covers it). ``per_row``: every call on int8_linear's kernel, each row of
+        the input quantized on its own range (``covers_per_row``; no oneDNN copy)."""
         super().__init__()
         self.qmax = qmax
         weight = linear.weight.detach().float()
@@ -107,7 +115,12 @@ class Int8Weight(nn.Module):
         if observed is not None and smooth:
             factors = smoothing_factors(observed, weight)
         quantized, scales = int8_per_channel(weight * factors[None, :])
-        self.register_buffer("weight", _onednn.qlinear_prepack(quantized, None))
+        self.per_row = per_row
+        if per_row:
+            assert int8_linear.covers(quantized), "per-row quantization runs on int8_linear's kernel alone"
+            few_rows, observed = True, None
+        else:
+            self.register_buffer("weight", _onednn.qlinear_prepack(quantized, None))
         self.few_rows = few_rows and int8_linear.covers(quantized)
         if self.few_rows:
             self.register_buffer("few_rows_panels", int8_linear.pack_panels(quantized))
@@ -138,9 +151,9 @@ class Int8Weight(nn.Module):
                 algorithm: str = "") -> torch.Tensor:
         """x: [T, in] bf16 or float32 -> [T, out] in ``out_dtype``, the activation named as
         oneDNN's epilogues are (``attr``/``algorithm``) applied."""
-        if (self.few_rows and x.shape[0] <= int8_linear.max_rows() and x.dtype == torch.bfloat16
-                and out_dtype == torch.bfloat16):
-            return int8_linear.linear(x, *self._kernel_operands(), attr, algorithm)
+        if self.per_row or (self.few_rows and x.shape[0] <= int8_linear.max_rows() and x.dtype == torch.bfloat16
+                            and out_dtype == torch.bfloat16):
+            return int8_linear.linear(x.to(torch.bfloat16), *self._kernel_operands(), attr, algorithm).to(out_dtype)
         xq, scale, zero_point = self.quantize(x)
         return _onednn.qlinear_pointwise(xq, scale, zero_point, self.weight, self.scales, self.zero_points,
                                          self.bias, 1.0, 0, out_dtype, attr, [], algorithm)
@@ -152,10 +165,11 @@ class Int8Weight(nn.Module):
         return int8_linear.pointer_call(*self._kernel_operands(), activation, helper) if self.few_rows else None
 
     def _kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                        torch.Tensor | None, float, int, int]:
+                                        torch.Tensor | None, float, int, int, bool]:
         # int8_linear's weight and quantization arguments (no multiplier: dynamic)
         return (self.few_rows_panels, self.column_sums, self.scales, self.bias,
-                self.multiplier if self.static else None, self.input_scale, self.input_zero_point, self.qmax)
+                self.multiplier if self.static else None, self.input_scale, self.input_zero_point, self.qmax,
+                self.per_row)
 
 
 def smoothing_factors(observed: ChannelRange, weight: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
@@ -167,6 +181,16 @@ def smoothing_factors(observed: ChannelRange, weight: torch.Tensor, alpha: float
     x_max = torch.maximum(low.abs(), high.abs()).clamp_min(1e-5)
     w_max = weight.abs().amax(dim=0).clamp_min(1e-5)
     return (x_max.pow(alpha) / w_max.pow(1.0 - alpha)).clamp_min(1e-5)
+
+
+def per_row_runs(linear: nn.Linear) -> bool:
+    """Whether an encoder's second feed-forward linear runs int8, each row of its input (the
+    GELU output) quantized on its own range (``PER_ROW_LINEARS``): where int8_linear's kernel
+    runs on VPDPBUSD and covers the shape. Not on AMX tiles: there oneDNN's bf16 matmul
+    takes large steps, and the kernel's tiles were not measured against it."""
+    out_features, in_features = linear.weight.shape
+    return (int8_linear.kernel_available() and not int8_linear.tiles_available()
+            and out_features % int8_linear.PANEL == 0 and in_features % 4 == 0)
 
 
 class Int8Layer(nn.Module):
@@ -183,8 +207,11 @@ class Int8Layer(nn.Module):
             Int8Weight(getattr(layer, name), None if ranges is None else ranges[name], name in SMOOTHED, qmax,
                        few_rows)
             for name in INT8_LINEARS)
-        # oneDNN or a native kernel, base dtype; calls of few rows on AMX as FusedLayer's
-        self.ffn_out = PackedWeight(layer.ffn_out, few_rows=True)
+        # int8 with each row's own range where ``per_row_runs``; else the base dtype, on oneDNN
+        # or a native kernel (calls of few rows on AMX as FusedLayer's)
+        self.ffn_out: Int8Weight | PackedWeight = (
+            Int8Weight(layer.ffn_out, None, qmax=qmax, per_row=True) if per_row_runs(layer.ffn_out)
+            else PackedWeight(layer.ffn_out, few_rows=True))
         self.attn_norm = ResidualNorm(layer.attn_norm)
         self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = ACTIVATIONS[hidden_act]
@@ -196,7 +223,9 @@ class Int8Layer(nn.Module):
         context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2])                            # [T, heads, hd]
         x = self.attn_norm(self.attn_out(context.reshape(tokens, -1).contiguous(), self.dtype), x)
         hidden = self.ffn_in(x, self.dtype, *self.activation)                        # [T, intermediate]
-        return self.ffn_norm(self.ffn_out(hidden), x)
+        out = (self.ffn_out(hidden, self.dtype) if isinstance(self.ffn_out, Int8Weight)
+               else self.ffn_out(hidden))                                              # [T, hidden]
+        return self.ffn_norm(out, x)
 
 
 class Int8Linear(nn.Module):

@@ -29,6 +29,8 @@ except ImportError:          # not built: no compiler, or one that cannot target
     _native = None
 
 PANEL = 32                   # output columns per panel (two 16-int32 accumulators)
+# The native call's ``quantization`` codes (csrc/int8_linear.c).
+QUANTIZE_STATIC, QUANTIZE_DYNAMIC, QUANTIZE_PER_ROW = 0, 1, 2
 # Calls of up to this many rows take the kernel; more go to oneDNN, whose AMX-INT8 /
 # VNNI matmul is as fast or faster once its per-call cost is spread over enough rows.
 # Measured on the default model's three int8 linears (2 threads): on tiles (Xeon with
@@ -96,13 +98,22 @@ def column_sums(quantized: torch.Tensor) -> torch.Tensor:
     return quantized.to(torch.int32).sum(dim=1, dtype=torch.int32).contiguous()
 
 
+def quantization(multiplier: torch.Tensor | None, per_row: bool) -> int:
+    """The native call's code for how its input becomes uint8: static (``multiplier`` given),
+    dynamic over the call, or dynamic per row."""
+    if multiplier is not None:
+        return QUANTIZE_STATIC
+    return QUANTIZE_PER_ROW if per_row else QUANTIZE_DYNAMIC
+
+
 def linear(x: torch.Tensor, panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor,
-           multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int,
+           multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int, per_row: bool = False,
            attr: str = "none", algorithm: str = "") -> torch.Tensor:
     """bf16 ``activation(x @ W.T + bias)`` for x [rows, in] bf16 on the int8 weight
     (``panels`` from pack_panels, ``sums`` from column_sums, ``w_scales`` float32 [out]).
     ``multiplier`` (float32 [in]), ``x_scale`` and ``zero_point``: the input's static
-    quantization; None: dynamic (measured on ``x``, as int8_quantize.affine_params)."""
+    quantization; None: dynamic (measured on ``x``, as int8_quantize.affine_params), over
+    the whole input or, with ``per_row``, over each row apart."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, in_features = x.shape
@@ -110,14 +121,14 @@ def linear(x: torch.Tensor, panels: torch.Tensor, sums: torch.Tensor, w_scales: 
     y = torch.empty(rows, out_features, dtype=torch.bfloat16)
     with profiler_names.named(profiler_names.INT8_LINEAR):
         _native.linear(x.data_ptr(), 0 if multiplier is None else multiplier.data_ptr(), x_scale, zero_point, qmax,
-                       multiplier is None, panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr(),
-                       y.data_ptr(), rows, out_features, in_features, x.stride(0), torch.get_num_threads(),
-                       ACTIVATIONS[attr, algorithm], tiles_available())
+                       quantization(multiplier, per_row), panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(),
+                       bias.data_ptr(), y.data_ptr(), rows, out_features, in_features, x.stride(0),
+                       torch.get_num_threads(), ACTIVATIONS[attr, algorithm], tiles_available())
     return y
 
 
 def pointer_call(panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor,
-                 multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int,
+                 multiplier: torch.Tensor | None, x_scale: float, zero_point: int, qmax: int, per_row: bool,
                  activation: int, helper: bool = False) -> Callable[[int, int, int, int], None]:
     """``linear``'s call on data pointers, ``call(x, y, rows, threads)`` (x [rows, in] bf16
     and y [rows, out] bf16, contiguous; ``activation``: the kernel's code), for loops that
@@ -127,12 +138,12 @@ def pointer_call(panels: torch.Tensor, sums: torch.Tensor, w_scales: torch.Tenso
     out_features, in_features = panels.shape[0] * PANEL, panels.shape[1] * 4
     native = _native.linear
     multiplier_at = 0 if multiplier is None else multiplier.data_ptr()
-    dynamic = multiplier is None
+    mode = quantization(multiplier, per_row)
     panels_at, sums_at, scales_at, bias_at = panels.data_ptr(), sums.data_ptr(), w_scales.data_ptr(), bias.data_ptr()
     tiles = tiles_available()
     helped = helper and helper_available()
 
     def call(x: int, y: int, rows: int, threads: int) -> None:
-        native(x, multiplier_at, x_scale, zero_point, qmax, dynamic, panels_at, sums_at, scales_at, bias_at, y,
+        native(x, multiplier_at, x_scale, zero_point, qmax, mode, panels_at, sums_at, scales_at, bias_at, y,
                rows, out_features, in_features, in_features, HELPER_TEAM if helped else threads, activation, tiles)
     return call

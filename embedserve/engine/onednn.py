@@ -173,6 +173,8 @@ def _native_up_to(module: nn.Module) -> int:
         if module.native:
             return sys.maxsize
         return amx_linear.MAX_ROWS if module.few_rows else 0
+    if getattr(module, "per_row", False):
+        return sys.maxsize                      # int8_linear's kernel at every size
     return int8_linear.max_rows() if getattr(module, "few_rows", False) else 0
 
 

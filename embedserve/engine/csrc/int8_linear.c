@@ -18,7 +18,10 @@
  * rounded once to bf16 (bf16_activations.h). Static mode takes the input's scale, zero
  * point and per-column multiplier (1 / scale over the smoothing factors) from the
  * caller; dynamic mode measures the input's min and max first and derives them as
- * int8_quantize.affine_params does (in double, half to even).
+ * int8_quantize.affine_params does (in double, half to even); per-row mode does so for
+ * each row apart (the feed-forward's second linear, int8_layers.py: its input, the GELU
+ * output, loses too much at one scale for a whole step), which oneDNN's matmul cannot
+ * take, so such a linear runs here at every size.
  *
  * With ``amx`` (the caller's choice: a CPU with AMX-INT8, tile state granted, enough
  * rows) and K a multiple of 64, the products run on AMX tiles instead (TDPBUSD), by the
@@ -72,22 +75,38 @@ static inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i
 /* bf16_linear.c's ``team_run`` (helper_team.h), from its capsule at import; NULL without it. */
 static team_runner shared_team_run;
 
+/* How a call's input becomes uint8 (linear()'s ``quantization``). */
+enum { QUANTIZE_STATIC, QUANTIZE_DYNAMIC, QUANTIZE_PER_ROW, QUANTIZATIONS };
+
 /* One call's operands, as for_each_block hands them to run_block. */
 typedef struct {
     const uint8_t *x;           /* the quantized input, [rows, k] contiguous */
     const int8_t *panels;
-    const int32_t *compensation; /* zero_point * colsum, [n] */
-    const float *scale;          /* x_scale * w_scale, [n] */
+    const int32_t *compensation; /* zero_point * colsum, [n] (one scale for the input) */
+    const float *scale;          /* x_scale * w_scale, [n] (likewise) */
+    const int32_t *row_zero_point; /* per row ([rows]), or NULL: one for the input */
+    const float *row_scale;
+    const int32_t *colsum;
+    const float *w_scale;
     const float *bias;
     uint16_t *y;
     Py_ssize_t n, k;
     int activation;
 } Call;
 
-static inline __m512 output16(__m512i sum, const Call *c, Py_ssize_t column) {
-    const __m512 value = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_loadu_si512(c->compensation + column)));
-    return activate(_mm512_fmadd_ps(value, _mm512_loadu_ps(c->scale + column), _mm512_loadu_ps(c->bias + column)),
-                    c->activation);
+static inline __m512 output16(__m512i sum, const Call *c, Py_ssize_t row, Py_ssize_t column) {
+    __m512i compensation;
+    __m512 scale;
+    if (c->row_scale != NULL) {   /* the row's own scale and zero point, as the call's are below */
+        compensation = _mm512_mullo_epi32(_mm512_set1_epi32(c->row_zero_point[row]),
+                                          _mm512_loadu_si512(c->colsum + column));
+        scale = _mm512_mul_ps(_mm512_set1_ps(c->row_scale[row]), _mm512_loadu_ps(c->w_scale + column));
+    } else {
+        compensation = _mm512_loadu_si512(c->compensation + column);
+        scale = _mm512_loadu_ps(c->scale + column);
+    }
+    const __m512 value = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, compensation));
+    return activate(_mm512_fmadd_ps(value, scale, _mm512_loadu_ps(c->bias + column)), c->activation);
 }
 
 /* One block of R rows by one panel. The WARM variant also pulls the next panel toward L2
@@ -123,9 +142,10 @@ static inline __m512 output16(__m512i sum, const Call *c, Py_ssize_t column) {
         const Py_ssize_t column = panel_index * PANEL;                                              \
         _Pragma("GCC unroll 12") for (int r = 0; r < R; r++) {                                      \
             uint16_t *out = c->y + (row + r) * c->n + column;                                       \
-            _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(output16(lo[r], c, column))); \
+            _mm256_storeu_si256((__m256i *)out,                                                     \
+                                (__m256i)_mm512_cvtneps_pbh(output16(lo[r], c, row + r, column)));  \
             _mm256_storeu_si256((__m256i *)(out + 16),                                              \
-                                (__m256i)_mm512_cvtneps_pbh(output16(hi[r], c, column + 16)));      \
+                                (__m256i)_mm512_cvtneps_pbh(output16(hi[r], c, row + r, column + 16))); \
         }                                                                                           \
     }
 
@@ -182,7 +202,7 @@ static void run_tile_block(const void *opaque, int64_t row, int height, int64_t 
         for (int v = 0; v < vectors; ++v) {
             const __m512i sum = _mm512_load_si512(sums + r * TILE_BLOCK_COLUMNS + 16 * v);
             _mm256_storeu_si256((__m256i *)(out + 16 * v),
-                                (__m256i)_mm512_cvtneps_pbh(output16(sum, c, column + 16 * v)));
+                                (__m256i)_mm512_cvtneps_pbh(output16(sum, c, row + r, column + 16 * v)));
         }
     }
 }
@@ -208,12 +228,12 @@ typedef struct {
     unsigned long long x, multiplier, panels, colsum, w_scale, bias, y;
     Py_ssize_t rows, n, k, x_stride, threads;
     double x_scale;
-    int zero_point, qmax, dynamic, activation, amx;
+    int zero_point, qmax, quantization, activation, amx;
 } Int8LinearArgs;
 
 static int parse(PyObject *args, Int8LinearArgs *a) {
-    if (!PyArg_ParseTuple(args, "KKdiipKKKKKnnnnnip", &a->x, &a->multiplier, &a->x_scale, &a->zero_point,
-                          &a->qmax, &a->dynamic, &a->panels, &a->colsum, &a->w_scale, &a->bias, &a->y, &a->rows,
+    if (!PyArg_ParseTuple(args, "KKdiiiKKKKKnnnnnip", &a->x, &a->multiplier, &a->x_scale, &a->zero_point,
+                          &a->qmax, &a->quantization, &a->panels, &a->colsum, &a->w_scale, &a->bias, &a->y, &a->rows,
                           &a->n, &a->k, &a->x_stride, &a->threads, &a->activation, &a->amx))
         return 0;
     if (a->rows < 0 || a->k <= 0 || a->k % 4 != 0 || a->n <= 0 || a->n % PANEL != 0 || a->x_stride < a->k
@@ -222,6 +242,10 @@ static int parse(PyObject *args, Int8LinearArgs *a) {
                      "need rows >= 0, k a positive multiple of 4, n a positive multiple of %d, x_stride >= k and "
                      "0 <= zero_point <= qmax <= 255; got rows %zd, n %zd, k %zd, x_stride %zd, zero point %d, "
                      "qmax %d", PANEL, a->rows, a->n, a->k, a->x_stride, a->zero_point, a->qmax);
+        return 0;
+    }
+    if (a->quantization < 0 || a->quantization >= QUANTIZATIONS) {
+        PyErr_Format(PyExc_ValueError, "quantization must be 0 to %d, got %d", QUANTIZATIONS - 1, a->quantization);
         return 0;
     }
     if (a->activation < 0 || a->activation >= ACTIVATIONS) {
@@ -240,20 +264,24 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
     const int32_t *colsum = (const int32_t *)(uintptr_t)a.colsum;
     const float *w_scale = (const float *)(uintptr_t)a.w_scale;
     /* the quantized rows, then (dynamic) the multiplier, then per column the
-     * compensation and combined scale */
+     * compensation and combined scale, then (per row) each row's scale and zero point */
     const size_t x_bytes = ((size_t)(a.rows * a.k) + 63) & ~(size_t)63;
-    const size_t bytes = x_bytes + sizeof(float) * (size_t)a.k + (sizeof(int32_t) + sizeof(float)) * (size_t)a.n;
+    const size_t bytes = x_bytes + sizeof(float) * (size_t)a.k + (sizeof(int32_t) + sizeof(float)) * (size_t)a.n
+                         + (sizeof(int32_t) + sizeof(float)) * (size_t)a.rows;
     char *buffer = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (buffer == NULL) return PyErr_NoMemory();
     uint8_t *xq = (uint8_t *)buffer;
     float *multiplier = (float *)(buffer + x_bytes);
     int32_t *compensation = (int32_t *)(multiplier + a.k);
     float *scale = (float *)(compensation + a.n);
+    int32_t *row_zero_point = (int32_t *)(scale + a.n);
+    float *row_scale = (float *)(row_zero_point + a.rows);
+    const int per_row = a.quantization == QUANTIZE_PER_ROW;
     Py_BEGIN_ALLOW_THREADS
     double x_scale = a.x_scale;
     int zero_point = a.zero_point;
     const float *row_multiplier = (const float *)(uintptr_t)a.multiplier;
-    if (a.dynamic) {
+    if (a.quantization == QUANTIZE_DYNAMIC) {
         float lowest, highest;
         input_range(x, a.rows, a.k, a.x_stride, &lowest, &highest);
         affine_params(lowest, highest, a.qmax, &x_scale, &zero_point);
@@ -264,14 +292,29 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
     const __m512i zp = _mm512_set1_epi32(zero_point), high = _mm512_set1_epi32(a.qmax);
     const int quantize_threads = (a.threads < 1 || a.rows * a.k < SERIAL_ELEMENTS) ? 1 : (int)a.threads;
 #pragma omp parallel for num_threads(quantize_threads) schedule(static)
-    for (Py_ssize_t r = 0; r < a.rows; ++r)
-        quantize_row(x + r * a.x_stride, 1, xq + r * a.k, a.k, row_multiplier, zp, high);
+    for (Py_ssize_t r = 0; r < a.rows; ++r) {
+        const uint16_t *row = x + r * a.x_stride;
+        if (per_row) {   /* the row's own range, as the dynamic mode takes the call's */
+            float lowest, highest;
+            double own_scale;
+            int own_zero_point;
+            input_range(row, 1, a.k, a.x_stride, &lowest, &highest);
+            affine_params(lowest, highest, a.qmax, &own_scale, &own_zero_point);
+            row_scale[r] = (float)own_scale;
+            row_zero_point[r] = own_zero_point;
+            quantize_row(row, 1, xq + r * a.k, a.k, NULL, (float)(1.0 / own_scale),
+                         _mm512_set1_epi32(own_zero_point), high);
+        } else {
+            quantize_row(row, 1, xq + r * a.k, a.k, row_multiplier, 0.0f, zp, high);
+        }
+    }
     const float x_scale32 = (float)x_scale;
     for (Py_ssize_t c = 0; c < a.n; ++c) {
         compensation[c] = zero_point * colsum[c];
         scale[c] = x_scale32 * w_scale[c];
     }
     const Call call = {xq, (const int8_t *)(uintptr_t)a.panels, compensation, scale,
+                       per_row ? row_zero_point : NULL, per_row ? row_scale : NULL, colsum, w_scale,
                        (const float *)(uintptr_t)a.bias, (uint16_t *)(uintptr_t)a.y, a.n, a.k, a.activation};
     if (a.amx && a.k % TILE_K == 0) {
         const int threads = (a.threads < 1 || a.rows * a.n * a.k < SERIAL_MACS) ? 1 : (int)a.threads;
@@ -289,9 +332,11 @@ static PyObject *int8_linear(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"linear", int8_linear, METH_VARARGS,
-     "linear(x, multiplier, x_scale, zero_point, qmax, dynamic, panels, colsum, w_scale, bias, y, rows, n, k, "
+     "linear(x, multiplier, x_scale, zero_point, qmax, quantization, panels, colsum, w_scale, bias, y, rows, n, k, "
      "x_stride, threads, activation, amx): y = activation(dequantized(uint8(x) @ W.T) + bias) in bf16; arguments "
-     "are data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; threads 0: this thread and "
+     "are data pointers and sizes, x bf16, W int8 packed as [n / 32][k / 4][32][4]; quantization 0 static "
+     "(multiplier, x_scale, zero_point), 1 dynamic (the input's range), 2 per row (each row's range; y's rows the "
+     "same as each row's call in mode 1); threads 0: this thread and "
      "bf16_linear's helper thread (where shares_helper; not on tiles), else up to that many of torch's OpenMP "
      "team; activation 0 none, 1 GELU "
      "(erf), 2 GELU (tanh), 3 ReLU; amx: on AMX tiles where k is a multiple of 64 (the caller has been granted "

@@ -46,7 +46,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (Py_ssize_t r = 0; r < rows; ++r)
-        quantize_row(src + r * stride * element, bf16, dst + r * cols, cols, multipliers, zp, high);
+        quantize_row(src + r * stride * element, bf16, dst + r * cols, cols, multipliers, 0.0f, zp, high);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -24,13 +24,16 @@ static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
 }
 
-/* One row of ``cols`` values; ``multiplier`` float32 [cols]. */
+/* One row of ``cols`` values; ``multiplier`` float32 [cols], or NULL: ``uniform`` for every
+ * column (a row quantized on its own range). */
 static inline void quantize_row(const void *x, int bf16, uint8_t *out, int64_t cols, const float *multiplier,
-                                __m512i zero_point, __m512i high) {
+                                float uniform, __m512i zero_point, __m512i high) {
     const __m512i low = _mm512_setzero_si512();
+    const __m512 every = _mm512_set1_ps(uniform);
     for (int64_t c = 0; c < cols; c += 16) {
         const __mmask16 mask = tail_mask(cols - c);
-        const __m512 scaled = _mm512_mul_ps(load16(x, bf16, c, mask), _mm512_maskz_loadu_ps(mask, multiplier + c));
+        const __m512 factor = multiplier != NULL ? _mm512_maskz_loadu_ps(mask, multiplier + c) : every;
+        const __m512 scaled = _mm512_mul_ps(load16(x, bf16, c, mask), factor);
         __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                                      zero_point);
         q = _mm512_min_epi32(_mm512_max_epi32(q, low), high);
