@@ -15,8 +15,9 @@ AVX512-VNNI in one call), larger ones to oneDNN (the quantization pass, then
   linears in bf16 (``PackedWeight``: the AMX or AVX512-BF16 kernel up to 64 rows, else
   oneDNN) for what int8 buys; over ``max_rows()`` the kernel column is oneDNN too;
 - whole one-sequence steps of the default model as a replica runs them: int8 (static,
-  calibrated) with the kernel, the same engine with every call on oneDNN, and bf16 (the
-  default), with the lowest cosine of int8's embeddings to bf16's.
+  calibrated) with the kernel (where it runs on VPDPBUSD, the second feed-forward linear
+  too, per row), the same engine without the kernel (oneDNN's three int8 linears, that
+  one in bf16), and bf16 (the default), with the lowest cosine of int8's embeddings to bf16's.
 
 Only where the kernel runs (a build with it, a CPU with AVX512-VNNI and AVX512-BF16).
 The engine table's steps of 65-128 tokens take the general path (padded to a bucket).
