@@ -154,12 +154,13 @@ def test_calls_with_the_helper_thread_give_one_threads_bits(products: str, rows:
         assert helper_threads() == 1                 # started by these calls, or earlier by bf16_linear's
 
 
-@pytest.mark.parametrize("rows", [1, 13, 97, 600])
+@pytest.mark.parametrize("rows", [1, 13, 97, 600, 6000])
 def test_per_row_quantization_takes_each_rows_own_range(products: str, rows: int) -> None:
     """Per row (the second feed-forward linear, int8_layers.PER_ROW_LINEARS): each output
     row the same bits as that row's own call with one range (dynamic mode), so within a
     bf16 rounding of oneDNN's dynamic matmul on the row alone and of float64; at any number
-    of rows (oneDNN cannot take per-row scales, so none goes to it)."""
+    of rows (oneDNN cannot take per-row scales, so none goes to it). 6,000 rows of 1,536
+    (9 MB quantized) take the path that quantizes each chunk of rows before its products."""
     torch.manual_seed(1)
     linear = nn.Linear(1536, 384)
     spread = torch.linspace(0.05, 4.0, rows)[:, None]             # rows of very different ranges
@@ -168,9 +169,10 @@ def test_per_row_quantization_takes_each_rows_own_range(products: str, rows: int
     assert per_row.per_row and per_row.few_rows and not hasattr(per_row, "weight")
     ours, calls = kernel_calls(lambda: per_row(x, torch.bfloat16), profiler_names.INT8_LINEAR)
     assert calls == 1 and ours.shape == (rows, 384)
+    for i in range(rows):
+        assert torch.equal(ours[i:i + 1], one_range(x[i:i + 1], torch.bfloat16)), i
     for i in sorted({0, rows // 2, rows - 1}):
         row = x[i:i + 1]
-        assert torch.equal(ours[i:i + 1], one_range(row, torch.bfloat16))
         expected = float64_reference(one_range, row, lambda t: t)
         step = expected.abs() * 2.0 ** -8 + 1e-4
         assert ((ours[i:i + 1].double() - expected).abs() <= step).all()
