@@ -11,6 +11,7 @@ native call.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +181,46 @@ def test_per_row_quantization_takes_each_rows_own_range(products: str, rows: int
     if rows > 1:                                                   # one range for all rows parts from it
         assert not torch.equal(ours, one_range(x, torch.bfloat16) if rows <= int8_linear.max_rows()
                                else int8_linear.linear(x, *one_range._kernel_operands()))
+
+
+def test_int8_and_bf16_calls_from_several_threads_share_one_helper(products: str) -> None:
+    """int8_linear borrows bf16_linear's team: calls of both kernels from several threads at
+    once, each with the helper where it is free and alone where another call holds it,
+    every one with its own rows' bits, none hung."""
+    if products != "vnni" or not int8_linear.helper_available():
+        pytest.skip("int8 calls take the helper only on VPDPBUSD with bf16_linear built")
+    from embedserve.engine import bf16_linear
+    from tests.test_engine_bf16_linear import helper_threads, native_call
+
+    int8_inputs = [bf16_rows(rows, 384).mul_(3) for rows in (6, 20)]
+    weights = [int8_weight(384, 1152, x, static) for x, static in zip(int8_inputs, (True, False), strict=True)]
+    bf16_inputs = [bf16_rows(rows, 384) for rows in (7, 32)]
+    linear = nn.Linear(384, 1536)
+    panels = bf16_linear.pack_panels(linear.weight.detach().to(torch.bfloat16))
+    bias = linear.bias.detach().float()
+
+    def int8_call(i: int, helper: bool) -> torch.Tensor:
+        y = torch.full((int8_inputs[i].shape[0], 1152), float("nan"), dtype=torch.bfloat16)
+        weights[i].few_rows_call(0, helper)(int8_inputs[i].data_ptr(), y.data_ptr(), y.shape[0], 1)
+        return y
+
+    calls = [lambda i=i, helper=True: int8_call(i, helper) for i in range(2)]
+    calls += [lambda i=i, helper=True: native_call(bf16_inputs[i], panels, bias,
+                                                    bf16_linear.HELPER_TEAM if helper else 1) for i in range(2)]
+    expected = [call(helper=False) for call in calls]
+    mismatches: list[int] = []
+
+    def repeat(i: int) -> None:
+        for _ in range(200):
+            if not torch.equal(calls[i](), expected[i]):
+                mismatches.append(i)
+    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    assert mismatches == [] and helper_threads() == 1
 
 
 def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
