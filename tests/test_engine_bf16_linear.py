@@ -136,9 +136,16 @@ def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_tak
 
 
 def helper_threads() -> int:
-    """This process's threads named as the kernel's helper (csrc/helper_team.h)."""
-    return sum(Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "embedserve-help"
-               for tid in os.listdir("/proc/self/task"))
+    """This process's threads named as the kernel's helper (csrc/helper_team.h); a thread
+    that ends between the listing and the read (a test's own, just joined) is not one."""
+    return sum(thread_name(tid) == "embedserve-help" for tid in os.listdir("/proc/self/task"))
+
+
+def thread_name(tid: str) -> str | None:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def native_call(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, threads: int,
