@@ -1,10 +1,12 @@
 """What the native linears' tests share (test_engine_avx2_linear.py,
 test_engine_bf16_linear.py, test_engine_amx_linear.py): the layers and rows they build,
-the activations oneDNN's epilogues name, counting a call's entries into a kernel, and
-the bf16 kernels' bar: as close to float64 as torch's own bf16 linear."""
+the activations oneDNN's epilogues name, counting a call's entries into a kernel, calls
+from several threads at once, and the bf16 kernels' bar: as close to float64 as torch's
+own bf16 linear."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -66,3 +68,23 @@ def assert_refuses_bad_calls(linear: Callable[..., None], bad_k: int, shape_mess
         linear(*pointers, 2, 64, bad_k, 64, 1, 0)
     with pytest.raises(TypeError):
         linear(*pointers, 2, 64, 64, 64, 1)
+
+
+def mismatches_at_once(calls: list[Callable[[], torch.Tensor]], expected: list[torch.Tensor],
+                       repeats: int) -> list[int]:
+    """Runs each of ``calls`` ``repeats`` times on a thread of its own, all at once; the
+    indices of the calls that returned other than their ``expected`` (once per time).
+    Fails if a thread has not ended within two minutes (a call hung)."""
+    mismatches: list[int] = []
+
+    def repeat(i: int) -> None:
+        for _ in range(repeats):
+            if not torch.equal(calls[i](), expected[i]):
+                mismatches.append(i)
+    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a call hung"
+    return mismatches

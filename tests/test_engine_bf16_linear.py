@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from tests.native_linear_cases import (
     bf16_layer,
     bf16_rows,
     kernel_calls,
+    mismatches_at_once,
     within_torchs_error,
 )
 
@@ -181,19 +181,8 @@ def test_calls_from_several_threads_at_once_each_get_their_own_rows(runs_here: N
     panels, bias = bf16_linear.pack_panels(layer.weight), layer.bias.detach().float()
     inputs = [bf16_rows(rows, 384) for rows in (6, 7, 20, 32)]
     expected = [native_call(x, panels, bias, 1) for x in inputs]
-    mismatches: list[int] = []
-
-    def calls(i: int) -> None:
-        for _ in range(300):
-            if not torch.equal(native_call(inputs[i], panels, bias, bf16_linear.HELPER_TEAM), expected[i]):
-                mismatches.append(i)
-    threads = [threading.Thread(target=calls, args=(i,)) for i in range(len(inputs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(thread.is_alive() for thread in threads), "a call hung"
-    assert mismatches == []
+    calls = [lambda x=x: native_call(x, panels, bias, bf16_linear.HELPER_TEAM) for x in inputs]
+    assert mismatches_at_once(calls, expected, 300) == []
 
 
 FORKED_HELPER = r"""

@@ -11,7 +11,6 @@ native call.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from torch import nn
 from embedserve.engine import Batch, int8_linear, profiler_names
 from embedserve.engine.int8_layers import Int8Weight
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, bf16_rows, kernel_calls
+from tests.native_linear_cases import ACTIVATIONS, bf16_rows, kernel_calls, mismatches_at_once
 
 
 @pytest.fixture
@@ -208,19 +207,8 @@ def test_int8_and_bf16_calls_from_several_threads_share_one_helper(products: str
     calls += [lambda i=i, helper=True: native_call(bf16_inputs[i], panels, bias,
                                                     bf16_linear.HELPER_TEAM if helper else 1) for i in range(2)]
     expected = [call(helper=False) for call in calls]
-    mismatches: list[int] = []
-
-    def repeat(i: int) -> None:
-        for _ in range(200):
-            if not torch.equal(calls[i](), expected[i]):
-                mismatches.append(i)
-    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(thread.is_alive() for thread in threads), "a call hung"
-    assert mismatches == [] and helper_threads() == 1
+    assert mismatches_at_once(calls, expected, 200) == []
+    assert helper_threads() == 1
 
 
 def test_the_native_call_refuses_what_it_cannot_take(kernel: None) -> None:
