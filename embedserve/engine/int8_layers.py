@@ -8,10 +8,11 @@ elsewhere (same results, slower). The feed-forward's second linear runs int8 too
 where int8_linear.py's kernel runs on VPDPBUSD, its input quantized per row
 (``PER_ROW_LINEARS``). Everything else (embeddings, attention, LayerNorms, that
 linear elsewhere, pooling, heads) stays in the model's base dtype: bfloat16 where
-the CPU has native bf16, else float32 (``base_dtype``). In a decoder (``modules/decoder.py``: Qwen, Llama, Mistral
-embedders and rerankers) the same three kinds of linear (QKV, attention output, the
-fused gate and up projection) become ``Int8Linear``s in place; ``down``, whose input
-is SwiGLU's product, stays in the base dtype as the encoder's ``ffn_out`` does.
+the CPU has native bf16, else float32 (``base_dtype``). In a decoder
+(``modules/decoder.py``: Qwen, Llama, Mistral embedders and rerankers) the same three
+kinds of linear (QKV, attention output, the fused gate and up projection) become
+``Int8Linear``s in place; ``down``, whose input is SwiGLU's product, stays in the base
+dtype (not measured per row: no real decoder checkpoint is reachable here).
 
 - weights (``INT8_LINEARS``): int8, symmetric, one scale per output channel (the
   largest |w| of the row maps to 127), packed once into oneDNN's layout; bias float32;
@@ -106,7 +107,7 @@ class Int8Weight(nn.Module):
                  qmax: int = int8_quantize.FULL_RANGE, few_rows: bool = True, per_row: bool = False) -> None:
         """``few_rows``: keep int8_linear's copy of the weight for calls of few rows (where
         the kernel covers it). ``per_row``: every call on int8_linear's kernel, each row of
-        the input quantized on its own range (``covers_per_row``; no oneDNN copy)."""
+        the input quantized on its own range (where ``per_row_runs``; no oneDNN copy)."""
         super().__init__()
         self.qmax = qmax
         weight = linear.weight.detach().float()

@@ -8,7 +8,9 @@ int8 linears took ~2.5x a bf16 one although the weights are half the bytes. The 
 quantizes its bf16 input to the same uint8 bytes (static or dynamic, as the layer does),
 multiplies with VPDPBUSD, or TDPBUSD on AMX-INT8 tiles where the CPU has them (oneDNN's
 integer products either way), and writes bf16 with the bias and activation applied
-(``python -m bench int8_few_rows``: where oneDNN takes over).
+(``python -m bench int8_few_rows``: where oneDNN takes over). A linear whose input is
+quantized per row (int8_layers.PER_ROW_LINEARS), which oneDNN cannot take, has every
+call here whatever its size.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ QUANTIZE_STATIC, QUANTIZE_DYNAMIC, QUANTIZE_PER_ROW = 0, 1, 2
 # Measured on the default model's three int8 linears (2 threads): on tiles (Xeon with
 # AMX) 1.2-1.9x oneDNN at 128 rows, 0.8-1.3x at 512, 0.8-1.4x at 4,096; with VNNI (Zen 5,
 # oneDNN on VNNI too) 1.47x at 64 rows, 1.30x at 128, 1.16x at 256, 1.06-1.24x at 384-512,
-# 1.03-1.04x at 768-1,024 (BENCHMARKS.md).
+# 1.03-1.04x at 768-1,024 (docs/engine.md).
 MAX_ROWS_TILES = 128
 MAX_ROWS_VNNI = 512
 # A model's int8 linears get the kernel's copy while they are at most this many bytes:
