@@ -1,13 +1,15 @@
 """What the native linears' tests share (test_engine_avx2_linear.py,
 test_engine_bf16_linear.py, test_engine_amx_linear.py): the layers and rows they build,
 the activations oneDNN's epilogues name, counting a call's entries into a kernel, calls
-from several threads at once, and the bf16 kernels' bar: as close to float64 as torch's
+from several threads at once, the kernels' helper threads, and the bf16 kernels' bar: as close to float64 as torch's
 own bf16 linear."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +90,16 @@ def mismatches_at_once(calls: list[Callable[[], torch.Tensor]], expected: list[t
         thread.join(120)
     assert not any(thread.is_alive() for thread in threads), "a call hung"
     return mismatches
+
+
+def helper_threads() -> int:
+    """This process's threads named as the native linears' helper (csrc/helper_team.h); a
+    thread that ends between the listing and the read (a test's own, just joined) is not one."""
+    return sum(_thread_name(tid) == "embedserve-help" for tid in os.listdir("/proc/self/task"))
+
+
+def _thread_name(tid: str) -> str | None:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return None

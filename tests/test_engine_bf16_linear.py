@@ -30,6 +30,7 @@ from tests.native_linear_cases import (
     assert_refuses_bad_calls,
     bf16_layer,
     bf16_rows,
+    helper_threads,
     kernel_calls,
     mismatches_at_once,
     within_torchs_error,
@@ -135,19 +136,6 @@ def test_the_native_call_refuses_an_unknown_activation_and_a_shape_it_cannot_tak
     assert_refuses_bad_calls(bf16_linear._native.linear, 63, "k > 0 even.*got rows 2, n 64, k 63")
 
 
-def helper_threads() -> int:
-    """This process's threads named as the kernel's helper (csrc/helper_team.h); a thread
-    that ends between the listing and the read (a test's own, just joined) is not one."""
-    return sum(thread_name(tid) == "embedserve-help" for tid in os.listdir("/proc/self/task"))
-
-
-def thread_name(tid: str) -> str | None:
-    try:
-        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-    except FileNotFoundError:
-        return None
-
-
 def native_call(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor, threads: int,
                 activation: int = 0) -> torch.Tensor:
     rows, out_features = x.shape[0], panels.shape[0] * bf16_linear.PANEL
@@ -189,7 +177,8 @@ FORKED_HELPER = r"""
 import os, sys
 import torch
 from embedserve.engine import bf16_linear
-from tests.test_engine_bf16_linear import helper_threads, native_call
+from tests.native_linear_cases import helper_threads
+from tests.test_engine_bf16_linear import native_call
 from tests.native_linear_cases import bf16_layer, bf16_rows
 
 layer = bf16_layer(384, 1152)

@@ -21,7 +21,7 @@ from torch import nn
 from embedserve.engine import Batch, int8_linear, profiler_names
 from embedserve.engine.int8_layers import Int8Weight
 from tests.native_build import require_compiler_for
-from tests.native_linear_cases import ACTIVATIONS, bf16_rows, kernel_calls, mismatches_at_once
+from tests.native_linear_cases import ACTIVATIONS, bf16_rows, helper_threads, kernel_calls, mismatches_at_once
 
 
 @pytest.fixture
@@ -139,7 +139,6 @@ def test_calls_with_the_helper_thread_give_one_threads_bits(products: str, rows:
     same bits as one thread's. On tiles (configured per thread) calls stay on this thread."""
     if products == "vnni" and not int8_linear.helper_available():
         pytest.skip("bf16_linear's helper team is not built here")
-    from tests.test_engine_bf16_linear import helper_threads
 
     x = bf16_rows(rows, 384).mul_(3)
     weight = int8_weight(384, 1152, x, static)
@@ -189,7 +188,7 @@ def test_int8_and_bf16_calls_from_several_threads_share_one_helper(products: str
     if products != "vnni" or not int8_linear.helper_available():
         pytest.skip("int8 calls take the helper only on VPDPBUSD with bf16_linear built")
     from embedserve.engine import bf16_linear
-    from tests.test_engine_bf16_linear import helper_threads, native_call
+    from tests.test_engine_bf16_linear import native_call
 
     int8_inputs = [bf16_rows(rows, 384).mul_(3) for rows in (6, 20)]
     weights = [int8_weight(384, 1152, x, static) for x, static in zip(int8_inputs, (True, False), strict=True)]

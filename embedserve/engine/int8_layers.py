@@ -189,9 +189,7 @@ def per_row_runs(linear: nn.Linear) -> bool:
     GELU output) quantized on its own range (``PER_ROW_LINEARS``): where int8_linear's kernel
     runs on VPDPBUSD and covers the shape. Not on AMX tiles: there oneDNN's bf16 matmul
     takes large steps, and the kernel's tiles were not measured against it."""
-    out_features, in_features = linear.weight.shape
-    return (int8_linear.kernel_available() and not int8_linear.tiles_available()
-            and out_features % int8_linear.PANEL == 0 and in_features % 4 == 0)
+    return not int8_linear.tiles_available() and int8_linear.covers_shape(*linear.weight.shape)
 
 
 class Int8Layer(nn.Module):

@@ -81,10 +81,14 @@ def copy_fits(weight_elements: int) -> bool:
 
 
 def covers(quantized: torch.Tensor) -> bool:
-    """Whether the int8 weight ``quantized`` ([out, in]) can take the kernel: ``out`` a
-    multiple of 32, ``in`` of 4, and the kernel available."""
-    return (kernel_available() and quantized.dtype == torch.int8 and quantized.dim() == 2
-            and quantized.shape[0] % PANEL == 0 and quantized.shape[1] % 4 == 0)
+    """Whether the int8 weight ``quantized`` ([out, in]) can take the kernel (``covers_shape``)."""
+    return quantized.dtype == torch.int8 and quantized.dim() == 2 and covers_shape(*quantized.shape)
+
+
+def covers_shape(out_features: int, in_features: int) -> bool:
+    """Whether a weight [out, in] can take the kernel: ``out`` a multiple of 32, ``in`` of 4,
+    and the kernel available."""
+    return kernel_available() and out_features % PANEL == 0 and in_features % 4 == 0
 
 
 def pack_panels(quantized: torch.Tensor) -> torch.Tensor:
