@@ -1,6 +1,7 @@
 """``--dtype int8`` against bfloat16 on the CPU: step throughput and closeness to float32.
 
-``python -m bench int8 [--model DIR] [--batch 32] [--tokens 512] [--rounds 5] [--texts 200] [--without-amx]``
+``python -m bench int8 [--model DIR] [--batch 32] [--tokens 512] [--rounds 5] [--texts 200] [--without-amx]
+[--attention-ab]``
 
 Loads the model three times in process as a replica would (``load_engine``:
 float32, bfloat16, int8 with its calibration), then
@@ -8,7 +9,8 @@ float32, bfloat16, int8 with its calibration), then
 - throughput: steps of ``--batch`` sequences of ``--tokens`` random ids, bf16 and
   int8 alternating, ``--rounds`` each after one warm-up; the median per dtype and
   int8's speed-up over bf16 (the ratio is what to compare: both run in the same
-  process, interleaved, on a shared machine);
+  process, interleaved, on a shared machine); ``--attention-ab`` adds int8 with its
+  attention's products in bf16 (``Int8Layer.int8_attention`` off) as a third, taking turns;
 - accuracy on real text: XQuAD English (``../shared/data/eval/xquad``; skipped with a
   line when absent), its 240 passages (``passage: ``) and 1190 questions (``query: ``)
   embedded in float32 and int8 (``--texts N``: the first N of each, 0: none): the
@@ -32,6 +34,8 @@ import numpy as np
 from bench.reference_data import DEFAULT_DATA_DIR, read_xquad
 from bench.without_amx import add_option, apply
 
+BF16_ATTENTION = "int8, bf16 attention"
+
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
@@ -49,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's thread count (default: torch's). With 1 on a busy machine the "
                              "process CPU time of each step is a steadier figure than the wall time")
+    parser.add_argument("--attention-ab", action="store_true",
+                        help="also time int8 with attention's products in bf16 (their int8 products off)")
     add_option(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -72,17 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     tokens = min(args.tokens, info.max_positions)
     ids = np.random.default_rng(0).integers(1000, 20000, size=(args.batch, tokens))
     batch = Batch.of(ragged.from_sequences(list(ids)))
-    times: dict[str, list[float]] = {"bfloat16": [], "int8": []}
-    cpu_times: dict[str, list[float]] = {"bfloat16": [], "int8": []}
+    contenders = ["bfloat16", "int8"] + ([BF16_ATTENTION] if args.attention_ab else [])
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu_times: dict[str, list[float]] = {name: [] for name in contenders}
+    int8_layers = [layer for layer in engines["int8"].model.encoder.layers if hasattr(layer, "int8_attention")]
+
+    def step(name: str) -> None:
+        for layer in int8_layers:
+            layer.int8_attention = name != BF16_ATTENTION
+        engines["bfloat16" if name == "bfloat16" else "int8"].step(batch).wait()
+
     loads = [os.getloadavg()[0]]
-    for dtype in times:
-        engines[dtype].step(batch).wait()
+    for name in times:
+        step(name)
     for _ in range(args.rounds):
-        for dtype in times:
+        for name in times:
             started, cpu_started = time.perf_counter(), time.process_time()
-            engines[dtype].step(batch).wait()
-            times[dtype].append(time.perf_counter() - started)
-            cpu_times[dtype].append(time.process_time() - cpu_started)
+            step(name)
+            times[name].append(time.perf_counter() - started)
+            cpu_times[name].append(time.process_time() - cpu_started)
         loads.append(os.getloadavg()[0])
     median = {dtype: statistics.median(values) for dtype, values in times.items()}
     cpu_median = {dtype: statistics.median(values) for dtype, values in cpu_times.items()}
@@ -95,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         "step_cpu_ms": {dtype: round(value * 1e3, 1) for dtype, value in cpu_median.items()},
         "int8_cpu_time_speedup_vs_bf16": round(cpu_median["bfloat16"] / cpu_median["int8"], 3),
     }
+    if args.attention_ab:
+        result["int8_with_bf16_attention_speedup_vs_bf16"] = round(median["bfloat16"] / median[BF16_ATTENTION], 3)
+    for layer in int8_layers:
+        layer.int8_attention = True
     xquad = args.data_dir / "eval" / "xquad" / "xquad.en.json"
     engines.pop("bfloat16").close()
     if args.texts != 0 and xquad.is_file():

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from embedserve.engine import int8_linear, int8_quantize
-from embedserve.engine.modules import decoder
+from embedserve.engine.modules import bf16_attention, decoder
 from embedserve.engine.modules.bert import Attend, EncoderModel, Layer
 from embedserve.engine.onednn import PackedWeight
 from embedserve.engine.residual_norm import ResidualNorm
@@ -192,6 +192,16 @@ def per_row_runs(linear: nn.Linear) -> bool:
     return not int8_linear.tiles_available() and int8_linear.covers_shape(*linear.weight.shape)
 
 
+def int8_attention_runs(model: nn.Module) -> bool:
+    """Whether ``model``'s int8 layers take attention's products in int8: bf16 layers of a
+    head size the native kernel covers, where it has int8 products
+    (bf16_attention.int8_products_available: VPDPBUSD, not AMX tiles)."""
+    layers = [module for module in model.modules() if isinstance(module, Int8Layer)]
+    return (bool(layers) and bf16_attention.int8_products_available()
+            and all(layer.int8_attention and layer.dtype == torch.bfloat16
+                    and layer.head_dim in bf16_attention.HEAD_SIZES for layer in layers))
+
+
 class Int8Layer(nn.Module):
     """encoder.Layer's math (post-norm) on int8 linears; activations between them in the
     layer's base dtype (bf16 or float32)."""
@@ -214,12 +224,15 @@ class Int8Layer(nn.Module):
         self.attn_norm = ResidualNorm(layer.attn_norm)
         self.ffn_norm = ResidualNorm(layer.ffn_norm)
         self.activation = ACTIVATIONS[hidden_act]
+        # attention's two products in int8 too, where the native kernel has them
+        # (bf16_attention.int8_products_available); False: bf16 (bench A/B)
+        self.int8_attention = True
 
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
         # x: [T, hidden]
         tokens = x.shape[0]
         qkv = self.qkv(x, self.dtype).view(tokens, 3, self.num_heads, self.head_dim)   # [T, 3, heads, hd]
-        context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2])                            # [T, heads, hd]
+        context = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], quantized=self.int8_attention)   # [T, heads, hd]
         x = self.attn_norm(self.attn_out(context.reshape(tokens, -1).contiguous(), self.dtype), x)
         hidden = self.ffn_in(x, self.dtype, *self.activation)                        # [T, intermediate]
         out = (self.ffn_out(hidden, self.dtype) if isinstance(self.ffn_out, Int8Weight)

@@ -148,6 +148,12 @@ class SmallStepForward:
         self._helped = self._pointer_plan(layers, helper=True)
         self._intermediate = config.intermediate_size
 
+    def _quantized_attention(self) -> bool:
+        """Whether the layers' attention takes int8 products, as ``Int8Layer.forward``'s call
+        does (read per step: a benchmark turns ``int8_attention`` off after the load)."""
+        return (self._bias is None and bf16_attention.int8_products_available()
+                and all(getattr(layer, "int8_attention", False) for layer in self._model.encoder.layers))
+
     @classmethod
     def for_model(cls, model: object, pooling: str, attention: str) -> SmallStepForward | None:
         """The flat loop for ``model``, or None where it does not cover the model: not a fused
@@ -220,10 +226,11 @@ class SmallStepForward:
         # the attention's output, one buffer every layer reuses; per step, so that steps on
         # several threads (a second runner on the same model) never share it
         context = torch.empty(tokens, self._heads, self._head_dim, dtype=torch.bfloat16)
+        quantized = self._quantized_attention()
         if self._pointers is not None:
-            x = self._layers_on_pointers(x, context, starts, lengths, threads, helper)
+            x = self._layers_on_pointers(x, context, starts, lengths, threads, helper, quantized)
         else:
-            x = self._layers_on_tensors(x, context, starts, lengths, threads)
+            x = self._layers_on_tensors(x, context, starts, lengths, threads, quantized)
         rows = int(starts.shape[0])
         if self._pooling == "cls":
             pooled = x[starts].float()
@@ -234,8 +241,9 @@ class SmallStepForward:
         return pooled.numpy()
 
     def _layers_on_tensors(self, x: torch.Tensor, context: torch.Tensor, starts: torch.Tensor,
-                           lengths: torch.Tensor, threads: int) -> torch.Tensor:
-        """The layers, each linear through ``_linear`` (its kernel, or oneDNN)."""
+                           lengths: torch.Tensor, threads: int, quantized: bool) -> torch.Tensor:
+        """The layers, each linear through ``_linear`` (its kernel, or oneDNN); ``quantized``:
+        attention's products in int8 (``_quantized_attention``)."""
         tokens = x.shape[0]
         flat_context = context.view(tokens, self._hidden)
         heads, head_dim, hidden = self._heads, self._head_dim, self._hidden
@@ -246,7 +254,7 @@ class SmallStepForward:
             base = qkv.data_ptr()
             _attend(base, base + 2 * hidden, base + 4 * hidden, context.data_ptr(), row,
                     heads * head_dim, heads, head_dim, starts.data_ptr(), lengths.data_ptr(),
-                    sequences, self._scale, threads, self._amx, self._bias_at, self._bias_reach)
+                    sequences, self._scale, threads, self._amx, self._bias_at, self._bias_reach, quantized)
             y = _linear(layer.attn_out, flat_context)
             _norm(y, x, layer.attn_norm, tokens, hidden, threads)
             x = y
@@ -256,7 +264,7 @@ class SmallStepForward:
         return x
 
     def _layers_on_pointers(self, x: torch.Tensor, context: torch.Tensor, starts: torch.Tensor,
-                            lengths: torch.Tensor, threads: int, helper: bool) -> torch.Tensor:
+                            lengths: torch.Tensor, threads: int, helper: bool, quantized: bool) -> torch.Tensor:
         """The layers with every linear on a kernel that takes data pointers: the same calls
         as ``_layers_on_tensors``, into three buffers allocated once per step (the layers'
         activations, the QKV rows, the feed-forward's inner rows), not an output per call:
@@ -278,7 +286,7 @@ class SmallStepForward:
             qkv_linear(here, qkv_at, tokens, threads)
             attend(qkv_at, qkv_at + 2 * hidden, qkv_at + 4 * hidden, context_at, 3 * hidden, 3 * hidden,
                    3 * hidden, heads * head_dim, heads, head_dim, starts_at, lengths_at, sequences, scale,
-                   threads, amx, bias_at, reach)
+                   threads, amx, bias_at, reach, quantized)
             out_linear(context_at, there, tokens, threads)
             norm(there, here, layer.attn_norm.weight32, layer.attn_norm.bias32, tokens, hidden, hidden, hidden,
                  layer.attn_norm.eps, threads)                                  # there = LN(there + here)
@@ -324,10 +332,10 @@ def _pointer_linear(linear: _Linear, activation: int, helper: bool = False) -> P
 
 def _attend(q: int, k: int, v: int, out: int, qkv_stride: int, out_stride: int, heads: int, head_dim: int,
             starts: int, lengths: int, sequences: int, scale: float, threads: int, amx: bool, bias: int = 0,
-            reach: int = 0) -> None:
+            reach: int = 0, quantized: bool = False) -> None:
     # bf16_attention.attend_sequences' native call; q, k, v: the thirds of one QKV row (bytes apart)
     bf16_attention._native.attend(q, k, v, out, qkv_stride, qkv_stride, qkv_stride, out_stride, heads,
-                                  head_dim, starts, lengths, sequences, scale, threads, amx, bias, reach)
+                                  head_dim, starts, lengths, sequences, scale, threads, amx, bias, reach, quantized)
 
 
 def _norm(y: torch.Tensor, residual: torch.Tensor, norm: _Norm, rows: int, hidden: int, threads: int) -> None:

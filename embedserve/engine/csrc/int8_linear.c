@@ -48,6 +48,7 @@
 #include "team_call.h"
 #include "tile_blocks.h"
 #include "uint8_rows.h"
+#include "vnni_dot.h"
 
 #define PANEL 32
 #define QUAD_BYTES (4 * PANEL)   /* one quad of k for a panel's 32 columns */
@@ -64,15 +65,6 @@
  * pairs). Per-row 1,536 -> 384 calls, 2 threads, Zen 5: 16,384 rows (25 MB) 0.75x the
  * pass first, 8,192 0.83x, 4,096 0.89-1.03x, 2,048 1.04x. */
 #define FUSED_MIN_BYTES (8 << 20)
-
-/* acc += a (uint8) . b (int8) by quads, as _mm512_dpbusd_epi32, in inline assembly: with
- * the intrinsic GCC 12 kept blocks of 8 or more rows' accumulators in copies, storing
- * each to the stack after every product (a 12-row block: 24 stores and 48 moves per
- * quad), which made 12- to 64-row calls no faster than bf16_linear.c. */
-static inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-    return acc;
-}
 
 /* linear()'s ``threads`` that asks for this thread and bf16_linear.c's helper thread (a
  * replica's short steps, as there), on VPDPBUSD; one thread where that module is absent. */

@@ -17,7 +17,8 @@ per step:
 
 - ``per_sequence``: one SDPA call per sequence on a slice (no padding at all;
   B calls per layer); in bf16 on CPUs with AMX or AVX512-BF16, bidirectional
-  calls go to one native kernel call per layer instead (bf16_attention.py).
+  calls go to one native kernel call per layer instead (bf16_attention.py), its
+  products in int8 for --dtype int8's layers where the CPU has AVX512-VNNI.
   ``per_sequence_sdpa`` is the same without the native kernel.
 - ``padded``: scatter into a padded ``[B, heads, L, hd]`` view, one SDPA with a
   key mask, gather back (padding in attention only, never in dense layers).
@@ -70,11 +71,14 @@ CAUSAL = AttentionKind(causal=True)
 class Attend(Protocol):
     """(q, k, v) each [T, heads, head_dim] -> context [T, heads, head_dim].
 
-    ``kind`` None means the kind the closure was built with.
+    ``kind`` None means the kind the closure was built with. ``quantized``: the caller's
+    layer is int8 (--dtype int8's ``Int8Layer``), so the products may run in int8 where the
+    native kernel has them (``per_sequence``; bf16_attention.int8_products_available); the
+    other ways ignore it and compute exactly as without.
     """
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 kind: AttentionKind | None = None) -> torch.Tensor: ...
+                 kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor: ...
 
 
 AttentionBuilder = Callable[..., Attend]   # (layout, causal=False, window=None) -> Attend
@@ -128,11 +132,12 @@ def per_sequence(layout: PackedLayout, causal: bool = False, window: int | None 
     masks = _memo(default, slice_masks)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         # q, k, v: [T, heads, hd]; each slice -> [1, heads, L, hd] for SDPA
         kind = kind or default
         if native and kind.is_full and bf16_attention.covers(q, k, v):
-            return bf16_attention.attend_sequences(q, k, v, starts, layout.lengths_tensor)
+            return bf16_attention.attend_sequences(q, k, v, starts, layout.lengths_tensor,
+                                                   quantized=quantized and bf16_attention.int8_products_available())
         by_length = masks(kind)
         out = torch.empty_like(q)
         for start, end in bounds:
@@ -168,7 +173,7 @@ def padded_from_ids(seq_ids: torch.Tensor, offsets: torch.Tensor, lengths: torch
     masks = _memo(AttentionKind(causal, window), row_mask)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         heads, hd = q.shape[1], q.shape[2]
 
         def to_padded(t: torch.Tensor) -> torch.Tensor:
@@ -208,7 +213,7 @@ def block_diagonal_from_seq_ids(seq_ids: torch.Tensor, causal: bool = False,
     masks = _memo(AttentionKind(causal, window), token_mask)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         ctx = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
                                              v.transpose(0, 1), attn_mask=masks(kind))  # [heads, T, hd]
         return ctx.transpose(0, 1)
@@ -232,7 +237,7 @@ def key_limited(layout: PackedLayout, key_lengths: torch.Tensor) -> Attend:
     limits = key_lengths.tolist()
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         if kind is not None and kind.causal:
             raise ValueError("key-limited attention is bidirectional only")
         window = kind.window if kind is not None else None

@@ -23,6 +23,7 @@ import logging
 import torch
 
 from embedserve.engine import profiler_names
+from embedserve.engine.dtype_choice import cpu_capabilities
 
 try:
     from embedserve.engine import _bf16_attention as _native  # type: ignore[attr-defined]  # C extension
@@ -61,6 +62,14 @@ def kernel_available() -> bool:
     return kernel_path() is not None
 
 
+@functools.cache
+def int8_products_available() -> bool:
+    """Whether calls may take ``quantized=True`` here: the kernel runs on VDPBF16PS (not on
+    AMX tiles, where its bf16 products were not measured against int8 ones) and the CPU
+    has AVX512-VNNI (VPDPBUSD)."""
+    return kernel_path() == AVX512_BF16 and bool(cpu_capabilities().get("avx512_vnni"))
+
+
 def covers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the kernel can run bidirectional attention on these bf16 CPU rows.
 
@@ -79,16 +88,24 @@ def covers(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
                      lengths: torch.Tensor, path: str | None = None,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, quantized: bool = False) -> torch.Tensor:
     """Attention of each sequence to itself: q, k, v [T, heads, head_dim] -> [T, heads, head_dim].
 
     starts, lengths: int64 [B], contiguous; sequence b is rows starts[b] .. starts[b] + lengths[b].
     ``path``: one of ``available_paths()`` (default: the fastest). ``bias``: float32
     [heads, 2 * reach + 1], contiguous, added to each scaled score by its distance (key
     index - query index, at column distance + reach; ``relative_bias_rows``), reach at
-    least the longest sequence - 1; finite (-1e30 masks a key out; -inf gives NaN). The
-    caller checks ``covers`` first. Runs on torch's intra-op thread count.
+    least the longest sequence - 1; finite (-1e30 masks a key out; -inf gives NaN).
+    ``quantized``: the products in int8 (csrc/attention_int8.h; ``int8_products_available``,
+    no bias), for --dtype int8's layers. The caller checks ``covers`` first. Runs on torch's
+    intra-op thread count.
     """
+    if quantized:
+        if not int8_products_available():
+            raise RuntimeError("the attention kernel's int8 products need AVX512-VNNI and its VDPBF16PS path")
+        if bias is not None:
+            raise ValueError("the attention kernel's int8 products take no bias")
+        path = AVX512_BF16
     path = path or kernel_path()
     if path not in available_paths():
         # An AMX instruction without the tile state granted kills the process (SIGILL).
@@ -107,5 +124,5 @@ def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: 
         _native.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                        q.stride(0), k.stride(0), v.stride(0), out.stride(0), heads, head_dim,
                        starts.data_ptr(), lengths.data_ptr(), starts.shape[0], head_dim ** -0.5,
-                       torch.get_num_threads(), path == AMX, bias_at, reach)
+                       torch.get_num_threads(), path == AMX, bias_at, reach, quantized)
     return out

@@ -79,7 +79,7 @@ def per_sequence_native(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
     fallback: list[Attend] = []
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         if bf16_attention.covers(q, k, v):
             return bf16_attention.attend_sequences(q, k, v, starts, lengths, bias=rows)
         if not fallback:
@@ -98,7 +98,7 @@ def per_sequence_biased(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
     by_length: dict[int, torch.Tensor] = {}
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         # q, k, v: [T, heads, hd]; each sequence -> [1, heads, L, hd]
         out = torch.empty_like(q)
         for start, end in bounds:
@@ -126,7 +126,7 @@ def block_diagonal_biased(offsets: torch.Tensor, table: torch.Tensor) -> Attend:
     masks: dict[torch.dtype, torch.Tensor] = {}
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kind: AttentionKind | None = None) -> torch.Tensor:
+               kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         if q.dtype not in masks:
             bias = _bias(distance, table, q.dtype)                              # [heads, T, T]
             masks[q.dtype] = bias.masked_fill(~same_sequence[None], float("-inf"))

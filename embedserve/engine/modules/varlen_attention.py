@@ -92,7 +92,7 @@ class VarlenAttend:
         self.windowed = takes(kernel, "window_size")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 kind: AttentionKind | None = None) -> torch.Tensor:
+                 kind: AttentionKind | None = None, quantized: bool = False) -> torch.Tensor:
         kind = kind or self._default
         if kind not in self._arguments:
             self._arguments[kind] = kind_arguments(self._kernel, kind)
