@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from leftover_processes import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401  (hooks)
+from leftover_processes import (  # noqa: F401  (hooks)
+    add_grace_option,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_testnodedown,
+)
 from minilm_model import extract_minilm
 from st_metadata import write_st_metadata
 
@@ -30,6 +35,7 @@ SHARED_DATA = Path(os.environ.get("EMBEDSERVE_SHARED_DATA") or ROOT.parent / "sh
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    add_grace_option(parser)
     # pyproject's addopts pass xdist's options; with xdist off (-p no:xdist) they are
     # accepted and ignored, so a serial run needs no other command line.
     if not pluginmanager.has_plugin("xdist"):

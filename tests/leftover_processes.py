@@ -111,6 +111,16 @@ def stop_leftovers(root: int, grace: float = GRACE_SECONDS) -> list[tuple[int, s
     return leftovers
 
 
+def add_grace_option(parser: pytest.Parser) -> None:
+    """The ``leftover_grace`` ini value (``-o leftover_grace=S``): this module's
+    pytest_addoption, which tests/conftest.py calls from its own."""
+    parser.addini("leftover_grace", f"seconds a test's processes get to exit at the session's end before they "
+                  f"count as leftovers (default {GRACE_SECONDS})", default=str(GRACE_SECONDS))
+
+
+pytest_addoption = add_grace_option
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_ENABLED] = _become_subreaper()
     session.config.stash[_FROM_WORKERS] = []
@@ -130,7 +140,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if not config.stash.get(_ENABLED, False):
         return
-    found = [f"pid {pid}: {command}" for pid, command in stop_leftovers(os.getpid())]
+    grace = float(config.getini("leftover_grace"))
+    found = [f"pid {pid}: {command}" for pid, command in stop_leftovers(os.getpid(), grace)]
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:   # an xdist worker: the controller reports for it
         workeroutput[_OUTPUT_KEY] = found

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ne
 def run_inner_session(directory: Path, test_source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (directory / "test_inner.py").write_text(textwrap.dedent(test_source))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    # The leaking cases' sleeps are never told to stop: a short grace, not the suite's 5 s.
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leftover_processes",
-               *options, "test_inner.py"]
+               "-o", "leftover_grace=0.5", *options, "test_inner.py"]
     return subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True, timeout=120)
 
 
