@@ -12,7 +12,9 @@ Why: in bf16 the SDPA flash kernel spends most of its time on the softmax at
 these head sizes (BENCHMARKS.md, engine section); the kernel's products run on
 AMX tiles where the CPU has them (Intel since Sapphire Rapids), else on
 AVX512-BF16's VDPBF16PS (AMD Zen 4 and later, Intel Cooper Lake), and its
-exponentials in one AVX-512 pass.
+exponentials in one AVX-512 pass. For --dtype int8's layers (``quantized``) its
+products run in int8 on VPDPBUSD where the CPU has AVX512-VNNI and the kernel runs
+VDPBF16PS (``int8_products_available``; csrc/attention_int8.h).
 """
 
 from __future__ import annotations
