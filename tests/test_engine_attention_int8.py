@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from embedserve.engine.modules import bf16_attention
-from tests.test_engine_bf16_attention import bounds, packed_qkv, sdpa_per_sequence
+from tests.test_engine_bf16_attention import LENGTHS, bounds, packed_qkv, sdpa_per_sequence
 
 HEADS = 12
 
@@ -57,15 +57,6 @@ def by_definition(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: li
         out[rows] = context.transpose(0, 1)
         start += length
     return out
-
-
-LENGTHS = [
-    [1],
-    [2, 15, 16, 17],
-    [31, 32, 33, 63, 64, 65],
-    [512, 100, 3, 250],
-    [1000],
-]
 
 
 @pytest.mark.parametrize("head_dim", [32, 64])

@@ -388,16 +388,27 @@ static void context_dot(const Scratch *s, int64_t hd, int64_t padded, int64_t ro
         for (int64_t i0 = 0; i0 < rows; i0 += 4) context_rows(s, padded, i0, 4, 4);
 }
 
+/* One (sequence, head) item's rows: its head's first q, k, v and output elements. */
+typedef struct {
+    int64_t head, length, padded;
+    const uint16_t *q, *k, *v;
+    uint16_t *out;
+} Item;
+
+static Item item_rows(const Problem *pr, int64_t item) {
+    const int64_t sequence = item / pr->heads, head = item % pr->heads, hd = pr->head_dim;
+    const int64_t length = pr->lengths[sequence], first = pr->starts[sequence];
+    return (Item){head, length, round_up(length, KEY_PAD), pr->q + first * pr->q_stride + head * hd,
+                  pr->k + first * pr->k_stride + head * hd, pr->v + first * pr->v_stride + head * hd,
+                  pr->out + first * pr->out_stride + head * hd};
+}
+
 static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
-    const int64_t sequence = item / pr->heads, head = item % pr->heads;
-    const int64_t hd = pr->head_dim, length = pr->lengths[sequence];
-    if (length <= 0) return;
-    const int64_t padded = round_up(length, KEY_PAD);
-    const int64_t first = pr->starts[sequence];
-    const uint16_t *q = pr->q + first * pr->q_stride + head * hd;
-    const uint16_t *k = pr->k + first * pr->k_stride + head * hd;
-    const uint16_t *v = pr->v + first * pr->v_stride + head * hd;
-    uint16_t *out = pr->out + first * pr->out_stride + head * hd;
+    const Item it = item_rows(pr, item);
+    if (it.length <= 0) return;
+    const int64_t hd = pr->head_dim, head = it.head, length = it.length, padded = it.padded;
+    const uint16_t *q = it.q, *k = it.k, *v = it.v;
+    uint16_t *out = it.out;
     pack_keys(k, pr->k_stride, length, padded, hd, s->keys);
     pack_values(v, pr->v_stride, length, padded, hd, s->values);
 
@@ -446,20 +457,16 @@ static void attend_item(const Problem *pr, const Scratch *s, int64_t item) {
 /* attend_item with int8 products (attention_int8.h): the same blocks of 16 queries, the
  * buffers holding int8 keys and values, int32 scores and uint8 probabilities. */
 static void attend_item_int8(const Problem *pr, const Scratch *s, int64_t item) {
-    const int64_t sequence = item / pr->heads, head = item % pr->heads;
-    const int64_t hd = pr->head_dim, length = pr->lengths[sequence];
-    if (length <= 0) return;
-    const int64_t padded = round_up(length, KEY_PAD);
-    const int64_t first = pr->starts[sequence];
-    const uint16_t *q = pr->q + first * pr->q_stride + head * hd;
-    uint16_t *out = pr->out + first * pr->out_stride + head * hd;
+    const Item it = item_rows(pr, item);
+    if (it.length <= 0) return;
+    const int64_t hd = pr->head_dim, length = it.length, padded = it.padded;
+    const uint16_t *q = it.q;
+    uint16_t *out = it.out;
     uint8_t *keys = (uint8_t *)s->keys, *probs = (uint8_t *)s->probs;
     int8_t *values = (int8_t *)s->values, *queries = (int8_t *)s->queries;
     int32_t *scores = (int32_t *)s->scores, *context = (int32_t *)s->context;
-    const float key_scale = pack_keys_int8(pr->k + first * pr->k_stride + head * hd, pr->k_stride, length, padded,
-                                           hd, keys);
-    pack_values_int8(pr->v + first * pr->v_stride + head * hd, pr->v_stride, length, padded, hd, values,
-                     s->value_scales);
+    const float key_scale = pack_keys_int8(it.k, pr->k_stride, length, padded, hd, keys);
+    pack_values_int8(it.v, pr->v_stride, length, padded, hd, values, s->value_scales);
 
     for (int64_t row0 = 0; row0 < length; row0 += ROWS) {
         const int64_t rows = length - row0 < ROWS ? length - row0 : ROWS;
