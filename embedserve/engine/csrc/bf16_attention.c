@@ -33,7 +33,8 @@
  * masks a key out (ModernBERT's windows), its exponential 0; -inf would make it NaN.
  *
  * With ``quantize`` (--dtype int8's layers, on CPUs with AVX512-VNNI), the two products
- * run in int8 on VPDPBUSD instead: the same blocks of 16 queries, with int8 keys and
+ * run in int8 on VPDPBUSD instead (sequences of QUANTIZE_MIN_LENGTH tokens or more): the
+ * same blocks of 16 queries, with int8 keys and
  * values, int32 scores and uint8 probabilities (attention_int8.h says how each is scaled).
  * On 32 x 512 (head_dim 32, one thread, Zen 5) a call takes ~0.7x the VDPBF16PS path's time.
  *
@@ -67,6 +68,12 @@
 #define KEY_PAD 64       /* keys are padded to a multiple of this: four 16-key score blocks */
 #define MAX_THREADS 64
 #define MAX_ROW_STRIDE (1 << 26)   /* 15 rows of it, in bytes, fit a gather's int32 offsets */
+/* With ``quantize``, sequences shorter than this keep the bf16 products: int8's packing and
+ * per-row quantization cost about what its products save at 16 tokens (1.04x the time,
+ * 0.92x at 32, 0.66x at 512; one thread, Zen 5), and a short query's whole step ran ~3 %
+ * slower. A sequence's path depends on its own length only, so its bits do not depend on
+ * the batch around it. */
+#define QUANTIZE_MIN_LENGTH 32
 
 typedef struct {
     const uint16_t *q, *k, *v;
@@ -527,7 +534,8 @@ static void run_share(Share *share) {
     } else {
         if (pr->tiles) configure_tiles();
         for (int64_t item = share->first_item; item < share->end_item; ++item)
-            (pr->quantize ? attend_item_int8 : attend_item)(pr, &s, item);
+            (pr->quantize && pr->lengths[item / pr->heads] >= QUANTIZE_MIN_LENGTH ? attend_item_int8
+                                                                                  : attend_item)(pr, &s, item);
         if (pr->tiles) _tile_release();
     }
     free(s.keys);
@@ -632,7 +640,7 @@ static PyMethodDef methods[] = {
      "scale, threads, tiles[, bias, bias_reach, quantize]): bidirectional attention per sequence; arguments are "
      "data pointers and sizes; tiles: AMX (the caller has the tile state) or VDPBF16PS; bias: f32 [heads, 2 * "
      "bias_reach + 1] added by distance (key - query) after scaling, 0 for none; quantize: int8 products on "
-     "VPDPBUSD (the CPU must have AVX512-VNNI), no bias."},
+     "VPDPBUSD for sequences of QUANTIZE_MIN_LENGTH tokens or more (the CPU must have AVX512-VNNI), no bias."},
     {"request_tiles", request_tiles, METH_NOARGS,
      "Ask Linux for the AMX tile state; True if this process may use it."},
     {NULL, NULL, 0, NULL},
@@ -641,4 +649,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_bf16_attention", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__bf16_attention(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__bf16_attention(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "QUANTIZE_MIN_LENGTH", QUANTIZE_MIN_LENGTH) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -64,6 +64,11 @@ def kernel_available() -> bool:
     return kernel_path() is not None
 
 
+def quantize_min_length() -> int:
+    """The shortest sequence a ``quantized`` call multiplies in int8 (shorter ones: bf16)."""
+    return int(_native.QUANTIZE_MIN_LENGTH) if _native is not None else 0
+
+
 @functools.cache
 def int8_products_available() -> bool:
     """Whether calls may take ``quantized=True`` here: the kernel runs on VDPBF16PS (not on
@@ -99,7 +104,8 @@ def attend_sequences(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: 
     index - query index, at column distance + reach; ``relative_bias_rows``), reach at
     least the longest sequence - 1; finite (-1e30 masks a key out; -inf gives NaN).
     ``quantized``: the products in int8 (csrc/attention_int8.h; ``int8_products_available``,
-    no bias), for --dtype int8's layers. The caller checks ``covers`` first. Runs on torch's
+    no bias) for sequences of ``quantize_min_length()`` tokens or more, for --dtype int8's
+    layers. The caller checks ``covers`` first. Runs on torch's
     intra-op thread count.
     """
     if quantized:
