@@ -33,10 +33,10 @@
  * masks a key out (ModernBERT's windows), its exponential 0; -inf would make it NaN.
  *
  * With ``quantize`` (--dtype int8's layers, on CPUs with AVX512-VNNI), the two products
- * run in int8 on VPDPBUSD instead (sequences of QUANTIZE_MIN_LENGTH tokens or more): the
- * same blocks of 16 queries, with int8 keys and
- * values, int32 scores and uint8 probabilities (attention_int8.h says how each is scaled).
- * On 32 x 512 (head_dim 32, one thread, Zen 5) a call takes ~0.7x the VDPBF16PS path's time.
+ * run in int8 on VPDPBUSD instead for sequences of QUANTIZE_MIN_LENGTH tokens or more: the
+ * same blocks of 16 queries, with int8 keys and values, int32 scores and uint8
+ * probabilities (attention_int8.h says how each is scaled). On 32 x 512 (head_dim 32, one
+ * thread, Zen 5) a call takes ~0.7x the VDPBF16PS path's time.
  *
  * Work items are (sequence, head) pairs, split between threads by their cost
  * (``item_cost``: ceil(L / 16) query blocks x L keys), one share per OpenMP thread (torch's team:
@@ -86,7 +86,7 @@ typedef struct {
     int tiles;   /* 1: AMX tiles; 0: VDPBF16PS */
     const float *bias;   /* NULL: none; else [heads][2 * bias_reach + 1] */
     int64_t bias_reach;
-    int quantize;   /* 1: int8 products on VPDPBUSD (attention_int8.h); no bias */
+    int quantize;   /* 1: int8 products on VPDPBUSD (attention_int8.h) from QUANTIZE_MIN_LENGTH; no bias */
 } Problem;
 
 typedef struct {
