@@ -213,7 +213,7 @@ class Engine:
         activations = "dynamic" if ranges is None else f"static, {batch.num_sequences} calibration texts"
         if any(getattr(module, "per_row", False) for module in model.modules()):
             activations += "; the second feed-forward linear's per row"
-        if int8_layers.int8_attention_runs(model):
+        if int8_layers.int8_attention_runs(model.modules()):
             activations += "; attention's products int8"
         choice = DtypeChoice(INT8, f"{choice.reason}: int8 weights per channel, uint8 activations "
                                    f"({activations}), {base_name} elsewhere")

@@ -192,11 +192,12 @@ def per_row_runs(linear: nn.Linear) -> bool:
     return not int8_linear.tiles_available() and int8_linear.covers_shape(*linear.weight.shape)
 
 
-def int8_attention_runs(model: nn.Module) -> bool:
-    """Whether ``model``'s int8 layers take attention's products in int8: bf16 layers of a
-    head size the native kernel covers, where it has int8 products
-    (bf16_attention.int8_products_available: VPDPBUSD, not AMX tiles)."""
-    layers = [module for module in model.modules() if isinstance(module, Int8Layer)]
+def int8_attention_runs(modules: Iterable[nn.Module]) -> bool:
+    """Whether the int8 layers among ``modules`` (a model's ``modules()``, or its layers) take
+    attention's products in int8, as ``Int8Layer.forward`` asks: every one with
+    ``int8_attention`` on, in bf16 and of a head size the native kernel covers, where it has
+    int8 products (bf16_attention.int8_products_available: VPDPBUSD, not AMX tiles)."""
+    layers = [module for module in modules if isinstance(module, Int8Layer)]
     return (bool(layers) and bf16_attention.int8_products_available()
             and all(layer.int8_attention and layer.dtype == torch.bfloat16
                     and layer.head_dim in bf16_attention.HEAD_SIZES for layer in layers))

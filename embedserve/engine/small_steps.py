@@ -35,7 +35,7 @@ import torch
 from embedserve.engine import amx_linear, bf16_linear
 from embedserve.engine.batch import Batch
 from embedserve.engine.bf16_linear import ACTIVATIONS, PANEL
-from embedserve.engine.int8_layers import Int8Layer, Int8Weight
+from embedserve.engine.int8_layers import Int8Layer, Int8Weight, int8_attention_runs
 from embedserve.engine.modules import bf16_attention
 from embedserve.engine.modules.bert import EncoderModel
 from embedserve.engine.modules.layout import layout_arrays
@@ -151,8 +151,7 @@ class SmallStepForward:
     def _quantized_attention(self) -> bool:
         """Whether the layers' attention takes int8 products, as ``Int8Layer.forward``'s call
         does (read per step: a benchmark turns ``int8_attention`` off after the load)."""
-        return (self._bias is None and bf16_attention.int8_products_available()
-                and all(getattr(layer, "int8_attention", False) for layer in self._model.encoder.layers))
+        return self._bias is None and int8_attention_runs(self._model.encoder.layers)
 
     @classmethod
     def for_model(cls, model: object, pooling: str, attention: str) -> SmallStepForward | None:
