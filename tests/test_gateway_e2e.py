@@ -86,17 +86,19 @@ def cosines(a, b) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-# Every fourth XQuAD passage (60 of 240, one over 512 tokens) and the questions asked
-# about them: the whole set took ~200 s of a 2-core run, mostly the reference's encode;
-# the retrieval benchmark (bench/quantized_recall.py) covers all of it.
-PASSAGE_STRIDE = 4
+# Every eighth XQuAD passage from the fifth (30 of 240, passage 76 of them over 512
+# tokens) and the 150 questions asked about them: the whole set took ~200 s of a 2-core
+# run and every fourth passage ~45 s, mostly the reference's encode; the retrieval
+# benchmark (bench/quantized_recall.py) covers all of it.
+PASSAGE_STRIDE, PASSAGE_OFFSET = 8, 4
 
 
 def read_xquad(lang: str) -> tuple[list[str], list[str], np.ndarray]:
-    """Every PASSAGE_STRIDE-th passage, its questions, and each question's passage index."""
+    """Every PASSAGE_STRIDE-th passage from PASSAGE_OFFSET, its questions, and each
+    question's passage index among them."""
     passages, questions, relevant = reference_data.read_xquad(shared_file(f"eval/xquad/xquad.{lang}.json"))
-    kept = relevant % PASSAGE_STRIDE == 0
-    return (passages[::PASSAGE_STRIDE], [q for q, keep in zip(questions, kept) if keep],
+    kept = relevant % PASSAGE_STRIDE == PASSAGE_OFFSET
+    return (passages[PASSAGE_OFFSET::PASSAGE_STRIDE], [q for q, keep in zip(questions, kept) if keep],
             relevant[kept] // PASSAGE_STRIDE)
 
 
@@ -114,8 +116,9 @@ def same_tokens(st_model, hf_tokenizer, texts: list[str]) -> np.ndarray:
     return np.array([list(a) == e.ids for a, e in zip(st_ids, hf_tokenizer.encode_batch(texts))])
 
 
-def recall_at_1(questions: np.ndarray, passages: np.ndarray, relevant: np.ndarray) -> float:
-    return float(((questions @ passages.T).argmax(1) == relevant).mean() * 100)
+def hits_at_1(questions: np.ndarray, passages: np.ndarray, relevant: np.ndarray) -> int:
+    """How many questions find their own passage first."""
+    return int(((questions @ passages.T).argmax(1) == relevant).sum())
 
 
 def test_xquad_vectors_and_recall_match_sentence_transformers(gateway, st_model, hf_tokenizer):
@@ -124,8 +127,8 @@ def test_xquad_vectors_and_recall_match_sentence_transformers(gateway, st_model,
     assert (de_relevant == relevant).all()  # question order is shared across languages
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
 
-    # Passages once, through the official client's default (base64) encoding. Three of
-    # them exceed 512 tokens; sentence-transformers cuts them, so the request asks to.
+    # Passages once, through the official client's default (base64) encoding. One of them
+    # exceeds 512 tokens; sentence-transformers cuts it, so the request asks to.
     reply = client.embeddings.create(input=passages, model="e5",
                                      extra_body={"input_type": "passage", "truncate": True})
     ours_p = np.array([d.embedding for d in reply.data])
@@ -154,10 +157,9 @@ def test_xquad_vectors_and_recall_match_sentence_transformers(gateway, st_model,
         assert same.mean() >= 0.9  # ~3% of xquad questions differ there
         assert cosines(ours[same], ref[same]).min() >= COSINE_MIN
     for ours_q, ref_q_lang in ((ours_en, ref_en), (ours_de, ref_de)):
-        ours_recall = recall_at_1(ours_q, ours_p, relevant)
-        ref_recall = recall_at_1(ref_q_lang, ref_p, relevant)
-        assert abs(ours_recall - ref_recall) <= 0.5, (ours_recall, ref_recall)
-        assert ref_recall > 50  # the task is meaningful for this model
+        ours_hits, ref_hits = hits_at_1(ours_q, ours_p, relevant), hits_at_1(ref_q_lang, ref_p, relevant)
+        assert abs(ours_hits - ref_hits) <= 1, (ours_hits, ref_hits)   # one question of 150 may flip
+        assert ref_hits > len(relevant) / 2  # the task is meaningful for this model
 
 
 def test_openai_float_and_base64_agree_with_reference(gateway, st_model):

@@ -70,9 +70,11 @@ class HfTokenizer:
         except Exception as exc:  # the library raises plain Exceptions for bad files
             raise ModelLoadError(f"{source}: tokenizers cannot load this tokenizer.json: {exc}") from exc
         doc = json.loads(tokenizer_json)
-        doc["post_processor"] = None
-        self._raw = self._new(json.dumps(doc))  # the template-free encoder (counts before cuts)
         self._threads = threads
+        # The template-free encoder (counts before cuts) and one tokenizer per truncation,
+        # each built on first use: a build is most of a second for a large vocabulary, and
+        # most callers (a calibration, a gateway on a native tokenizer) need neither.
+        self._raw: tokenizers.Tokenizer | None = None
         self._clones: dict[tuple[int, str], tokenizers.Tokenizer] = {}
         self._clones_lock = threading.Lock()
         self._vocab_size = 1 + max(self._full.get_vocab(with_added_tokens=True).values(), default=-1)
@@ -193,7 +195,13 @@ class HfTokenizer:
         return tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
 
     def _raw_counts(self, texts: list[str]) -> np.ndarray:
-        encodings = self._run(self._raw, texts, False)
+        with self._clones_lock:
+            if self._raw is None:
+                doc = json.loads(self._json)
+                doc["post_processor"] = None
+                self._raw = self._new(json.dumps(doc))
+            raw = self._raw
+        encodings = self._run(raw, texts, False)
         return np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
 
     def _for(self, limit: int, truncation: Truncation):
