@@ -71,9 +71,9 @@ class HfTokenizer:
             raise ModelLoadError(f"{source}: tokenizers cannot load this tokenizer.json: {exc}") from exc
         doc = json.loads(tokenizer_json)
         self._threads = threads
-        # The template-free encoder (counts before cuts) and one tokenizer per truncation,
-        # each built on first use: a build is most of a second for a large vocabulary, and
-        # most callers (a calibration, a gateway on a native tokenizer) need neither.
+        # The template-free encoder (counts before cuts, for pairs) and one tokenizer per
+        # truncation, each built on first use: a build is most of a second for a large
+        # vocabulary, and a caller that encodes no pairs (a calibration) never needs the first.
         self._raw: tokenizers.Tokenizer | None = None
         self._clones: dict[tuple[int, str], tokenizers.Tokenizer] = {}
         self._clones_lock = threading.Lock()
