@@ -17,23 +17,25 @@ from embedserve.defaults.build import ensure_default_model
 from embedserve.defaults.model_args import default_cache_dir
 from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.kernel_cache import warming_up
+from embedserve.tokenizer.spec import Compat
 from embedserve.tokenizer.warm import warm_up
 
 # The default model's max_length, which the gateway's warm-up passes too.
 MAX_LENGTH = 512
 
 
-def compile_mode(model_dir: Path, compat: str) -> str:
+def compile_mode(model_dir: Path, compat: Compat) -> Compat:
     """Every kernel a gateway route runs, for ``model_dir``'s tokenizer in ``compat`` mode."""
     with warming_up(compile=True):
-        warm_up(Tokenizer.from_model_dir(model_dir, compat=compat), MAX_LENGTH)  # type: ignore[arg-type]
+        warm_up(Tokenizer.from_model_dir(model_dir, compat=compat), MAX_LENGTH)
     return compat
 
 
 def main() -> int:
     model_dir = ensure_default_model(default_cache_dir())
-    with ProcessPoolExecutor(max_workers=2) as pool:
-        for compat in pool.map(compile_mode, [model_dir] * 2, ["hf", "sentencepiece"]):
+    modes: list[Compat] = ["hf", "sentencepiece"]
+    with ProcessPoolExecutor(max_workers=len(modes)) as pool:
+        for compat in pool.map(compile_mode, [model_dir] * len(modes), modes):
             print(f"tokenizer kernels compiled: {compat} mode", file=sys.stderr)
     return 0
 
