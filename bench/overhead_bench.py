@@ -31,7 +31,11 @@ gateway's ``total``: the HTTP client, the socket and uvicorn's parse/write),
 and the CPU time per request of the gateway process and of its replicas
 (``/proc``: user + system, all threads), and where the tail comes from (the
 requests at or above the client's p99: their median inference, gateway and hop,
-and outside time). CPU time hardly depends on how busy
+and outside time, and in how many bursts they came: requests less than a second apart
+are one burst, so a count far below the requests' says the tail is a few spells in which
+the whole machine ran slow, every stage of both processes at once, as a shared VM host's
+phases make it, rather than something a request meets on its own). CPU time hardly
+depends on how busy
 the machine is, so it compares stacks where wall times are noise; a replica's
 CPU beyond its compute is its event loop, gRPC, and OpenMP threads spinning.
 The entries a stack may send, in request order:
@@ -245,6 +249,7 @@ class Stack:
         self.url = match.group(1)
         self.client = CLIENTS[client](self.url)
         self.client_ms: list[float] = []
+        self.sent_at: list[float] = []          # perf_counter seconds, per recorded request
         self.timings: list[dict[str, float]] = []
         self.gateway_cpu_s = 0.0
         self.replica_cpu_s = 0.0
@@ -282,6 +287,7 @@ class Stack:
             raise RuntimeError(f"{self.url}/v1/embeddings answered {status}")
         if record:
             self.client_ms.append(elapsed_ms)
+            self.sent_at.append(started)
             self.timings.append(parse_server_timing(server_timing))
 
     def close(self) -> None:
@@ -324,6 +330,14 @@ def idle_penalty(text: str, repeats: int = 200, idle_s: float = 0.01) -> tuple[f
     return p50_us(0.0), p50_us(idle_s)
 
 
+def bursts(times_s: np.ndarray, gap_s: float = 1.0) -> int:
+    """How many spells ``times_s`` (seconds, any order) fall into: times less than ``gap_s``
+    apart belong to one."""
+    if times_s.size == 0:
+        return 0
+    return 1 + int(np.count_nonzero(np.diff(np.sort(times_s)) >= gap_s))
+
+
 def summarize(stack: Stack) -> list[tuple[str, float]]:
     client = np.array(stack.client_ms)
     inference = np.array([t.get("inference", np.nan) for t in stack.timings])
@@ -340,7 +354,9 @@ def summarize(stack: Stack) -> list[tuple[str, float]]:
     rows += [("inference p99", float(np.nanpercentile(inference, 99))),
              ("slowest 1 %: inference", float(np.nanmedian(inference[slow]))),
              ("slowest 1 %: gateway and hop (total - inference)", float(np.nanmedian((total - inference)[slow]))),
-             ("slowest 1 %: outside (client - total)", float(np.nanmedian((client - total)[slow])))]
+             ("slowest 1 %: outside (client - total)", float(np.nanmedian((client - total)[slow]))),
+             ("slowest 1 %: requests", float(np.count_nonzero(slow))),
+             ("slowest 1 %: bursts (< 1 s apart)", float(bursts(np.array(stack.sent_at)[slow])))]
     names = list(dict.fromkeys(name for t in stack.timings for name in t))
     for name in names:
         rows.append((f"  {name}", float(np.nanmedian([t.get(name, np.nan) for t in stack.timings]))))

