@@ -192,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         batch = Batch.from_sequences([rng.integers(5, 200_000, lengths[0]).astype(np.int32)])
         exact = flat._runner._exact_up_to >= batch.num_tokens   # as CpuRunner._run decides
         padded = batch if exact else pad_to_bucket(batch, flat.info.max_positions)
+        if not flat._runner._small.covers(padded):    # the general path runs it: no flat parts
+            print(f"\n1 x {lengths[0]} ({padded.num_tokens} rows after padding) is past the flat loop: "
+                  "no breakdown (`python -m bench engine_profile` profiles the general path)")
+            return 0
         print(f"\nWhere a flat 1 x {lengths[0]} step goes ({padded.num_tokens} rows after padding), "
               "median ms of each part run alone:")
         spent = parts(flat, batch, padded, max(50, args.steps // 3))
