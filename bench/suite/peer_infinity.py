@@ -1,4 +1,4 @@
-"""infinity-emb as a benchmark peer: its own virtual environment, then its server, in four configurations.
+"""infinity-emb as a benchmark peer: its own virtual environment, then its server, in five configurations.
 
 Owns installing ``infinity-emb[server,torch,optimum]==0.0.78`` into a venv
 of its own (its pins clash with ours: numpy<2, sentence-transformers<4,
@@ -8,7 +8,8 @@ by a constraints file (an unpinned torch pulls a multi-GB CUDA build), and
 running ``infinity_emb v2 --device cpu`` on the embedding model and
 optionally a reranker, with telemetry off and the Hugging Face hub offline.
 The configurations (``InfinityConfig``) are the ones a user picks from its
-CLI: the torch engine in fp32 or bf16 (``--dtype``), and the ONNX Runtime
+CLI: the torch engine in fp32, bf16 or int8 (``--dtype``; int8 is torch's
+``quantize_dynamic`` of every linear layer, int8 weights and activations), and the ONNX Runtime
 engine (``--engine optimum``) on an ``optimum-cli`` export of the model,
 graph-optimized the way infinity does it, in fp32 or quantized to int8
 (``onnx_export``: infinity's CPU engine prefers a model's quantized ONNX file;
@@ -155,7 +156,9 @@ class InfinityConfig:
     """One configuration a user can pick from infinity's CLI."""
 
     engine: str = "torch"          # "torch" (sentence-transformers) or "optimum" (ONNX Runtime)
-    dtype: str = "float32"         # the torch engine's --dtype; ONNX Runtime's graph: float32 or int8
+    # the torch engine's --dtype (int8: torch's quantize_dynamic of every Linear, on a CPU);
+    # the optimum engine's graph: float32 or int8
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.engine not in ("torch", "optimum"):
@@ -163,9 +166,6 @@ class InfinityConfig:
         if self.engine == "optimum" and self.dtype not in ("float32", "int8"):
             raise ValueError("the optimum engine runs the fp32 ONNX export or its int8 quantization; "
                              f"dtype must be float32 or int8, not {self.dtype!r}")
-        if self.engine == "torch" and self.dtype == "int8":
-            raise ValueError("int8 is the optimum engine's (a quantized ONNX graph); the torch engine's "
-                             "--dtype int8 quantizes its outputs, not its weights")
 
     @property
     def label(self) -> str:
