@@ -129,13 +129,8 @@ def ensure_onnx_export(model_dir: Path, work_dir: Path, venv_dir: Path,
     started = time.monotonic()
     if not (target / ONNX_FILE).is_file():
         log(f"ONNX export: {model_dir.name} -> {target} (log: {log_path}); takes a minute or two")
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        run_logged_step(export_command(optimum_cli, model_dir, partial), log_path, f"ONNX export of {model_dir}",
-                        EXPORT_TIMEOUT_S)
-        if not (partial / ONNX_FILE).is_file():
-            raise PeerUnavailable(f"ONNX export of {model_dir} wrote no {ONNX_FILE}; log tail:\n{log_tail(log_path)}")
-        partial.rename(target)
+        _made_whole(target, ONNX_FILE, lambda partial: export_command(optimum_cli, model_dir, partial), log_path,
+                    f"ONNX export of {model_dir}")
     _optimize(target, ONNX_FILE, venv_dir, log_path, log)
     log(f"ONNX export: done in {time.monotonic() - started:.0f} s")
     return target
@@ -154,17 +149,24 @@ def ensure_onnx_int8(model_dir: Path, work_dir: Path, venv_dir: Path, log: Calla
     started = time.monotonic()
     if not (target / INT8_FILE).is_file():
         log(f"ONNX int8: quantizing {export} for {isa} (dynamic, per channel) -> {target} (log: {log_path})")
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        run_logged_step([str(venv_dir / "bin" / "python"), "-c", _QUANTIZE, str(export), str(partial), isa],
-                        log_path, f"int8 quantization of {export}", EXPORT_TIMEOUT_S)
-        if not (partial / INT8_FILE).is_file():
-            raise PeerUnavailable(f"int8 quantization of {export} wrote no {INT8_FILE}; log tail:\n"
-                                  f"{log_tail(log_path)}")
-        partial.rename(target)
+        _made_whole(target, INT8_FILE,
+                    lambda partial: [str(venv_dir / "bin" / "python"), "-c", _QUANTIZE, str(export), str(partial), isa],
+                    log_path, f"int8 quantization of {export}")
     _optimize(target, INT8_FILE, venv_dir, log_path, log)
     log(f"ONNX int8: done in {time.monotonic() - started:.0f} s")
     return target
+
+
+def _made_whole(target: Path, expected: str, command: Callable[[Path], list[str]], log_path: Path,
+                what: str) -> None:
+    """Runs ``command(partial)``, which writes ``target``'s files into ``partial``, and puts
+    them in place only once ``expected`` is among them: a killed step is never reused."""
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    run_logged_step(command(partial), log_path, what, EXPORT_TIMEOUT_S)
+    if not (partial / expected).is_file():
+        raise PeerUnavailable(f"{what} wrote no {expected}; log tail:\n{log_tail(log_path)}")
+    partial.rename(target)
 
 
 def _optimize(target: Path, onnx_file: str, venv_dir: Path, log_path: Path, log: Callable[[str], None]) -> None:
